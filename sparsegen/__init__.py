@@ -1,0 +1,38 @@
+"""sparsegen: JIT-compiled block-sparse attention kernels from per-head sparsity specs."""
+
+from . import reference
+from .errors import (
+    CacheError,
+    CompileError,
+    ImplUnavailableError,
+    InputError,
+    JitDisabledError,
+    SparsegenError,
+    SpecError,
+)
+from .layout import density, visible_mask
+from .ops import get_kernel, paged_decode, prefill
+from .presets import get_pattern
+from .spec import HeadSpec, LayerSpec, ModelSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheError",
+    "CompileError",
+    "HeadSpec",
+    "ImplUnavailableError",
+    "InputError",
+    "JitDisabledError",
+    "LayerSpec",
+    "ModelSpec",
+    "SparsegenError",
+    "SpecError",
+    "density",
+    "get_kernel",
+    "get_pattern",
+    "paged_decode",
+    "prefill",
+    "reference",
+    "visible_mask",
+]

@@ -1,0 +1,1 @@
+"""One module per `sparsegen` CLI command; `sparsegen/cli.py` wires them together."""

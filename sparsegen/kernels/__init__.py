@@ -1,0 +1,1 @@
+"""Kernel launchers: validate arguments, fetch the compiled kernel, launch it."""

@@ -1,0 +1,124 @@
+"""Where a pattern lets each query look: token masks, key counts, block and page maps.
+
+Everything here is vectorised torch and memory-bounded: `density` and `visible_counts`
+count visible keys in closed form (O(seq_len) per head), never through an [S, S] mask.
+
+Positions are absolute within a sequence. With more keys than queries, query row r sits at
+position `n_k - n_q + r` (bottom-right alignment, DESIGN §1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .spec import HeadSpec, LayerSpec
+
+
+def head_visible(head: HeadSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Bool tensor, broadcast of q_pos and k_pos: may query position i see key position j."""
+    i, j = q_pos, k_pos
+    causal = j <= i
+    if head.dense:
+        return causal & torch.ones_like(causal)
+    bs = head.block_size
+    seen = torch.zeros_like(causal)
+    if head.local_blocks:
+        seen |= (i // bs - j // bs) < head.local_blocks
+    if head.vert_stride:
+        seen |= (j // bs + head.vert_offset + 1) % head.vert_stride == 0
+    if head.sliding_window:
+        seen |= (i - j) < head.sliding_window
+    return causal & seen
+
+
+def layer_visible(layer: LayerSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """[H, len(q_pos), len(k_pos)] bool, one distinct head pattern computed once."""
+    i, j = q_pos.reshape(-1, 1), k_pos.reshape(1, -1)
+    cache: dict[HeadSpec, torch.Tensor] = {}
+    planes = []
+    for head in layer.heads:
+        if head not in cache:
+            cache[head] = head_visible(head, i, j)
+        planes.append(cache[head])
+    return torch.stack(planes)
+
+
+def visible_mask(layer: LayerSpec, n_q: int, n_k: int | None = None) -> torch.Tensor:
+    """[H, n_q, n_k] bool mask; the queries are the last n_q of n_k positions."""
+    n_k = n_q if n_k is None else n_k
+    if not 0 <= n_q <= n_k:
+        raise ValueError(f"visible_mask needs 0 <= n_q <= n_k, got n_q={n_q}, n_k={n_k}")
+    q_pos = torch.arange(n_k - n_q, n_k)
+    return layer_visible(layer, q_pos, torch.arange(n_k))
+
+
+def _vertical_keys_below(head: HeadSpec, n: torch.Tensor) -> torch.Tensor:
+    """How many keys j < n lie in vertical-stride blocks."""
+    bs, v, o = head.block_size, head.vert_stride, head.vert_offset
+    full = n // bs
+    # Block kb is vertical iff kb = v-1-o (mod v): among blocks 0..full-1 there are (full+o)//v.
+    count = (full + o) // v * bs
+    partial_is_vertical = (full + o + 1) % v == 0
+    return count + torch.where(partial_is_vertical, n - full * bs, torch.zeros_like(n))
+
+
+def head_key_counts(head: HeadSpec, q_pos: torch.Tensor) -> torch.Tensor:
+    """Number of keys visible from each query position (closed form, int64)."""
+    i = q_pos.to(torch.int64)
+    if head.dense:
+        return i + 1
+    # The local and window parts both end at the diagonal: together they are one contiguous
+    # "near" range [near_start, i]; vertical blocks add whatever lies below near_start.
+    big = torch.iinfo(torch.int64).max
+    near = torch.full_like(i, big)
+    if head.local_blocks:
+        near = torch.minimum(near, (i // head.block_size - head.local_blocks + 1) * head.block_size)
+    if head.sliding_window:
+        near = torch.minimum(near, i - head.sliding_window + 1)
+    near = near.clamp(min=0)
+    count = i - near + 1
+    if head.vert_stride:
+        count = count + _vertical_keys_below(head, near)
+    return count
+
+
+def visible_counts(layer: LayerSpec, positions: torch.Tensor) -> torch.Tensor:
+    """[H, len(positions)] visible keys per head for queries at `positions`."""
+    return torch.stack([head_key_counts(h, positions) for h in layer.heads])
+
+
+def density(layer: LayerSpec, seq_len: int) -> torch.Tensor:
+    """[H] float64: visible (query, key) pairs over causal pairs for one sequence."""
+    if seq_len < 1:
+        raise ValueError(f"density needs seq_len >= 1, got {seq_len}")
+    pos = torch.arange(seq_len, dtype=torch.int64)
+    causal = seq_len * (seq_len + 1) // 2
+    return visible_counts(layer, pos).sum(dim=1).to(torch.float64) / causal
+
+
+def block_mask(layer: LayerSpec, seq_len: int, block: int) -> torch.Tensor:
+    """[H, nb, nb] bool: does query tile a see anything in key tile b (tiles of `block` tokens).
+
+    Exact for any tile size: computed from the token mask one query tile at a time, so
+    memory is O(H * block * seq_len).
+    """
+    nb = -(-seq_len // block)
+    out = torch.zeros(layer.num_heads, nb, nb, dtype=torch.bool)
+    k_pos = torch.arange(seq_len)
+    pad = nb * block - seq_len
+    for a in range(nb):
+        q_pos = torch.arange(a * block, min((a + 1) * block, seq_len))
+        vis = layer_visible(layer, q_pos, k_pos).any(dim=1)  # [H, seq_len]
+        vis = torch.nn.functional.pad(vis, (0, pad))
+        out[:, a] = vis.view(layer.num_heads, nb, block).any(dim=2)
+    return out
+
+
+def decode_pages(layer: LayerSpec, seq_len: int, page_size: int) -> torch.Tensor:
+    """[Hkv, num_pages] bool: pages some head of each KV group needs for the query at seq_len-1."""
+    k_pos = torch.arange(seq_len)
+    vis = layer_visible(layer, torch.tensor([seq_len - 1]), k_pos)[:, 0]  # [H, seq_len]
+    n_pages = -(-seq_len // page_size)
+    vis = torch.nn.functional.pad(vis, (0, n_pages * page_size - seq_len))
+    per_head = vis.view(layer.num_heads, n_pages, page_size).any(dim=2)
+    return per_head.view(layer.num_kv_heads, layer.group_size, n_pages).any(dim=1)

@@ -1,0 +1,95 @@
+"""Public entry points: `prefill`, `paged_decode` and `get_kernel`, with backend dispatch.
+
+`impl=None` picks the compiled kernel on a capable GPU (sm_80+) and the reference elsewhere.
+An explicit `impl` never falls back: if it cannot run here, `ImplUnavailableError` says why.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import reference
+from .errors import ImplUnavailableError, InputError
+from .spec import LayerSpec
+
+IMPLS = (None, "triton", "cuda", "reference")
+KINDS = ("prefill", "decode")
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def gpu_capable(device: torch.device) -> bool:
+    """A CUDA device of compute capability 8.0 or newer."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def _check_impl(impl: str | None, allowed: tuple[str, ...]) -> None:
+    if impl not in (None, *allowed):
+        raise InputError(f"impl must be one of {(None, *allowed)}, got {impl!r}")
+
+
+def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *, impl=None):
+    """Block-sparse varlen prefill. q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]."""
+    _check_impl(impl, ("triton", "reference"))
+    if impl is None:
+        on_gpu = isinstance(q, torch.Tensor) and gpu_capable(q.device)
+        impl = "triton" if on_gpu and q.dtype in (torch.float16, torch.bfloat16) else "reference"
+    if impl == "reference":
+        return reference.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
+    if isinstance(q, torch.Tensor) and not gpu_capable(q.device) and not interpreter_enabled():
+        raise ImplUnavailableError(
+            f"impl='triton' needs q on a CUDA GPU of sm_80 or newer (q is on {q.device}); "
+            "on a CPU set TRITON_INTERPRET=1 to run the generated kernel in Triton's interpreter"
+        )
+    from .kernels.prefill import triton_prefill
+
+    return triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
+
+
+def paged_decode(
+    q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale=None, *, impl=None, check=None
+):
+    """One decode step over a paged cache. q: [B, H, D], caches: [pages, page_size, Hkv, D].
+
+    `check=True` (or SPARSEGEN_DEBUG=1) validates seq_lens and every used page id on the host
+    before the compiled kernel launches; the reference always does.
+    """
+    _check_impl(impl, ("cuda", "reference"))
+    if impl is None:
+        on_gpu = isinstance(q, torch.Tensor) and gpu_capable(q.device)
+        impl = "cuda" if on_gpu and q.dtype in (torch.float16, torch.bfloat16) else "reference"
+    if impl == "reference":
+        return reference.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale)
+    if not (isinstance(q, torch.Tensor) and gpu_capable(q.device)):
+        where = q.device if isinstance(q, torch.Tensor) else "no tensor"
+        raise ImplUnavailableError(f"impl='cuda' needs q on a CUDA GPU of sm_80 or newer (q is on {where})")
+    if check is None:
+        check = os.environ.get("SPARSEGEN_DEBUG", "0") not in ("", "0")
+    from .kernels.decode import cuda_paged_decode
+
+    return cuda_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, check=check)
+
+
+def get_kernel(layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int = 16):
+    """A compiled, cached kernel for `layer`, callable like `prefill` / `paged_decode`.
+
+    `arch` (e.g. "sm_90") defaults to the current GPU's; without a GPU it must be given, and
+    the kernel is compiled ahead of time (it can be stored and inspected, not run).
+    """
+    if not isinstance(layer, LayerSpec):
+        raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
+    if kind == "prefill":
+        from .kernels.prefill import get_prefill_kernel
+
+        return get_prefill_kernel(layer, dtype=dtype, arch=arch)
+    if kind == "decode":
+        from .kernels.decode import get_decode_kernel
+
+        return get_decode_kernel(layer, dtype=dtype, arch=arch, page_size=page_size)
+    raise InputError(f"kind must be one of {KINDS}, got {kind!r}")

@@ -1,0 +1,271 @@
+"""Attention sparsity specs: which keys each query head may see.
+
+A `HeadSpec` describes one head, a `LayerSpec` one attention layer (its heads plus the
+shapes shared by them), a `ModelSpec` a whole model. All three are frozen dataclasses with a
+canonical JSON form and a stable SHA-256 `digest()`; the digest, never `hash()`, is what
+cache keys are built from.
+
+Semantics (DESIGN §1): query i sees key j iff j <= i and any enabled part allows it:
+  dense            always
+  local blocks     i//B - j//B < local_blocks
+  vertical stride  (j//B + vert_offset + 1) % vert_stride == 0
+  sliding window   i - j < sliding_window
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any
+
+from .errors import SpecError
+
+SPEC_FORMAT = "sparsegen.spec/1"
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
+MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 16, 256
+
+
+def _check_int(owner: str, name: str, value: Any, minimum: int = 0) -> None:
+    # bool is an int subclass; reject it so `local_blocks=True` is not silently 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{owner}.{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise SpecError(f"{owner}.{name} must be >= {minimum}, got {value!r}")
+
+
+def _canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """One query head's pattern: the union of its enabled parts, always causal."""
+
+    block_size: int = 64
+    local_blocks: int = 0
+    vert_stride: int = 0
+    vert_offset: int = 0
+    sliding_window: int = 0
+    dense: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window"):
+            _check_int("HeadSpec", name, getattr(self, name))
+        if not isinstance(self.dense, bool):
+            raise SpecError(f"HeadSpec.dense must be a bool, got {self.dense!r}")
+        bs = self.block_size
+        if bs < MIN_BLOCK_SIZE or bs > MAX_BLOCK_SIZE or bs & (bs - 1):
+            raise SpecError(
+                f"HeadSpec.block_size must be a power of two in "
+                f"{MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}, got {bs!r}"
+            )
+        if self.vert_stride == 0 and self.vert_offset != 0:
+            raise SpecError(
+                f"HeadSpec.vert_offset must be 0 when vert_stride is 0, got {self.vert_offset!r}"
+            )
+        if self.vert_stride > 0 and self.vert_offset >= self.vert_stride:
+            raise SpecError(
+                f"HeadSpec.vert_offset must be < vert_stride ({self.vert_stride}), "
+                f"got {self.vert_offset!r}"
+            )
+        if not (self.dense or self.local_blocks >= 1 or self.sliding_window >= 1):
+            raise SpecError(
+                "HeadSpec cannot see its own position: set dense=True, local_blocks >= 1 or "
+                f"sliding_window >= 1 (got local_blocks={self.local_blocks}, "
+                f"sliding_window={self.sliding_window}, dense={self.dense})"
+            )
+
+    @property
+    def kind(self) -> str:
+        """The pattern kind, e.g. 'dense', 'local+vert', 'window', 'local+window'."""
+        if self.dense:
+            return "dense"
+        parts = []
+        if self.local_blocks:
+            parts.append("local")
+        if self.vert_stride:
+            parts.append("vert")
+        if self.sliding_window:
+            parts.append("window")
+        return "+".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HeadSpec:
+        return cls(**_known_keys(cls, data, "head"))
+
+    def digest(self) -> str:
+        return _sha256(_canonical_json(self.to_dict()))
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One attention layer: shapes and one `HeadSpec` per query head.
+
+    Query heads `g*G .. g*G+G-1` share KV head `g`, with G = num_heads // num_kv_heads.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    heads: tuple[HeadSpec, ...]
+
+    def __post_init__(self) -> None:
+        _check_int("LayerSpec", "num_heads", self.num_heads, 1)
+        _check_int("LayerSpec", "num_kv_heads", self.num_kv_heads, 1)
+        _check_int("LayerSpec", "head_dim", self.head_dim, 1)
+        if self.num_heads % self.num_kv_heads:
+            raise SpecError(
+                f"LayerSpec.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim not in SUPPORTED_HEAD_DIMS:
+            raise SpecError(
+                f"LayerSpec.head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim!r}"
+            )
+        if not isinstance(self.heads, (tuple, list)):
+            raise SpecError(f"LayerSpec.heads must be a sequence of HeadSpec, got {self.heads!r}")
+        heads = tuple(self.heads)
+        for i, head in enumerate(heads):
+            if not isinstance(head, HeadSpec):
+                raise SpecError(f"LayerSpec.heads[{i}] must be a HeadSpec, got {head!r}")
+        if len(heads) != self.num_heads:
+            raise SpecError(
+                f"LayerSpec.heads has {len(heads)} entries, but num_heads is {self.num_heads}"
+            )
+        object.__setattr__(self, "heads", heads)
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.num_heads // self.num_kv_heads
+
+    def kv_head(self, head: int) -> int:
+        return head // self.group_size
+
+    @property
+    def is_dense(self) -> bool:
+        return all(h.dense for h in self.heads)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Distinct head kinds, in first-seen order (more than one: a hybrid layer)."""
+        return tuple(dict.fromkeys(h.kind for h in self.heads))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "heads": [h.to_dict() for h in self.heads],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerSpec:
+        data = _known_keys(cls, data, "layer")
+        heads = data.get("heads")
+        if not isinstance(heads, list):
+            raise SpecError(f"layer field 'heads' must be a list, got {heads!r}")
+        for i, head in enumerate(heads):
+            if not isinstance(head, dict):
+                raise SpecError(f"layer field 'heads[{i}]' must be an object, got {head!r}")
+        return cls(**{**data, "heads": tuple(HeadSpec.from_dict(h) for h in heads)})
+
+    def to_json(self) -> str:
+        return _canonical_json(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> LayerSpec:
+        return cls.from_dict(_load_json(text))
+
+    def digest(self) -> str:
+        return _sha256(self.to_json())
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A whole model: a name and one `LayerSpec` per layer."""
+
+    name: str
+    layers: tuple[LayerSpec, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError(f"ModelSpec.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.layers, (tuple, list)) or not self.layers:
+            raise SpecError(f"ModelSpec.layers must be a non-empty sequence, got {self.layers!r}")
+        layers = tuple(self.layers)
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, LayerSpec):
+                raise SpecError(f"ModelSpec.layers[{i}] must be a LayerSpec, got {layer!r}")
+        object.__setattr__(self, "layers", layers)
+
+    def distinct_layers(self) -> list[tuple[LayerSpec, list[int]]]:
+        """Each distinct layer spec with the layer indices that use it, in first-seen order."""
+        seen: dict[LayerSpec, list[int]] = {}
+        for i, layer in enumerate(self.layers):
+            seen.setdefault(layer, []).append(i)
+        return list(seen.items())
+
+    def first_sparse_layer(self) -> int:
+        """Index of the first layer that is not fully dense (0 if all are dense)."""
+        return next((i for i, layer in enumerate(self.layers) if not layer.is_dense), 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": SPEC_FORMAT,
+            "name": self.name,
+            "layers": [layer.to_dict() for layer in self.layers],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        if not isinstance(data, dict):
+            raise SpecError(f"a model spec must be a JSON object, got {type(data).__name__}")
+        fmt = data.get("format")
+        if fmt != SPEC_FORMAT:
+            raise SpecError(f"spec field 'format' must be {SPEC_FORMAT!r}, got {fmt!r}")
+        data = _known_keys(cls, {k: v for k, v in data.items() if k != "format"}, "model")
+        layers = data.get("layers")
+        if not isinstance(layers, list):
+            raise SpecError(f"model field 'layers' must be a list, got {layers!r}")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, dict):
+                raise SpecError(f"model field 'layers[{i}]' must be an object, got {layer!r}")
+        return cls(name=data.get("name"), layers=tuple(LayerSpec.from_dict(x) for x in layers))
+
+    def to_json(self) -> str:
+        return _canonical_json(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSpec:
+        return cls.from_dict(_load_json(text))
+
+    def digest(self) -> str:
+        return _sha256(self.to_json())
+
+
+def _load_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"spec is not valid JSON: {exc}") from None
+
+
+def _known_keys(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise SpecError(f"unknown {what} field(s) {unknown}; expected some of {sorted(names)}")
+    required = {f.name for f in fields(cls) if f.default is MISSING}
+    missing = sorted(required - set(data))
+    if missing:
+        raise SpecError(f"{what} is missing field(s) {missing}")
+    return dict(data)

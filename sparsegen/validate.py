@@ -1,0 +1,153 @@
+"""Argument checks shared by the reference and the kernel launchers.
+
+Every check raises `InputError` naming the argument and what is wrong, before any work is
+launched. Checks that need to read tensor *values* (cu_seqlens, seq_lens, page ids) are the
+only ones that synchronise with the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import InputError
+from .spec import LayerSpec
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+REFERENCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_tensor(name: str, t: object, ndim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise InputError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    return t
+
+
+def _check_layer(layer: object) -> LayerSpec:
+    if not isinstance(layer, LayerSpec):
+        raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
+    return layer
+
+
+def _check_float_dtypes(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], allowed) -> None:
+    dt = tensors[0].dtype
+    if dt not in allowed:
+        raise InputError(f"{names[0]} has dtype {dt}; supported: {', '.join(map(str, allowed))}")
+    for n, t in zip(names[1:], tensors[1:]):
+        if t.dtype != dt:
+            raise InputError(f"{n} has dtype {t.dtype} but {names[0]} has {dt}")
+
+
+def _check_same_device(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+    dev = tensors[0].device
+    for n, t in zip(names[1:], tensors[1:]):
+        if t.device != dev:
+            raise InputError(f"{n} is on {t.device} but {names[0]} is on {dev}")
+
+
+def _check_int32_vector(name: str, t: object, length: int | None = None) -> torch.Tensor:
+    t = _check_tensor(name, t, 1)
+    if t.dtype != torch.int32:
+        raise InputError(f"{name} must be int32, got {t.dtype}")
+    if length is not None and t.shape[0] != length:
+        raise InputError(f"{name} must have {length} entries, got {t.shape[0]}")
+    return t
+
+
+def check_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int) -> None:
+    """Offsets start at 0, never decrease, end at the totals, and q_len <= k_len per sequence."""
+    _check_int32_vector("cu_seqlens_q", cu_q)
+    _check_int32_vector("cu_seqlens_k", cu_k)
+    if cu_q.shape[0] < 2 or cu_q.shape != cu_k.shape:
+        raise InputError(
+            f"cu_seqlens_q and cu_seqlens_k must both be [B+1] with B >= 1, got "
+            f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}"
+        )
+    for name, cu, total in (("cu_seqlens_q", cu_q, total_q), ("cu_seqlens_k", cu_k, total_k)):
+        vals = cu.tolist()
+        if vals[0] != 0:
+            raise InputError(f"{name}[0] must be 0, got {vals[0]}")
+        if vals[-1] != total:
+            raise InputError(f"{name}[-1] is {vals[-1]} but the tensor has {total} tokens")
+        if any(b < a for a, b in zip(vals, vals[1:])):
+            raise InputError(f"{name} must be non-decreasing, got {vals}")
+    lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
+    lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        if lq > lk:
+            raise InputError(f"sequence {b} has q_len {lq} > k_len {lk}; queries must be the last keys")
+
+
+def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cpu: bool) -> None:
+    layer = _check_layer(layer)
+    q = _check_tensor("q", q, 3)
+    k = _check_tensor("k", k, 3)
+    v = _check_tensor("v", v, 3)
+    _check_float_dtypes(("q", "k", "v"), (q, k, v), REFERENCE_DTYPES if allow_cpu else KERNEL_DTYPES)
+    _check_same_device(("q", "k", "v"), (q, k, v))
+    h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    if q.shape[1:] != (h, d):
+        raise InputError(f"q must be [Tq, {h}, {d}] for this layer, got {tuple(q.shape)}")
+    if k.shape[1:] != (hkv, d):
+        raise InputError(f"k must be [Tk, {hkv}, {d}] for this layer, got {tuple(k.shape)}")
+    if v.shape != k.shape:
+        raise InputError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
+
+
+def check_decode_inputs(
+    q, k_cache, v_cache, block_tables, seq_lens, layer, *, allow_cpu: bool, check_pages: bool
+) -> None:
+    layer = _check_layer(layer)
+    q = _check_tensor("q", q, 3)
+    k_cache = _check_tensor("k_cache", k_cache, 4)
+    v_cache = _check_tensor("v_cache", v_cache, 4)
+    _check_float_dtypes(
+        ("q", "k_cache", "v_cache"), (q, k_cache, v_cache), REFERENCE_DTYPES if allow_cpu else KERNEL_DTYPES
+    )
+    batch = q.shape[0]
+    block_tables = _check_tensor("block_tables", block_tables, 2)
+    if block_tables.dtype != torch.int32:
+        raise InputError(f"block_tables must be int32, got {block_tables.dtype}")
+    seq_lens = _check_int32_vector("seq_lens", seq_lens, batch)
+    _check_same_device(
+        ("q", "k_cache", "v_cache", "block_tables", "seq_lens"),
+        (q, k_cache, v_cache, block_tables, seq_lens),
+    )
+    h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    if q.shape[1:] != (h, d):
+        raise InputError(f"q must be [B, {h}, {d}] for this layer, got {tuple(q.shape)}")
+    if k_cache.shape[2:] != (hkv, d):
+        raise InputError(
+            f"k_cache must be [num_pages, page_size, {hkv}, {d}] for this layer, got {tuple(k_cache.shape)}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise InputError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    if block_tables.shape[0] != batch:
+        raise InputError(f"block_tables must have {batch} rows (one per query), got {block_tables.shape[0]}")
+    if batch == 0:
+        raise InputError("q has batch size 0")
+    if check_pages:
+        check_page_tables(block_tables, seq_lens, k_cache.shape[0], k_cache.shape[1])
+
+
+def check_page_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_pages: int, page_size: int) -> None:
+    """seq_lens fit their tables, and every page a sequence uses is a valid page id."""
+    max_pages = block_tables.shape[1]
+    lens = seq_lens.cpu()
+    bad = ((lens < 1) | (lens > max_pages * page_size)).nonzero()
+    if bad.numel():
+        b = int(bad[0, 0])
+        raise InputError(
+            f"seq_lens[{b}] = {int(lens[b])} must be in 1..{max_pages * page_size} "
+            f"(block_tables has {max_pages} pages of {page_size} tokens)"
+        )
+    used = torch.arange(max_pages) < ((lens + page_size - 1) // page_size).unsqueeze(1)
+    tables = block_tables.cpu()
+    out_of_range = used & ((tables < 0) | (tables >= num_pages))
+    if out_of_range.any():
+        b, p = (int(x) for x in out_of_range.nonzero()[0])
+        raise InputError(
+            f"block_tables[{b}, {p}] = {int(tables[b, p])} is not a page id in 0..{num_pages - 1}"
+        )
