@@ -1,0 +1,90 @@
+"""Render kernel source from the Jinja templates in `templates/`.
+
+Templates substitute typed constants only: every value that reaches a template is checked
+to be an int, a bool, a known dtype name or a known enum word (or a list/tuple/dict of
+those), never a free string from a config file. Rendering uses StrictUndefined, so a
+missing constant is an error, not an empty string.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .errors import CompileError
+
+# Words a template may receive as strings: dtype names, C types and pattern kinds.
+ALLOWED_WORDS = frozenset(
+    {
+        "fp16", "bf16", "fp32",
+        "float16", "bfloat16", "float32",
+        "half", "__half", "__nv_bfloat16", "float",
+        "dense", "local", "vert", "window",
+        "local+vert", "local+window", "vert+window", "local+vert+window",
+        "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_120",
+    }
+)  # fmt: skip
+
+
+def templates_dir() -> Path:
+    """`sparsegen/templates` inside an installed wheel, else `templates/` of the source tree."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if candidate.is_dir():
+            return candidate
+    raise CompileError(f"sparsegen's templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})")
+
+
+@functools.lru_cache(maxsize=None)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def template_bytes(name: str) -> bytes:
+    """The template's exact bytes (they enter the cache key)."""
+    path = templates_dir() / name
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CompileError(f"cannot read template {path}: {exc}") from None
+
+
+def check_constant(name: str, value: Any) -> None:
+    """Raise CompileError unless `value` is a typed constant a template may receive."""
+    if isinstance(value, bool) or isinstance(value, int):
+        return
+    if isinstance(value, str):
+        if value not in ALLOWED_WORDS:
+            raise CompileError(f"template constant {name} = {value!r} is not an allowed word")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_constant(f"{name}[{i}]", item)
+        return
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str) or not k.isidentifier():
+                raise CompileError(f"template constant {name} has a non-identifier key {k!r}")
+            check_constant(f"{name}.{k}", item)
+        return
+    raise CompileError(f"template constant {name} has unsupported type {type(value).__name__}: {value!r}")
+
+
+def render(template: str, **constants: Any) -> str:
+    """Render `templates/<template>` with validated constants."""
+    for name, value in constants.items():
+        check_constant(name, value)
+    try:
+        return _environment().get_template(template).render(**constants)
+    except jinja2.TemplateError as exc:
+        raise CompileError(f"rendering {template} failed: {exc}") from None
