@@ -1,0 +1,54 @@
+"""Shared pytest set-up: hypothesis profiles, the gpu marker, a private kernel cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "ci",
+    deadline=None,
+    max_examples=25,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "gpu", deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
+
+HAS_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU of sm_80 or newer; run `pytest -m gpu` on one")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """Every test session compiles into its own cache unless SPARSEGEN_CACHE_DIR is set."""
+    if "SPARSEGEN_CACHE_DIR" not in os.environ:
+        path = tmp_path_factory.mktemp("sparsegen-cache")
+        path.chmod(0o700)
+        os.environ["SPARSEGEN_CACHE_DIR"] = str(path)
+    yield
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere gives inf (NaN never passes)."""
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30))
