@@ -45,10 +45,3 @@ def _private_cache_dir(tmp_path_factory):
         os.environ["SPARSEGEN_CACHE_DIR"] = str(path)
     yield
 
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; NaN anywhere gives inf (NaN never passes)."""
-    out64, ref64 = out.double().cpu(), ref.double().cpu()
-    if not torch.isfinite(out64).all():
-        return float("inf")
-    return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30))

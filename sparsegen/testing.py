@@ -1,0 +1,220 @@
+"""Hypothesis strategies for fuzzing patterns, plus the comparison helper every test uses.
+
+    from hypothesis import given
+    from sparsegen.testing import layer_specs, prefill_problems
+
+    @given(prefill_problems(layer_specs(hybrid=True)))
+    def test_mine(problem):
+        out = my_kernel(*problem.args())
+        assert rel_err(out, problem.reference()) < 1e-2
+
+Strategies draw *descriptions* (specs, lengths, a seed); tensors are then made from the seed
+with `torch.Generator`, on the device asked for, from random normal data (never zeros).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import strategies as st
+
+from . import reference
+from .spec import SUPPORTED_HEAD_DIMS, HeadSpec, LayerSpec
+
+BLOCK_SIZES = (16, 32, 64, 128)
+PAGE_SIZES = (8, 16, 32, 64, 128)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; any NaN or inf in `out` gives inf, so it never passes."""
+    out64, ref64 = out.detach().double().cpu(), ref.detach().double().cpu()
+    if out64.shape != ref64.shape:
+        raise AssertionError(f"shape {tuple(out64.shape)} != reference shape {tuple(ref64.shape)}")
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30))
+
+
+@st.composite
+def head_specs(draw, block_size: int | None = None, kinds: tuple[str, ...] | None = None) -> HeadSpec:
+    """A valid HeadSpec: dense, or any union of local blocks, vertical stride and window."""
+    bs = block_size if block_size is not None else draw(st.sampled_from(BLOCK_SIZES))
+    kind = draw(st.sampled_from(kinds or ("dense", "local", "local+vert", "window", "local+window",
+                                          "vert+window", "local+vert+window")))
+    if kind == "dense":
+        return HeadSpec(block_size=bs, dense=True)
+    local = draw(st.integers(1, 6)) if "local" in kind else 0
+    stride = draw(st.integers(1, 8)) if "vert" in kind else 0
+    offset = draw(st.integers(0, stride - 1)) if stride else 0
+    window = draw(st.integers(1, 400)) if "window" in kind else 0
+    return HeadSpec(block_size=bs, local_blocks=local, vert_stride=stride, vert_offset=offset,
+                    sliding_window=window)
+
+
+@st.composite
+def layer_specs(
+    draw,
+    head_dims: tuple[int, ...] = SUPPORTED_HEAD_DIMS,
+    max_kv_heads: int = 2,
+    gqa_ratios: tuple[int, ...] = (1, 2, 4, 8),
+    hybrid: bool = True,
+    block_sizes: tuple[int, ...] = BLOCK_SIZES,
+) -> LayerSpec:
+    """A valid LayerSpec. hybrid=True mixes head kinds within the layer; otherwise every head
+    has one kind and block size, and only the vertical offsets vary (Phi-3-Small style)."""
+    num_kv = draw(st.integers(1, max_kv_heads))
+    num_heads = num_kv * draw(st.sampled_from(gqa_ratios))
+    head_dim = draw(st.sampled_from(head_dims))
+    if hybrid:
+        heads = tuple(draw(head_specs(block_size=draw(st.sampled_from(block_sizes)))) for _ in range(num_heads))
+    else:
+        base = draw(head_specs(block_size=draw(st.sampled_from(block_sizes))))
+        if base.vert_stride:
+            heads = tuple(
+                HeadSpec(**{**base.to_dict(), "vert_offset": h % base.vert_stride}) for h in range(num_heads)
+            )
+        else:
+            heads = (base,) * num_heads
+    return LayerSpec(num_heads=num_heads, num_kv_heads=num_kv, head_dim=head_dim, heads=heads)
+
+
+def _randn(shape, gen: torch.Generator, dtype: torch.dtype, device) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype=dtype, device=device)
+
+
+@dataclass
+class PrefillProblem:
+    layer: LayerSpec
+    q_lens: list[int]
+    k_lens: list[int]
+    seed: int
+    dtype: torch.dtype = torch.float16
+    device: str = "cpu"
+    scale: float | None = None
+    tensors: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        h, hkv, d = self.layer.num_heads, self.layer.num_kv_heads, self.layer.head_dim
+        tq, tk = sum(self.q_lens), sum(self.k_lens)
+        self.tensors = {
+            "q": _randn((tq, h, d), gen, self.dtype, self.device),
+            "k": _randn((tk, hkv, d), gen, self.dtype, self.device),
+            "v": _randn((tk, hkv, d), gen, self.dtype, self.device),
+            "cu_seqlens_q": _offsets(self.q_lens, self.device),
+            "cu_seqlens_k": _offsets(self.k_lens, self.device),
+        }
+
+    def args(self) -> tuple:
+        t = self.tensors
+        return (t["q"], t["k"], t["v"], t["cu_seqlens_q"], t["cu_seqlens_k"], self.layer, self.scale)
+
+    def reference(self) -> torch.Tensor:
+        """The oracle's answer, in float64 math on the CPU."""
+        t = {n: x.cpu() for n, x in self.tensors.items()}
+        return reference.prefill(
+            t["q"].double(), t["k"].double(), t["v"].double(), t["cu_seqlens_q"], t["cu_seqlens_k"],
+            self.layer, self.scale,
+        )
+
+    def repro(self) -> str:
+        return (f"PrefillProblem(layer=LayerSpec.from_json({self.layer.to_json()!r}), q_lens={self.q_lens}, "
+                f"k_lens={self.k_lens}, seed={self.seed}, dtype={self.dtype}, scale={self.scale})")
+
+
+def _offsets(lens: list[int], device) -> torch.Tensor:
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+@st.composite
+def prefill_problems(
+    draw,
+    layers=None,
+    max_batch: int = 3,
+    max_len: int = 300,
+    dtype: torch.dtype = torch.float16,
+    device: str = "cpu",
+) -> PrefillProblem:
+    """A varlen batch: each sequence has k_len keys and its last q_len positions as queries
+    (q_len < k_len models a cached prefix or a later chunk)."""
+    layer = draw(layers if layers is not None else layer_specs())
+    batch = draw(st.integers(1, max_batch))
+    k_lens = [draw(st.integers(1, max_len)) for _ in range(batch)]
+    q_lens = [draw(st.one_of(st.just(n), st.integers(1, n))) for n in k_lens]
+    seed = draw(st.integers(0, 2**31 - 1))
+    scale = draw(st.one_of(st.none(), st.floats(0.01, 0.2)))
+    return PrefillProblem(layer, q_lens, k_lens, seed, dtype, device, scale)
+
+
+@dataclass
+class DecodeProblem:
+    layer: LayerSpec
+    seq_lens: list[int]
+    page_size: int
+    seed: int
+    dtype: torch.dtype = torch.float16
+    device: str = "cpu"
+    scale: float | None = None
+    spare_pages: int = 3
+    tensors: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        h, hkv, d = self.layer.num_heads, self.layer.num_kv_heads, self.layer.head_dim
+        pages_per_seq = [-(-n // self.page_size) for n in self.seq_lens]
+        num_pages = sum(pages_per_seq) + self.spare_pages
+        max_pages = max(pages_per_seq) + 1
+        # Shuffled page ids: sequences own scattered, non-contiguous pages.
+        perm = torch.randperm(num_pages, generator=gen)
+        tables = torch.full((len(self.seq_lens), max_pages), -1, dtype=torch.int32)
+        at = 0
+        for b, n in enumerate(pages_per_seq):
+            tables[b, :n] = perm[at : at + n].to(torch.int32)
+            at += n
+        self.tensors = {
+            "q": _randn((len(self.seq_lens), h, d), gen, self.dtype, self.device),
+            "k_cache": _randn((num_pages, self.page_size, hkv, d), gen, self.dtype, self.device),
+            "v_cache": _randn((num_pages, self.page_size, hkv, d), gen, self.dtype, self.device),
+            "block_tables": tables.to(self.device),
+            "seq_lens": torch.tensor(self.seq_lens, dtype=torch.int32, device=self.device),
+        }
+
+    def args(self) -> tuple:
+        t = self.tensors
+        return (t["q"], t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], self.layer, self.scale)
+
+    def reference(self) -> torch.Tensor:
+        """The oracle's answer, in float64 math on the CPU."""
+        t = {n: x.cpu() for n, x in self.tensors.items()}
+        return reference.paged_decode(
+            t["q"].double(), t["k_cache"].double(), t["v_cache"].double(), t["block_tables"], t["seq_lens"],
+            self.layer, self.scale,
+        )
+
+    def repro(self) -> str:
+        return (f"DecodeProblem(layer=LayerSpec.from_json({self.layer.to_json()!r}), seq_lens={self.seq_lens}, "
+                f"page_size={self.page_size}, seed={self.seed}, dtype={self.dtype}, scale={self.scale})")
+
+
+@st.composite
+def decode_problems(
+    draw,
+    layers=None,
+    max_batch: int = 4,
+    max_len: int = 2000,
+    page_sizes: tuple[int, ...] = PAGE_SIZES,
+    dtype: torch.dtype = torch.float16,
+    device: str = "cpu",
+) -> DecodeProblem:
+    """A decode batch over a shuffled paged cache; lengths include 1 and non-multiples of anything."""
+    layer = draw(layers if layers is not None else layer_specs())
+    batch = draw(st.integers(1, max_batch))
+    seq_lens = [draw(st.one_of(st.just(1), st.integers(1, max_len))) for _ in range(batch)]
+    page_size = draw(st.sampled_from(page_sizes))
+    seed = draw(st.integers(0, 2**31 - 1))
+    scale = draw(st.one_of(st.none(), st.floats(0.01, 0.2)))
+    return DecodeProblem(layer, seq_lens, page_size, seed, dtype, device, scale)
