@@ -1,0 +1,192 @@
+"""Phi-3-Small (DESIGN §2) as a plain PyTorch module whose attention is sparsegen's.
+
+Module names equal the checkpoint's tensor names (`model.layers.N.self_attn.query_key_value`,
+...), so `state_dict()` *is* the HF layout. Attention goes only through `sparsegen.prefill` /
+`sparsegen.paged_decode`, each layer with its own `LayerSpec`: compiled kernels on a GPU, the
+reference on a CPU. Tokens are flattened: activations are `[T, hidden]` for T tokens of a batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import ops
+from ..presets import from_hf_config
+from ..spec import HeadSpec, LayerSpec, ModelSpec
+from .batch import ForwardBatch
+from .config import Phi3SmallConfig
+from .rope import Rotary
+
+KVCacheLayer = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_pages, page_size, Hkv, D]
+
+
+def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
+    """Each layer's LayerSpec from the config's blocksparse_* fields (or all dense)."""
+    spec = from_hf_config(config.to_hf_dict(), name="phi3small")
+    if not force_dense:
+        return spec
+    dense = tuple(
+        LayerSpec(
+            num_heads=layer.num_heads,
+            num_kv_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim,
+            heads=(HeadSpec(dense=True),) * layer.num_heads,
+        )
+        for layer in spec.layers
+    )
+    return ModelSpec(name="phi3small-dense", layers=dense)
+
+
+def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
+    """GeGeLU over interleaved halves: even columns are the gate, odd ones the linear part."""
+    gate = x[..., 0::2].clamp(max=limit)
+    linear = x[..., 1::2].clamp(min=-limit, max=limit)
+    return gate * torch.sigmoid(1.702 * gate) * (linear + 1.0)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        self.group = config.group_size
+        self.scale = config.attention_scale
+        qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.query_key_value = nn.Linear(config.hidden_size, qkv_out, bias=True)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=True)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+        batch: ForwardBatch,
+        kv_cache: KVCacheLayer | None,
+        impl: str | None,
+    ) -> torch.Tensor:  # [T, hidden]
+        t = x.shape[0]
+        h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
+        qkv = self.query_key_value(x).view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
+        q = Rotary.apply(qkv[:, :, :g].reshape(t, h, d), cos, sin)  # [T, H, D]
+        k = Rotary.apply(qkv[:, :, g], cos, sin)  # [T, Hkv, D]
+        v = qkv[:, :, g + 1].contiguous()  # [T, Hkv, D]
+        if kv_cache is not None and batch.slot_mapping is not None:
+            k_cache, v_cache = kv_cache
+            k_cache.view(-1, hkv, d).index_copy_(0, batch.slot_mapping, k)
+            v_cache.view(-1, hkv, d).index_copy_(0, batch.slot_mapping, v)
+        if batch.is_decode:
+            if kv_cache is None:
+                raise ValueError("a decode step needs a KV cache")
+            out = ops.paged_decode(
+                q, kv_cache[0], kv_cache[1], batch.block_tables, batch.seq_lens, self.layer,
+                scale=self.scale, impl=impl,
+            )
+        else:
+            if batch.kv_gather is not None:
+                k_all = kv_cache[0].view(-1, hkv, d)[batch.kv_gather]  # [Tk, Hkv, D]: cached prefix + new
+                v_all = kv_cache[1].view(-1, hkv, d)[batch.kv_gather]
+            else:
+                k_all, v_all = k, v
+            out = ops.prefill(
+                q, k_all, v_all, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer, scale=self.scale, impl=impl
+            )
+        return self.dense(out.reshape(t, h * d))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: Phi3SmallConfig):
+        super().__init__()
+        self.limit = config.gegelu_limit
+        self.up_proj = nn.Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True)
+        self.down_proj = nn.Linear(config.ff_intermediate_size, config.hidden_size, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gegelu(self.up_proj(x), self.limit))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec):
+        super().__init__()
+        eps = config.layer_norm_epsilon
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, batch, kv_cache, impl):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv_cache, impl)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Phi3SmallModel(nn.Module):
+    def __init__(self, config: Phi3SmallConfig, spec: ModelSpec):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, layer) for layer in spec.layers)
+        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+
+
+class Phi3SmallForCausalLM(nn.Module):
+    """`forward(input_ids, batch, kv_caches)` -> float32 logits for `batch.logits_index` rows."""
+
+    def __init__(
+        self,
+        config: Phi3SmallConfig,
+        *,
+        force_dense: bool = False,
+        attn_impl: str | None = None,
+        dummy_token_indices: tuple[int, ...] = (),
+    ):
+        super().__init__()
+        if attn_impl not in (None, "reference"):
+            raise ValueError(f"attn_impl must be None (pick per device) or 'reference', got {attn_impl!r}")
+        self.config = config
+        self.spec = model_spec(config, force_dense)
+        self.attn_impl = attn_impl
+        self.model = Phi3SmallModel(config, self.spec)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = Rotary(config)
+        dummies = config.dummy_token_indices if config.dummy_token_indices is not None else dummy_token_indices
+        dummies = sorted({i for i in dummies if 0 <= i < config.vocab_size})
+        self._dummy_list = tuple(dummies)
+        self.register_buffer("dummy_ids", torch.tensor(dummies, dtype=torch.long), persistent=False)
+
+    def tie_embeddings(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def reset_buffers(self, device: torch.device | str) -> None:
+        """Recompute the non-checkpoint buffers (after building on the meta device)."""
+        self.rotary = Rotary(self.config).to(device)
+        self.dummy_ids = torch.tensor(self._dummy_list, dtype=torch.long, device=device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        batch: ForwardBatch,
+        kv_caches: list[KVCacheLayer] | None = None,
+    ) -> torch.Tensor:  # [B, vocab] float32, or [T, vocab] when batch.logits_index is None
+        cfg = self.config
+        x = self.model.embed_tokens(input_ids) * cfg.mup_embedding_multiplier  # [T, hidden]
+        cos, sin = self.rotary.cos_sin(batch.positions, batch.use_long_rope)  # [T, D]
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, batch, kv_caches[i] if kv_caches is not None else None, self.attn_impl)
+        if batch.logits_index is not None:
+            x = x[batch.logits_index]
+        x = self.model.final_layernorm(x)
+        logits = self.lm_head(x).float() / cfg.mup_width_multiplier  # [B, vocab]
+        if self.dummy_ids.numel():
+            logits.index_fill_(-1, self.dummy_ids, torch.finfo(logits.dtype).min)
+        return logits
