@@ -164,7 +164,11 @@ def _long_rope(cfg: dict[str, Any], head_dim: int, max_positions: int, source: s
     factors = {}
     for name in ("short_factor", "long_factor"):
         f = rs.get(name)
-        if not isinstance(f, list) or len(f) != head_dim // 2 or not all(isinstance(x, (int, float)) for x in f):
+        if (
+            not isinstance(f, list)
+            or len(f) != head_dim // 2
+            or not all(isinstance(x, (int, float)) for x in f)
+        ):
             raise CheckpointError(
                 f"{source}: rope_scaling.{name} must be a list of {head_dim // 2} numbers, got {f!r}"
             )
@@ -200,7 +204,9 @@ def _from_hf_dict(cls: type, cfg: dict[str, Any], source: str) -> Phi3SmallConfi
     max_positions = f("max_position_embeddings", int)
     dummy = cfg.get("dummy_token_indices")
     if dummy is not None:
-        if not isinstance(dummy, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dummy):
+        if not isinstance(dummy, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in dummy
+        ):
             raise CheckpointError(f"{source}: field 'dummy_token_indices' must be a list of ints")
         dummy = tuple(dummy)
     eos = cfg.get("eos_token_id", d.eos_token_id)
@@ -240,7 +246,13 @@ def _from_hf_dict(cls: type, cfg: dict[str, Any], source: str) -> Phi3SmallConfi
 
 # Byte-level vocabulary of the `tiny` size: ids 0..255 are bytes, then special tokens, then
 # dummies (masked out of the logits), padded to a multiple of 16.
-TINY_SPECIAL_TOKENS = {"<|endoftext|>": 256, "<|system|>": 257, "<|user|>": 258, "<|assistant|>": 259, "<|end|>": 260}
+TINY_SPECIAL_TOKENS = {
+    "<|endoftext|>": 256,
+    "<|system|>": 257,
+    "<|user|>": 258,
+    "<|assistant|>": 259,
+    "<|end|>": 260,
+}
 TINY_VOCAB_SIZE = 272
 
 

@@ -83,8 +83,14 @@ class Attention(nn.Module):
             if kv_cache is None:
                 raise ValueError("a decode step needs a KV cache")
             out = ops.paged_decode(
-                q, kv_cache[0], kv_cache[1], batch.block_tables, batch.seq_lens, self.layer,
-                scale=self.scale, impl=impl,
+                q,
+                kv_cache[0],
+                kv_cache[1],
+                batch.block_tables,
+                batch.seq_lens,
+                self.layer,
+                scale=self.scale,
+                impl=impl,
             )
         else:
             if batch.kv_gather is not None:
@@ -93,7 +99,14 @@ class Attention(nn.Module):
             else:
                 k_all, v_all = k, v
             out = ops.prefill(
-                q, k_all, v_all, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer, scale=self.scale, impl=impl
+                q,
+                k_all,
+                v_all,
+                batch.cu_seqlens_q,
+                batch.cu_seqlens_k,
+                self.layer,
+                scale=self.scale,
+                impl=impl,
             )
         return self.dense(out.reshape(t, h * d))
 
@@ -151,7 +164,9 @@ class Phi3SmallForCausalLM(nn.Module):
         self.model = Phi3SmallModel(config, self.spec)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = Rotary(config)
-        dummies = config.dummy_token_indices if config.dummy_token_indices is not None else dummy_token_indices
+        dummies = (
+            config.dummy_token_indices if config.dummy_token_indices is not None else dummy_token_indices
+        )
         dummies = sorted({i for i in dummies if 0 <= i < config.vocab_size})
         self._dummy_list = tuple(dummies)
         self.register_buffer("dummy_ids", torch.tensor(dummies, dtype=torch.long), persistent=False)

@@ -1,0 +1,22 @@
+"""Models served through sparsegen's attention: Phi-3-Small."""
+
+from .batch import ForwardBatch
+from .config import NAMED_SIZES, CheckpointError, LongRopeConfig, Phi3SmallConfig, named_config
+from .loader import checkpoint_weight_map, empty_model, load_checkpoint, random_model
+from .phi3small import Phi3SmallForCausalLM, gegelu, model_spec
+
+__all__ = [
+    "NAMED_SIZES",
+    "CheckpointError",
+    "ForwardBatch",
+    "LongRopeConfig",
+    "Phi3SmallConfig",
+    "Phi3SmallForCausalLM",
+    "checkpoint_weight_map",
+    "empty_model",
+    "gegelu",
+    "load_checkpoint",
+    "model_spec",
+    "named_config",
+    "random_model",
+]
