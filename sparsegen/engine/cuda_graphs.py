@@ -1,0 +1,88 @@
+"""Decode steps captured as CUDA graphs, one per padded batch size.
+
+Each graph reads its inputs from static buffers sized for `max_num_seqs`. A step copies the
+real rows in, pads the rest with a harmless row (token 0 at position 0, writing into the
+cache's scratch page, reading only that page), replays, and returns the real rows' logits.
+Graphs are captured lazily, on the first decode of each size, after one eager warm-up run
+(which also compiles the kernels) on a side stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.batch import ForwardBatch
+from ..models.phi3small import Phi3SmallForCausalLM
+from .kv_cache import KVCache, pages_for
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, model: Phi3SmallForCausalLM, cache: KVCache, max_num_seqs: int, max_model_len: int):
+        self.model, self.cache = model, cache
+        dev = model.device
+        self.sizes = [b for b in BATCH_SIZES if b < max_num_seqs] + [max_num_seqs]
+        n, width = max_num_seqs, pages_for(max_model_len, cache.page_size)
+        scratch = cache.scratch_page
+        self.ids = torch.zeros(n, dtype=torch.long, device=dev)  # [B]
+        self.positions = torch.zeros(n, dtype=torch.long, device=dev)  # [B]
+        self.use_long = torch.zeros(n, dtype=torch.bool, device=dev)  # [B]
+        self.slots = torch.full((n,), scratch * cache.page_size, dtype=torch.long, device=dev)  # [B]
+        self.block_tables = torch.full((n, width), scratch, dtype=torch.int32, device=dev)  # [B, max_pages]
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)  # [B]
+        self.has_long_rope = model.config.rope_scaling is not None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    def fits(self, batch_size: int) -> bool:
+        return batch_size <= self.sizes[-1]
+
+    def _batch(self, b: int) -> ForwardBatch:
+        return ForwardBatch(
+            is_decode=True,
+            positions=self.positions[:b],
+            use_long_rope=self.use_long[:b] if self.has_long_rope else None,
+            slot_mapping=self.slots[:b],
+            block_tables=self.block_tables[:b],
+            seq_lens=self.seq_lens[:b],
+        )
+
+    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        batch, layers = self._batch(b), self.cache.layers
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.model(self.ids[:b], batch, layers)  # warm-up: compiles kernels, settles allocations
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.model(self.ids[:b], batch, layers)  # [b, vocab]
+        self.pool = graph.pool()
+        return graph, logits
+
+    def _reset_padding(self) -> None:
+        scratch = self.cache.scratch_page
+        self.ids.zero_()
+        self.positions.zero_()
+        self.use_long.zero_()
+        self.slots.fill_(scratch * self.cache.page_size)
+        self.block_tables.fill_(scratch)
+        self.seq_lens.fill_(1)
+
+    def run(self, ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:  # [B, vocab] float32
+        n = ids.shape[0]
+        b = next(s for s in self.sizes if s >= n)
+        self._reset_padding()
+        self.ids[:n] = ids
+        self.positions[:n] = batch.positions
+        if batch.use_long_rope is not None:
+            self.use_long[:n] = batch.use_long_rope
+        self.slots[:n] = batch.slot_mapping
+        self.block_tables[:n, : batch.block_tables.shape[1]] = batch.block_tables
+        self.seq_lens[:n] = batch.seq_lens
+        if b not in self.graphs:
+            self.graphs[b] = self._capture(b)
+        graph, logits = self.graphs[b]
+        graph.replay()
+        return logits[:n].clone()

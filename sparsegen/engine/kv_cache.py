@@ -1,0 +1,93 @@
+"""The paged KV cache: per-layer page pools, a page allocator, and slot arithmetic.
+
+Each layer owns `k` and `v` pools of shape `[num_pages, page_size, Hkv, D]`. A sequence holds
+a list of page ids (its block table); token position p lives in page `pages[p // page_size]`
+at offset `p % page_size`, i.e. flat slot `pages[p // page_size] * page_size + p % page_size`.
+The last page is kept back as a scratch page: padded rows of a captured decode batch write
+there, so they never touch a live sequence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from ..errors import SparsegenError
+
+
+class CacheOutOfMemory(SparsegenError, RuntimeError):
+    """The KV cache has too few free pages for what was asked; the message gives the numbers."""
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+class PageAllocator:
+    """Hands out page ids 0..capacity-1; `allocate` raises instead of waiting for pages."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise CacheOutOfMemory(f"the KV cache needs at least one usable page, got {capacity}")
+        self.capacity = capacity
+        self._free: deque[int] = deque(range(capacity))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise CacheOutOfMemory(
+                f"asked for {n} KV pages but only {len(self._free)} of {self.capacity} are free"
+            )
+        return [self._free.popleft() for _ in range(n)]
+
+    def free(self, pages: list[int]) -> None:
+        self._free.extend(pages)
+
+
+class KVCache:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        if num_pages < 2:
+            raise CacheOutOfMemory(f"the KV cache needs at least 2 pages (one is scratch), got {num_pages}")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        # k[l], v[l]: [num_pages, page_size, Hkv, D]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.scratch_page = num_pages - 1
+        self.allocator = PageAllocator(num_pages - 1)
+
+    @staticmethod
+    def bytes_per_page(
+        num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return (
+            2 * num_layers * page_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        )
+
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.k, self.v))
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.allocator.capacity * self.page_size
+
+    def slots(self, pages: list[int], start: int, stop: int) -> list[int]:
+        """Flat slots of positions start..stop-1 of a sequence holding `pages`."""
+        ps = self.page_size
+        return [pages[p // ps] * ps + p % ps for p in range(start, stop)]
