@@ -14,7 +14,8 @@ turns that off).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence as Seq
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import torch
@@ -179,14 +180,15 @@ class LLMEngine:
         use_long = None
         if self._long_rope_after is not None:
             use_long = torch.tensor(
-                [self._use_long(s, p, p + 1)[0] for s, p in zip(seqs, positions)], device=dev
+                [self._use_long(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)], device=dev
             )
         batch = ForwardBatch(
             is_decode=True,
             positions=torch.tensor(positions, dtype=torch.long, device=dev),
             use_long_rope=use_long,
             slot_mapping=torch.tensor(
-                [self.cache.slots(s.pages, p, p + 1)[0] for s, p in zip(seqs, positions)], device=dev
+                [self.cache.slots(s.pages, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)],
+                device=dev,
             ),
             block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor([len(s) for s in seqs], dtype=torch.int32, device=dev),
@@ -228,7 +230,7 @@ class LLMEngine:
         )
         now = time.perf_counter()
         events = []
-        for seq, token in zip(sampled, tokens):
+        for seq, token in zip(sampled, tokens, strict=True):
             seq.output_ids.append(token)
             if seq.t_first_token is None:
                 seq.t_first_token = now
@@ -253,7 +255,9 @@ class LLMEngine:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        return [self.add_request(p, sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        return [
+            self.add_request(p, sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        ]
 
     def generate(
         self,

@@ -81,7 +81,7 @@ class KVCache:
 
     @property
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return list(zip(self.k, self.v))
+        return list(zip(self.k, self.v, strict=True))
 
     @property
     def capacity_tokens(self) -> int:

@@ -64,7 +64,7 @@ def sample(
 ) -> list[int]:
     """One token per row."""
     tokens = logits.argmax(dim=-1).tolist()
-    for row, (p, gen) in enumerate(zip(params, generators)):
+    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
         if p.greedy:
             continue
         filtered = filter_logits(logits[row] / p.temperature, p.top_k, p.top_p)
