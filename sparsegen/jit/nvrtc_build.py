@@ -1,0 +1,149 @@
+"""CUDA C++ -> cubin with NVRTC (through cuda-core), and cubin -> launchable kernels.
+
+NVRTC needs no GPU: it compiles for an explicit arch (`sm_80`, `sm_90`, ...). It has no default
+include path, so `cuda_include_dir()` finds a directory holding `cuda_fp16.h` and `cuda_bf16.h`:
+
+    $SPARSEGEN_CUDA_INCLUDE, cuda.pathfinder's CUDA headers, $CUDA_HOME / $CUDA_PATH,
+    /usr/local/cuda*/include, then the copy shipped in Triton's wheel.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+from pathlib import Path
+
+from ..errors import CompileError
+
+_HEADERS = ("cuda_fp16.h", "cuda_bf16.h")
+
+
+def _has_headers(path: str | os.PathLike | None) -> bool:
+    return bool(path) and all((Path(path) / h).is_file() for h in _HEADERS)
+
+
+def _candidate_include_dirs() -> list[str]:
+    out: list[str] = []
+    env = os.environ.get("SPARSEGEN_CUDA_INCLUDE")
+    if env:
+        out.append(env)
+    try:  # cuda-pathfinder knows the pip wheels (nvidia-cuda-runtime...) and conda layouts
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        for lib in ("cudart", "nvrtc"):
+            try:
+                found = find_nvidia_header_directory(lib)
+            except Exception:  # noqa: BLE001 - an unknown lib name or a missing package
+                found = None
+            if found:
+                out.append(str(found))
+    except ImportError:
+        pass
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            out.append(os.path.join(os.environ[var], "include"))
+    out.append("/usr/local/cuda/include")
+    out.extend(sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True))
+    try:
+        import triton
+
+        out.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "include"))
+    except ImportError:
+        pass
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_include_dir() -> str:
+    """A directory with cuda_fp16.h and cuda_bf16.h, or CompileError listing where it looked."""
+    candidates = _candidate_include_dirs()
+    for path in candidates:
+        if _has_headers(path):
+            return str(path)
+    raise CompileError(
+        "NVRTC needs cuda_fp16.h and cuda_bf16.h but none of these directories has them: "
+        f"{candidates}; set SPARSEGEN_CUDA_INCLUDE to a CUDA toolkit's include/ directory"
+    )
+
+
+def _core():
+    try:
+        import cuda.core as core
+    except ImportError as exc:
+        raise CompileError(
+            f"compiling CUDA kernels needs cuda-core and NVRTC (pip install 'sparsegen[cuda]'): {exc}"
+        ) from None
+    return core
+
+
+def check_arch(arch: str) -> int:
+    """'sm_90' -> 90; CompileError for anything else below sm_80."""
+    if not isinstance(arch, str) or not arch.startswith("sm_") or not arch[3:].rstrip("a").isdigit():
+        raise CompileError(f"arch must look like 'sm_90', got {arch!r}")
+    cc = int(arch[3:].rstrip("a"))
+    if cc < 80:
+        raise CompileError(f"the decode kernel needs sm_80 or newer, got arch {arch!r}")
+    return cc
+
+
+def compile_cubin(source: str, arch: str, *, name: str = "sparsegen") -> tuple[bytes, str]:
+    """Compile CUDA C++ to a cubin for `arch`; returns (cubin, compile log)."""
+    check_arch(arch)
+    core = _core()
+    include = cuda_include_dir()
+    options = core.ProgramOptions(
+        name=name, arch=arch, std="c++17", include_path=[include], use_fast_math=False, ftz=False
+    )
+
+    class _Log:
+        def __init__(self) -> None:
+            self.text = ""
+
+        def write(self, text: str) -> None:
+            self.text += text
+
+    log = _Log()
+    try:
+        program = core.Program(source, "c++", options)
+        obj = program.compile("cubin", logs=log)
+    except Exception as exc:  # noqa: BLE001 - NVRTC errors come as several exception types
+        raise CompileError(f"NVRTC failed to compile {name} for {arch}: {exc}\n{log.text}") from None
+    return bytes(obj.code), log.text
+
+
+def current_arch() -> str:
+    """The current CUDA device's arch, e.g. 'sm_90'."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CompileError("no CUDA GPU here: pass arch='sm_90' (or another) to compile ahead of time")
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+class CubinModule:
+    """A loaded cubin: kernels by name, launched on a given torch stream."""
+
+    def __init__(self, cubin: bytes, kernel_names: tuple[str, ...]) -> None:
+        import torch
+
+        core = _core()
+        self._core = core
+        device = core.Device(torch.cuda.current_device())
+        device.set_current()
+        self._obj = core.ObjectCode.from_cubin(cubin)
+        self.kernels = {n: self._obj.get_kernel(n) for n in kernel_names}
+        self._streams: dict[int, object] = {}
+
+    def stream(self, handle: int):
+        """A cuda-core Stream for a raw cudaStream_t (torch's current stream), memoised."""
+        s = self._streams.get(handle)
+        if s is None:
+            s = self._core.Stream.from_handle(handle)
+            self._streams[handle] = s
+        return s
+
+    def launch(self, name: str, stream_handle: int, grid, block, *args) -> None:
+        config = self._core.LaunchConfig(grid=grid, block=block)
+        self._core.launch(self.stream(stream_handle), config, self.kernels[name], *args)

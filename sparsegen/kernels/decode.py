@@ -1,0 +1,312 @@
+"""Paged decode on the GPU: render the CUDA template for a layer, compile it with NVRTC, launch it.
+
+    kernel = get_decode_kernel(layer, dtype=torch.bfloat16, page_size=16)   # compiled + cached
+    out = kernel(q, k_cache, v_cache, block_tables, seq_lens)              # [B, H, D]
+
+Launch: grid (splits, head groups, batch); a head group is up to 8 query heads of one KV head.
+With more than one split, each block writes an unnormalised partial (`part_o`, plus its running
+max and sum in `part_ml`) and a second kernel merges the splits. The split count comes from the
+shapes only (no host sync), and scratch comes from torch's allocator on the current stream, so a
+decode step can be captured in a CUDA graph.
+
+Out-of-range page ids: unchecked (the default), the kernel treats every token on such a page as
+masked and never reads it, so the sequence gets a finite but meaningless output (zeros when no
+token is left) and the process survives. `check=True` or SPARSEGEN_DEBUG=1 validates seq_lens
+and every used page id on the host first (one device->host copy) and raises InputError.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import codegen
+from ..errors import CompileError, ImplUnavailableError, InputError
+from ..jit import cache
+from ..jit import nvrtc_build as nb
+from ..spec import HeadSpec, LayerSpec
+from ..validate import check_decode_inputs
+
+TEMPLATE = "paged_decode.cu.jinja"
+KERNEL = "sparsegen_paged_decode"
+REDUCE = "sparsegen_paged_decode_reduce"
+TILE = 64  # tokens per tile, as in the template
+MAX_HEADS_PER_BLOCK = 8
+PAGE_SIZES = range(8, 129)
+DTYPES = {torch.float16: ("fp16", "__half"), torch.bfloat16: ("bf16", "__nv_bfloat16")}
+
+
+def heads_per_block(layer: LayerSpec) -> int:
+    """The query heads one block serves: the whole GQA group, or its largest divisor <= 8."""
+    g = layer.group_size
+    return max(d for d in range(1, min(g, MAX_HEADS_PER_BLOCK) + 1) if g % d == 0)
+
+
+def _head_constants(head: HeadSpec) -> dict:
+    return {
+        "dense": head.dense,
+        "bs_shift": int(math.log2(head.block_size)),
+        "local": head.local_blocks,
+        "stride": head.vert_stride,
+        "offset": head.vert_offset,
+        "window": head.sliding_window,
+    }
+
+
+def template_constants(layer: LayerSpec, dtype_name: str, page_size: int) -> dict:
+    """Everything the template receives: ints, bools and allowed words only."""
+    ctype = {"fp16": "__half", "bf16": "__nv_bfloat16"}[dtype_name]
+    hpb = heads_per_block(layer)
+    classes: list[tuple[HeadSpec, ...]] = []
+    group_class = []
+    for g in range(layer.num_heads // hpb):
+        heads = layer.heads[g * hpb : (g + 1) * hpb]
+        if heads not in classes:
+            classes.append(heads)
+        group_class.append(classes.index(heads))
+    return {
+        "dtype": dtype_name,
+        "ctype": ctype,
+        "head_dim": layer.head_dim,
+        "page_size": page_size,
+        "num_heads": layer.num_heads,
+        "num_kv_heads": layer.num_kv_heads,
+        "group_size": layer.group_size,
+        "heads_per_block": hpb,
+        "lanes_per_token": 8 if layer.head_dim == 64 else 16,
+        "classes": [[_head_constants(h) for h in cls] for cls in classes],
+        "group_class": group_class,
+    }
+
+
+def render_source(layer: LayerSpec, dtype_name: str, page_size: int) -> str:
+    return codegen.render(TEMPLATE, **template_constants(layer, dtype_name, page_size))
+
+
+def kernel_name(layer: LayerSpec, dtype_name: str, page_size: int) -> str:
+    """Readable half of the key: decode_bf16_hd128_ps16_g4_bs64_l16_v8 (+ _hybrid, _w...)."""
+    parts = [f"decode_{dtype_name}_hd{layer.head_dim}_ps{page_size}_g{layer.group_size}"]
+    sparse = [h for h in layer.heads if not h.dense]
+    if not sparse:
+        parts.append("dense")
+    else:
+        h = sparse[0]
+        parts.append(f"bs{h.block_size}")
+        if h.local_blocks:
+            parts.append(f"l{h.local_blocks}")
+        if h.vert_stride:
+            parts.append(f"v{h.vert_stride}")
+        if h.sliding_window:
+            parts.append(f"w{h.sliding_window}")
+    if len(layer.kinds) > 1:
+        parts.append("hybrid")
+    return "_".join(parts)
+
+
+def _dtype_name(dtype) -> str:
+    if dtype in DTYPES:
+        return DTYPES[dtype][0]
+    if dtype in ("fp16", "bf16"):
+        return dtype
+    raise InputError(f"decode kernels support dtype float16 or bfloat16, got {dtype!r}")
+
+
+def _check_page_size(page_size: object) -> int:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size not in PAGE_SIZES:
+        raise InputError(f"page_size must be an int in 8..128, got {page_size!r}")
+    return page_size
+
+
+class DecodeKernel:
+    """A compiled paged-decode kernel for one (layer, dtype, page size, arch); call it like
+    `sparsegen.paged_decode`. Compiled ahead of time for another arch it can be stored and
+    inspected (`source`, `path`) but not run."""
+
+    def __init__(self, layer, dtype_name, page_size, arch, key, source, cubin) -> None:
+        self.layer, self.dtype_name, self.page_size, self.arch = layer, dtype_name, page_size, arch
+        self.key, self.name, self.source, self.cubin = key.key, key.name, source, cubin
+        self.path, self.status, self.seconds = None, "compiled", 0.0
+        self.heads_per_block = heads_per_block(layer)
+        self._modules: dict[int, nb.CubinModule] = {}
+
+    def __repr__(self) -> str:
+        return f"DecodeKernel({self.key}, arch={self.arch}, status={self.status})"
+
+    def _module(self, device: torch.device) -> nb.CubinModule:
+        mod = self._modules.get(device.index)
+        if mod is None:
+            here = f"sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+            if here.rstrip("a") != self.arch.rstrip("a"):
+                raise ImplUnavailableError(
+                    f"kernel {self.key} was compiled for {self.arch}; this GPU is {here}"
+                )
+            with torch.cuda.device(device):
+                mod = nb.CubinModule(self.cubin, (KERNEL, REDUCE))
+            self._modules[device.index] = mod
+        return mod
+
+    def __call__(self, q, k_cache, v_cache, block_tables, seq_lens, layer=None, scale=None, *, check=None):
+        if layer is not None and layer != self.layer:
+            raise InputError(f"kernel {self.name} was built for another layer spec")
+        return cuda_paged_decode(
+            q, k_cache, v_cache, block_tables, seq_lens, self.layer, scale, check=bool(check), kernel=self
+        )
+
+    def launch(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
+        """Launch on the current stream; inputs already validated."""
+        batch, num_heads, head_dim = q.shape  # q: [B, H, D]
+        num_pages, page_size = k_cache.shape[:2]  # caches: [pages, page_size, Hkv, D]
+        max_pages = block_tables.shape[1]  # block_tables: [B, max_pages]
+        groups = num_heads // self.heads_per_block
+        splits = num_splits(batch * groups, max_pages * page_size, _sm_count(q.device))
+        out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)  # [B, H, D]
+        if splits > 1:
+            part_o = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+            part_ml = torch.empty((batch, num_heads, splits, 2), dtype=torch.float32, device=q.device)
+            po, pml = part_o.data_ptr(), part_ml.data_ptr()
+        else:
+            po = pml = 0
+        mod = self._module(q.device)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        i64, i32 = np.int64, np.int32
+        args = (
+            np.uint64(q.data_ptr()), i64(q.stride(0)), i64(q.stride(1)),
+            np.uint64(k_cache.data_ptr()), i64(k_cache.stride(0)), i64(k_cache.stride(1)), i64(k_cache.stride(2)),
+            np.uint64(v_cache.data_ptr()), i64(v_cache.stride(0)), i64(v_cache.stride(1)), i64(v_cache.stride(2)),
+            np.uint64(block_tables.data_ptr()), i64(block_tables.stride(0)), i32(max_pages), i32(num_pages),
+            np.uint64(seq_lens.data_ptr()), np.float32(scale * math.log2(math.e)),
+            np.uint64(out.data_ptr()), np.uint64(po), np.uint64(pml), i32(splits),
+        )  # fmt: skip
+        mod.launch(KERNEL, stream, (splits, groups, batch), 128, *args)
+        if splits > 1:
+            mod.launch(REDUCE, stream, batch * num_heads, head_dim, np.uint64(po), np.uint64(pml),
+                       np.uint64(out.data_ptr()), i32(splits))  # fmt: skip
+        return out
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def num_splits(rows: int, max_context: int, sm_count: int) -> int:
+    """Split-KV count from shapes only: about 8 blocks per SM in all, at least 4 tiles per split."""
+    tiles = -(-max_context // TILE)
+    want = -(-8 * sm_count // max(rows, 1))
+    return max(1, min(want, tiles // 4, 256))
+
+
+# Per-process memo: (id(layer), dtype, arch, page_size) -> (layer, kernel). A repeated get is a
+# dict lookup; the id is confirmed with `is`, and equal-but-distinct specs fall back to `_BY_SPEC`.
+_BY_ID: dict[tuple, tuple[LayerSpec, DecodeKernel]] = {}
+_BY_SPEC: dict[tuple, DecodeKernel] = {}
+
+
+def get_decode_kernel(
+    layer: LayerSpec, *, dtype, arch: str | None = None, page_size: int = 16
+) -> DecodeKernel:
+    """The compiled kernel for this layer, dtype, page size and arch (default: this GPU's)."""
+    fast = (id(layer), dtype, arch, page_size)
+    hit = _BY_ID.get(fast)
+    if hit is not None and hit[0] is layer:
+        return hit[1]
+    if not isinstance(layer, LayerSpec):
+        raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
+    dtype_name = _dtype_name(dtype)
+    page_size = _check_page_size(page_size)
+    arch = nb.current_arch() if arch is None else arch
+    nb.check_arch(arch)
+    spec_key = (layer, dtype_name, arch, page_size)
+    kernel = _BY_SPEC.get(spec_key)
+    if kernel is None:
+        kernel = _build_or_load(layer, dtype_name, arch, page_size)
+        _BY_SPEC[spec_key] = kernel
+    else:
+        kernel.status = "cached"
+    _BY_ID[fast] = (layer, kernel)
+    return kernel
+
+
+def _build_or_load(layer: LayerSpec, dtype_name: str, arch: str, page_size: int) -> DecodeKernel:
+    name = kernel_name(layer, dtype_name, page_size)
+    key = cache.make_key(
+        name,
+        spec_json=layer.to_json(),
+        template=codegen.template_bytes(TEMPLATE),
+        arch=arch,
+        extra={"kind": "decode", "dtype": dtype_name, "page_size": page_size},
+    )
+
+    def build():
+        source = render_source(layer, dtype_name, page_size)
+        cubin, log = nb.compile_cubin(source, arch, name=f"{name}.cu")
+        meta = {"kind": "decode", "name": name, "arch": arch, "dtype": dtype_name, "page_size": page_size}
+        if log.strip():
+            meta["nvrtc_log"] = log[-2000:]
+        return {"kernel.cu": source.encode(), "kernel.cubin": cubin}, meta
+
+    def load(files):
+        try:
+            source = files["kernel.cu"].read_text()
+            cubin = files["kernel.cubin"].read_bytes()
+        except (KeyError, OSError) as exc:
+            raise CompileError(f"cache entry {name} is missing a file: {exc}") from None
+        return DecodeKernel(layer, dtype_name, page_size, arch, key, source, cubin)
+
+    found = cache.load_or_build(key, build, load, label=f"{name} ({arch})")
+    kernel = found.value
+    kernel.path = str(found.path)
+    kernel.status = "compiled" if found.status == "compiled" else "cached"
+    kernel.seconds = found.seconds
+    return kernel
+
+
+def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
+    """What the kernel needs beyond validate.check_decode_inputs: page size, strides, alignment."""
+    _check_page_size(k_cache.shape[1])
+    if not q.is_cuda:
+        raise ImplUnavailableError(f"the CUDA decode kernel needs tensors on a GPU, q is on {q.device}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise InputError(
+                f"{name} must be contiguous in its last (head_dim) dim, got strides {t.stride()}"
+            )
+        if any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
+            raise InputError(
+                f"{name} must be 16-byte aligned with strides that are multiples of 8 elements, "
+                f"got strides {t.stride()} and address {t.data_ptr():#x}"
+            )
+    if block_tables.stride(1) != 1:
+        raise InputError(
+            f"block_tables must be contiguous in its last dim, got strides {block_tables.stride()}"
+        )
+    if seq_lens.stride(0) != 1:
+        raise InputError(f"seq_lens must be contiguous, got stride {seq_lens.stride()}")
+    if k_cache.shape[0] >= 2**31 or block_tables.shape[1] * k_cache.shape[1] >= 2**31:
+        raise InputError("the cache is too large for 32-bit page ids and positions")
+
+
+def cuda_paged_decode(
+    q, k_cache, v_cache, block_tables, seq_lens, layer, scale=None, *, check: bool = False, kernel=None
+) -> torch.Tensor:
+    """Validate, fetch the compiled kernel, launch on the current stream. Returns [B, H, D]."""
+    check_decode_inputs(
+        q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check
+    )
+    check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    if kernel is None:
+        kernel = get_decode_kernel(layer, dtype=q.dtype, page_size=k_cache.shape[1])
+    elif DTYPES[q.dtype][0] != kernel.dtype_name or k_cache.shape[1] != kernel.page_size:
+        raise InputError(
+            f"kernel {kernel.name} is for {kernel.dtype_name} with page_size {kernel.page_size}; "
+            f"got {q.dtype} with page_size {k_cache.shape[1]}"
+        )
+    scale = 1.0 / math.sqrt(layer.head_dim) if scale is None else float(scale)
+    return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale)
