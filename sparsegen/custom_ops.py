@@ -1,0 +1,91 @@
+"""`sparsegen::prefill` and `sparsegen::paged_decode` as torch.library custom ops.
+
+Registered ops are opaque to torch.compile (no graph break, no tracing into the launcher) and
+have fake (meta) implementations that give the output's shape and dtype without running
+anything, so compiled graphs and CUDA graphs can hold them. A layer spec crosses the op
+boundary as its canonical JSON string (`LayerSpec.to_json()`), parsed once per process.
+
+    import sparsegen.custom_ops as sgops
+    out = sgops.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer)   # [B, H, D]
+    out = torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens,
+                                            layer.to_json(), None)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import ops
+from .errors import InputError
+from .spec import LayerSpec
+
+
+@functools.lru_cache(maxsize=256)
+def layer_from_json(layer_json: str) -> LayerSpec:
+    return LayerSpec.from_json(layer_json)
+
+
+@torch.compiler.assume_constant_result
+def _spec_json(layer: LayerSpec) -> str:
+    # a spec is frozen: under torch.compile its JSON is a constant, not something to trace
+    return layer.to_json()
+
+
+def _layer_json(layer: LayerSpec | str) -> str:
+    if isinstance(layer, LayerSpec):
+        return _spec_json(layer)
+    if isinstance(layer, str):
+        return layer
+    raise InputError(f"layer must be a LayerSpec or its JSON string, got {type(layer).__name__}")
+
+
+@torch.library.custom_op("sparsegen::prefill", mutates_args=())
+def _prefill_op(
+    q: torch.Tensor,  # [Tq, H, D]
+    k: torch.Tensor,  # [Tk, Hkv, D]
+    v: torch.Tensor,  # [Tk, Hkv, D]
+    cu_seqlens_q: torch.Tensor,  # [B+1] int32
+    cu_seqlens_k: torch.Tensor,  # [B+1] int32
+    layer_json: str,
+    scale: float | None,
+) -> torch.Tensor:  # [Tq, H, D]
+    layer = layer_from_json(layer_json)
+    return ops.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
+
+
+@_prefill_op.register_fake
+def _prefill_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, layer_json, scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("sparsegen::paged_decode", mutates_args=())
+def _paged_decode_op(
+    q: torch.Tensor,  # [B, H, D]
+    k_cache: torch.Tensor,  # [num_pages, page_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_pages, page_size, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_pages] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    layer_json: str,
+    scale: float | None,
+) -> torch.Tensor:  # [B, H, D]
+    layer = layer_from_json(layer_json)
+    return ops.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale)
+
+
+@_paged_decode_op.register_fake
+def _paged_decode_fake(q, k_cache, v_cache, block_tables, seq_lens, layer_json, scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale=None) -> torch.Tensor:
+    """`sparsegen.prefill` through the registered op. q: [Tq, H, D] -> [Tq, H, D]."""
+    return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, _layer_json(layer), scale)
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale=None) -> torch.Tensor:
+    """`sparsegen.paged_decode` through the registered op. q: [B, H, D] -> [B, H, D]."""
+    return torch.ops.sparsegen.paged_decode(
+        q, k_cache, v_cache, block_tables, seq_lens, _layer_json(layer), scale
+    )
