@@ -1,0 +1,239 @@
+"""Triton block-sparse prefill: fetch the kernel for a layer spec, validate inputs, launch.
+
+    kernel = get_prefill_kernel(layer, dtype=torch.bfloat16)       # compiled once, then cached
+    out = kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, layer)        # q: [Tq, H, D] -> [Tq, H, D]
+
+On a GPU the kernel is compiled ahead of time for its arch and loaded from the cache's cubin.
+Under TRITON_INTERPRET=1 the rendered @triton.jit function runs in Triton's interpreter.
+Without a GPU, `arch=` compiles for that arch: the kernel can be stored and inspected, not run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+from ..codegen import template_bytes
+from ..errors import ImplUnavailableError, InputError
+from ..jit import cache, triton_build
+from ..spec import LayerSpec
+from ..validate import check_prefill_inputs
+
+LOG2E = 1.4426950408889634
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+# Per-process memo: (id(layer), dtype, arch) -> (layer, kernel); the layer is kept alive and
+# compared by identity, so a repeated get_kernel costs a dict lookup.
+_MEMO: dict[tuple, tuple[LayerSpec, PrefillKernel]] = {}
+_MEMO_BY_VALUE: dict[tuple, PrefillKernel] = {}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _poisoning() -> bool:
+    """SPARSEGEN_POISON_OUTPUT=1 fills outputs with NaN before launch (tests catch unwritten rows)."""
+    return os.environ.get("SPARSEGEN_POISON_OUTPUT", "0") not in ("", "0")
+
+
+def current_arch() -> str | None:
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}"
+    return None
+
+
+def kernel_name(layer: LayerSpec, dtype: str) -> str:
+    """Readable half of the key, e.g. prefill_bf16_hd128_h32kv8_bs64_l16_v8."""
+    base = f"prefill_{dtype}_hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}"
+    distinct = {(h.kind, h.block_size, h.local_blocks, h.vert_stride, h.sliding_window) for h in layer.heads}
+    if len(distinct) > 1:
+        return f"{base}_hybrid{len(distinct)}"
+    head = layer.heads[0]
+    if head.dense:
+        return f"{base}_dense"
+    parts = [f"bs{head.block_size}"]
+    parts += [f"l{head.local_blocks}"] if head.local_blocks else []
+    parts += [f"v{head.vert_stride}"] if head.vert_stride else []
+    parts += [f"w{head.sliding_window}"] if head.sliding_window else []
+    return "_".join([base, *parts])
+
+
+@dataclass
+class PrefillKernel:
+    """A compiled prefill kernel for one layer spec, dtype and arch; call it like `prefill`."""
+
+    layer: LayerSpec
+    dtype: torch.dtype
+    arch: str
+    config: dict[str, int]
+    name: str
+    key: str
+    path: Path
+    status: str  # "compiled" | "cached" (how the first lookup in this process found it)
+    seconds: float
+    _entry: Any = field(repr=False, default=None)  # CompiledKernel (GPU), jit fn (interpreter), files (AOT)
+    _launch: Any = field(repr=False, default=None)
+
+    @property
+    def source(self) -> str:
+        """The rendered Triton module."""
+        return (self.path / triton_build.SOURCE_FILE).read_text()
+
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, layer=None, scale=None) -> torch.Tensor:
+        if layer is not None and layer != self.layer:
+            raise InputError("layer differs from the spec this kernel was compiled for")
+        interp = self.arch == triton_build.INTERPRETER_ARCH
+        check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, self.layer, allow_cpu=interp)
+        self._check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, interp)
+        q, k, v = (_aligned(t) for t in (q, k, v))  # q: [Tq, H, D]; k, v: [Tk, Hkv, D]
+        scale = 1.0 / math.sqrt(self.layer.head_dim) if scale is None else float(scale)
+        out = torch.full_like(q, float("nan")) if _poisoning() else torch.empty_like(q)  # [Tq, H, D]
+        if q.shape[0] == 0:
+            return out
+        max_k = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
+        n_tiles = triton.cdiv(max_k, self.config["block_m"]) if max_k else 0
+        if n_tiles == 0:
+            return out
+        grid = ((cu_seqlens_q.shape[0] - 1) * self.layer.num_heads, n_tiles, 1)
+        args = (
+            q, k, v, out, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), n_tiles,
+        )  # fmt: skip
+        if interp:
+            self._entry[grid](*args)
+            return out
+        compiled = self._compiled()
+        with torch.cuda.device(q.device):
+            stream = torch.cuda.current_stream(q.device).cuda_stream
+            compiled[grid](*args, stream=stream)
+        return out
+
+    def _check_tensors(self, q, k, v, cu_q, cu_k, interp: bool) -> None:
+        want = self.dtype
+        if q.dtype != want and not (interp and q.dtype in DTYPE_NAMES):
+            raise InputError(f"q has dtype {q.dtype}, but this kernel was compiled for {want}")
+        if not interp:
+            if q.device.type != "cuda":
+                raise InputError(f"q must be on a CUDA device for the compiled kernel, got {q.device}")
+            cc = torch.cuda.get_device_capability(q.device)
+            if f"sm_{cc[0]}{cc[1]}" != self.arch:
+                raise InputError(
+                    f"q is on an sm_{cc[0]}{cc[1]} GPU, but this kernel was compiled for {self.arch}"
+                )
+        for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+            if t.device != q.device:
+                raise InputError(f"{name} is on {t.device} but q is on {q.device}")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.stride(2) != 1:
+                raise InputError(
+                    f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}"
+                )
+
+    def _compiled(self):
+        if self._launch is None:
+            if self.arch == triton_build.INTERPRETER_ARCH or isinstance(self._entry, dict):
+                raise ImplUnavailableError(
+                    f"kernel {self.key} was compiled ahead of time for {self.arch}; "
+                    "it runs only on a GPU of that arch"
+                )
+            self._launch = self._entry
+        return self._launch
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """The kernel is compiled for 16-byte-aligned pointers and strides divisible by 16."""
+    if t.data_ptr() % 16 or t.stride(0) % 16 or t.stride(1) % 16:
+        t = t.contiguous()
+        if t.data_ptr() % 16:
+            t = t.clone()
+    return t
+
+
+def _lookup(layer: LayerSpec, dtype: torch.dtype, arch: str) -> PrefillKernel:
+    dname = DTYPE_NAMES.get(dtype)
+    interp = arch == triton_build.INTERPRETER_ARCH
+    if dname is None or (dname == "fp32" and not interp):
+        raise InputError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+    config = triton_build.pick_config(dname, layer.head_dim, arch)
+    name = kernel_name(layer, dname)
+    key = cache.make_key(
+        name,
+        spec_json=layer.to_json(),
+        template=template_bytes(triton_build.TEMPLATE),
+        arch=arch,
+        extra={"kind": "prefill", "dtype": dname, "config": config},
+    )
+    module_name = f"sparsegen_kernel_{key.digest[:24]}"
+
+    def build():
+        source = triton_build.render_source(layer, config)
+        files = {triton_build.SOURCE_FILE: source.encode()}
+        if not interp:
+            files.update(triton_build.aot_compile(source, dname, arch, config, module_name))
+        return files, {"kind": "prefill", "name": name, "arch": arch, "dtype": dname, "config": config}
+
+    def load(files: dict[str, Path]):
+        if interp:
+            return triton_build.load_interpreted(files, module_name)
+        if current_arch() != arch:
+            return dict(files)  # compiled ahead of time for another arch: keep the files only
+        return triton_build.load_compiled(files, dname)
+
+    found = cache.load_or_build(key, build, load, label=f"{name} for {arch}")
+    status = "cached" if found.status == "memory" else found.status
+    return PrefillKernel(
+        layer, dtype, arch, config, name, key.key, found.path, status, found.seconds, found.value
+    )
+
+
+def forget() -> None:
+    """Drop this process's kernels (memo and the cache's memory layer); the disk stays."""
+    _MEMO.clear()
+    _MEMO_BY_VALUE.clear()
+    cache.forget_memory()
+
+
+def get_prefill_kernel(layer: LayerSpec, *, dtype, arch: str | None = None) -> PrefillKernel:
+    """The prefill kernel for `layer` (compiled on first use, then from the cache)."""
+    memo_key = (id(layer), dtype, arch, _interpreting())
+    hit = _MEMO.get(memo_key)
+    if hit is not None and hit[0] is layer:
+        return hit[1]
+    if not isinstance(layer, LayerSpec):
+        raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
+    resolved = arch
+    if _interpreting():
+        resolved = triton_build.INTERPRETER_ARCH
+    elif resolved is None:
+        resolved = current_arch()
+        if resolved is None:
+            raise ImplUnavailableError("no CUDA GPU here: pass arch= (e.g. 'sm_90') to compile ahead of time")
+    else:
+        triton_build.arch_cc(resolved)  # validates the spelling
+    value_key = (layer, dtype, resolved)
+    kernel = _MEMO_BY_VALUE.get(value_key)
+    if kernel is None:
+        kernel = _lookup(layer, dtype, resolved)
+        _MEMO_BY_VALUE[value_key] = kernel
+    _MEMO[memo_key] = (layer, kernel)
+    return kernel
+
+
+def triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None) -> torch.Tensor:
+    """`sparsegen.prefill(..., impl="triton")`: q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]."""
+    if not isinstance(q, torch.Tensor):
+        raise InputError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    dtype = q.dtype
+    if dtype == torch.float32 and not _interpreting():
+        raise InputError("q has dtype torch.float32; the compiled kernel supports float16 and bfloat16")
+    kernel = get_prefill_kernel(layer, dtype=dtype)
+    return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
