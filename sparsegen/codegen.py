@@ -35,10 +35,12 @@ def templates_dir() -> Path:
     for candidate in (here / "templates", here.parent / "templates"):
         if candidate.is_dir():
             return candidate
-    raise CompileError(f"sparsegen's templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})")
+    raise CompileError(
+        f"sparsegen's templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})"
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),

@@ -62,22 +62,27 @@ def _vertical_keys_below(head: HeadSpec, n: torch.Tensor) -> torch.Tensor:
     return count + torch.where(partial_is_vertical, n - full * bs, torch.zeros_like(n))
 
 
-def head_key_counts(head: HeadSpec, q_pos: torch.Tensor) -> torch.Tensor:
-    """Number of keys visible from each query position (closed form, int64)."""
+def near_start(head: HeadSpec, q_pos: torch.Tensor) -> torch.Tensor:
+    """First key of the contiguous range [near_start, i] that query i sees through its local
+    blocks, window or density; vertical blocks add keys only below it. Non-decreasing in i."""
     i = q_pos.to(torch.int64)
     if head.dense:
-        return i + 1
-    # The local and window parts both end at the diagonal: together they are one contiguous
-    # "near" range [near_start, i]; vertical blocks add whatever lies below near_start.
-    big = torch.iinfo(torch.int64).max
-    near = torch.full_like(i, big)
+        return torch.zeros_like(i)
+    # The local and window parts both end at the diagonal, so together they are one range.
+    near = torch.full_like(i, torch.iinfo(torch.int64).max)
     if head.local_blocks:
         near = torch.minimum(near, (i // head.block_size - head.local_blocks + 1) * head.block_size)
     if head.sliding_window:
         near = torch.minimum(near, i - head.sliding_window + 1)
-    near = near.clamp(min=0)
+    return near.clamp(min=0)
+
+
+def head_key_counts(head: HeadSpec, q_pos: torch.Tensor) -> torch.Tensor:
+    """Number of keys visible from each query position (closed form, int64)."""
+    i = q_pos.to(torch.int64)
+    near = near_start(head, i)
     count = i - near + 1
-    if head.vert_stride:
+    if head.vert_stride and not head.dense:
         count = count + _vertical_keys_below(head, near)
     return count
 
@@ -99,19 +104,27 @@ def density(layer: LayerSpec, seq_len: int) -> torch.Tensor:
 def block_mask(layer: LayerSpec, seq_len: int, block: int) -> torch.Tensor:
     """[H, nb, nb] bool: does query tile a see anything in key tile b (tiles of `block` tokens).
 
-    Exact for any tile size: computed from the token mask one query tile at a time, so
-    memory is O(H * block * seq_len).
+    Closed form, exact for any tile size: the rows of tile a = [a0, a1] together see the
+    contiguous range [near_start(a0), a1] plus the vertical-stride keys at or below a1.
     """
     nb = -(-seq_len // block)
-    out = torch.zeros(layer.num_heads, nb, nb, dtype=torch.bool)
-    k_pos = torch.arange(seq_len)
-    pad = nb * block - seq_len
-    for a in range(nb):
-        q_pos = torch.arange(a * block, min((a + 1) * block, seq_len))
-        vis = layer_visible(layer, q_pos, k_pos).any(dim=1)  # [H, seq_len]
-        vis = torch.nn.functional.pad(vis, (0, pad))
-        out[:, a] = vis.view(layer.num_heads, nb, block).any(dim=2)
-    return out
+    starts = torch.arange(nb) * block
+    ends = torch.clamp(starts + block - 1, max=seq_len - 1)
+    q_lo, q_hi = starts.view(nb, 1), ends.view(nb, 1)  # query tile a, as a column
+    k_lo, k_hi = starts.view(1, nb), ends.view(1, nb)  # key tile b, as a row
+    planes: dict[HeadSpec, torch.Tensor] = {}
+    for head in layer.heads:
+        if head in planes:
+            continue
+        near = near_start(head, q_lo)
+        seen = (k_hi >= near) & (k_lo <= q_hi)
+        if head.vert_stride and not head.dense:
+            # Any vertical key in [k_lo, min(k_hi, q_hi)]: count vertical keys below each end.
+            top = torch.minimum(k_hi, q_hi) + 1
+            below = _vertical_keys_below(head, k_lo.expand_as(top))
+            seen |= (top > k_lo) & (_vertical_keys_below(head, top) > below)
+        planes[head] = seen
+    return torch.stack([planes[h] for h in layer.heads])
 
 
 def decode_pages(layer: LayerSpec, seq_len: int, page_size: int) -> torch.Tensor:

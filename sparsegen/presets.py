@@ -51,9 +51,7 @@ def _uniform_layer(num_heads: int, num_kv_heads: int, head_dim: int, head: HeadS
 
 def phi3small(name: str = "phi3small") -> ModelSpec:
     """Phi-3-Small (8k and 128k share it): 32 layers, odd 0-based layers dense."""
-    sparse = LayerSpec(
-        32, 8, 128, blocksparse_heads(32, block_size=64, local_blocks=16, vert_stride=8)
-    )
+    sparse = LayerSpec(32, 8, 128, blocksparse_heads(32, block_size=64, local_blocks=16, vert_stride=8))
     dense = _uniform_layer(32, 8, 128, HeadSpec(dense=True))
     return ModelSpec(name, tuple(dense if (i + 1) % 2 == 0 else sparse for i in range(32)))
 
@@ -85,9 +83,7 @@ def get_pattern(name_or_path: str | Path) -> ModelSpec:
         return PRESETS[key][0]()
     path = Path(key)
     if not path.is_file():
-        raise SpecError(
-            f"pattern {key!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file"
-        )
+        raise SpecError(f"pattern {key!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file")
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -96,9 +92,7 @@ def get_pattern(name_or_path: str | Path) -> ModelSpec:
         return ModelSpec.from_dict(data)
     if isinstance(data, dict) and ("num_attention_heads" in data or "model_type" in data):
         return from_hf_config(data, name=path.parent.name or path.stem)
-    raise SpecError(
-        f"{path} is neither a sparsegen spec (format {SPEC_FORMAT!r}) nor an HF config.json"
-    )
+    raise SpecError(f"{path} is neither a sparsegen spec (format {SPEC_FORMAT!r}) nor an HF config.json")
 
 
 def _cfg_int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -145,8 +139,10 @@ def from_hf_config(cfg: dict[str, Any], name: str = "hf-config") -> ModelSpec:
             "sparsegen cannot tell how they combine in this model"
         )
     if "layer_types" in cfg or "max_window_layers" in cfg:
-        raise SpecError("config.json uses per-layer attention types (layer_types/max_window_layers), "
-                        "which sparsegen does not map yet")
+        raise SpecError(
+            "config.json uses per-layer attention types (layer_types/max_window_layers), "
+            "which sparsegen does not map yet"
+        )
 
     dense_layer = _uniform_layer(num_heads, num_kv, head_dim, HeadSpec(dense=True))
     if blocksparse:

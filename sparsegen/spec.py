@@ -65,13 +65,10 @@ class HeadSpec:
                 f"{MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}, got {bs!r}"
             )
         if self.vert_stride == 0 and self.vert_offset != 0:
-            raise SpecError(
-                f"HeadSpec.vert_offset must be 0 when vert_stride is 0, got {self.vert_offset!r}"
-            )
+            raise SpecError(f"HeadSpec.vert_offset must be 0 when vert_stride is 0, got {self.vert_offset!r}")
         if self.vert_stride > 0 and self.vert_offset >= self.vert_stride:
             raise SpecError(
-                f"HeadSpec.vert_offset must be < vert_stride ({self.vert_stride}), "
-                f"got {self.vert_offset!r}"
+                f"HeadSpec.vert_offset must be < vert_stride ({self.vert_stride}), got {self.vert_offset!r}"
             )
         if not (self.dense or self.local_blocks >= 1 or self.sliding_window >= 1):
             raise SpecError(
@@ -127,9 +124,7 @@ class LayerSpec:
                 f"num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
-            raise SpecError(
-                f"LayerSpec.head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim!r}"
-            )
+            raise SpecError(f"LayerSpec.head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim!r}")
         if not isinstance(self.heads, (tuple, list)):
             raise SpecError(f"LayerSpec.heads must be a sequence of HeadSpec, got {self.heads!r}")
         heads = tuple(self.heads)
@@ -137,9 +132,7 @@ class LayerSpec:
             if not isinstance(head, HeadSpec):
                 raise SpecError(f"LayerSpec.heads[{i}] must be a HeadSpec, got {head!r}")
         if len(heads) != self.num_heads:
-            raise SpecError(
-                f"LayerSpec.heads has {len(heads)} entries, but num_heads is {self.num_heads}"
-            )
+            raise SpecError(f"LayerSpec.heads has {len(heads)} entries, but num_heads is {self.num_heads}")
         object.__setattr__(self, "heads", heads)
 
     @property

@@ -40,16 +40,21 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def head_specs(draw, block_size: int | None = None, kinds: tuple[str, ...] | None = None) -> HeadSpec:
     """A valid HeadSpec: dense, or any union of local blocks, vertical stride and window."""
     bs = block_size if block_size is not None else draw(st.sampled_from(BLOCK_SIZES))
-    kind = draw(st.sampled_from(kinds or ("dense", "local", "local+vert", "window", "local+window",
-                                          "vert+window", "local+vert+window")))
+    kind = draw(
+        st.sampled_from(
+            kinds
+            or ("dense", "local", "local+vert", "window", "local+window", "vert+window", "local+vert+window")
+        )
+    )
     if kind == "dense":
         return HeadSpec(block_size=bs, dense=True)
     local = draw(st.integers(1, 6)) if "local" in kind else 0
     stride = draw(st.integers(1, 8)) if "vert" in kind else 0
     offset = draw(st.integers(0, stride - 1)) if stride else 0
     window = draw(st.integers(1, 400)) if "window" in kind else 0
-    return HeadSpec(block_size=bs, local_blocks=local, vert_stride=stride, vert_offset=offset,
-                    sliding_window=window)
+    return HeadSpec(
+        block_size=bs, local_blocks=local, vert_stride=stride, vert_offset=offset, sliding_window=window
+    )
 
 
 @st.composite
@@ -67,7 +72,9 @@ def layer_specs(
     num_heads = num_kv * draw(st.sampled_from(gqa_ratios))
     head_dim = draw(st.sampled_from(head_dims))
     if hybrid:
-        heads = tuple(draw(head_specs(block_size=draw(st.sampled_from(block_sizes)))) for _ in range(num_heads))
+        heads = tuple(
+            draw(head_specs(block_size=draw(st.sampled_from(block_sizes)))) for _ in range(num_heads)
+        )
     else:
         base = draw(head_specs(block_size=draw(st.sampled_from(block_sizes))))
         if base.vert_stride:
@@ -114,13 +121,20 @@ class PrefillProblem:
         """The oracle's answer, in float64 math on the CPU."""
         t = {n: x.cpu() for n, x in self.tensors.items()}
         return reference.prefill(
-            t["q"].double(), t["k"].double(), t["v"].double(), t["cu_seqlens_q"], t["cu_seqlens_k"],
-            self.layer, self.scale,
+            t["q"].double(),
+            t["k"].double(),
+            t["v"].double(),
+            t["cu_seqlens_q"],
+            t["cu_seqlens_k"],
+            self.layer,
+            self.scale,
         )
 
     def repro(self) -> str:
-        return (f"PrefillProblem(layer=LayerSpec.from_json({self.layer.to_json()!r}), q_lens={self.q_lens}, "
-                f"k_lens={self.k_lens}, seed={self.seed}, dtype={self.dtype}, scale={self.scale})")
+        return (
+            f"PrefillProblem(layer=LayerSpec.from_json({self.layer.to_json()!r}), q_lens={self.q_lens}, "
+            f"k_lens={self.k_lens}, seed={self.seed}, dtype={self.dtype}, scale={self.scale})"
+        )
 
 
 def _offsets(lens: list[int], device) -> torch.Tensor:
@@ -191,13 +205,20 @@ class DecodeProblem:
         """The oracle's answer, in float64 math on the CPU."""
         t = {n: x.cpu() for n, x in self.tensors.items()}
         return reference.paged_decode(
-            t["q"].double(), t["k_cache"].double(), t["v_cache"].double(), t["block_tables"], t["seq_lens"],
-            self.layer, self.scale,
+            t["q"].double(),
+            t["k_cache"].double(),
+            t["v_cache"].double(),
+            t["block_tables"],
+            t["seq_lens"],
+            self.layer,
+            self.scale,
         )
 
     def repro(self) -> str:
-        return (f"DecodeProblem(layer=LayerSpec.from_json({self.layer.to_json()!r}), seq_lens={self.seq_lens}, "
-                f"page_size={self.page_size}, seed={self.seed}, dtype={self.dtype}, scale={self.scale})")
+        return (
+            f"DecodeProblem(layer=LayerSpec.from_json({self.layer.to_json()!r}), seq_lens={self.seq_lens}, "
+            f"page_size={self.page_size}, seed={self.seed}, dtype={self.dtype}, scale={self.scale})"
+        )
 
 
 @st.composite

@@ -123,7 +123,9 @@ def check_decode_inputs(
             f"k_cache must be [num_pages, page_size, {hkv}, {d}] for this layer, got {tuple(k_cache.shape)}"
         )
     if v_cache.shape != k_cache.shape:
-        raise InputError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+        raise InputError(
+            f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}"
+        )
     if block_tables.shape[0] != batch:
         raise InputError(f"block_tables must have {batch} rows (one per query), got {block_tables.shape[0]}")
     if batch == 0:
@@ -132,7 +134,9 @@ def check_decode_inputs(
         check_page_tables(block_tables, seq_lens, k_cache.shape[0], k_cache.shape[1])
 
 
-def check_page_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_pages: int, page_size: int) -> None:
+def check_page_tables(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, num_pages: int, page_size: int
+) -> None:
     """seq_lens fit their tables, and every page a sequence uses is a valid page id."""
     max_pages = block_tables.shape[1]
     lens = seq_lens.cpu()

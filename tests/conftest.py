@@ -44,4 +44,3 @@ def _private_cache_dir(tmp_path_factory):
         path.chmod(0o700)
         os.environ["SPARSEGEN_CACHE_DIR"] = str(path)
     yield
-

@@ -29,27 +29,37 @@ def ascii_block_mask(mask: torch.Tensor) -> str:
 
 
 @click.command(name="show")
-@click.option("--pattern", "pattern", required=True, help="Preset name, sparsegen JSON spec or HF config.json.")
+@click.option(
+    "--pattern", "pattern", required=True, help="Preset name, sparsegen JSON spec or HF config.json."
+)
 @click.option("--layer", type=int, default=None, help="Layer index (default: the first sparse layer).")
 @click.option("--seq-len", type=click.IntRange(1, 1 << 20), default=8192, show_default=True)
 @click.option("--head", type=int, default=0, show_default=True, help="Head whose block mask is drawn.")
 @click.option("--json", "as_json", is_flag=True, help="Print the densities as JSON.")
-@click.option("--png", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write a picture of every head's block mask (needs matplotlib).")
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write a picture of every head's block mask (needs matplotlib).",
+)
 def command(pattern: str, layer: int | None, seq_len: int, head: int, as_json: bool, png: str | None) -> None:
     """Show per-head density (visible pairs / causal pairs) and the block mask of one layer."""
     model = load_pattern(pattern)
     index = pick_layer(model, layer)
     spec = model.layers[index]
     if not 0 <= head < spec.num_heads:
-        raise click.BadParameter(f"head {head} is out of range 0..{spec.num_heads - 1}", param_hint="'--head'")
+        raise click.BadParameter(
+            f"head {head} is out of range 0..{spec.num_heads - 1}", param_hint="'--head'"
+        )
     dens = density(spec, seq_len).tolist()
     if as_json:
         heads = [{"head": h, "kv_head": spec.kv_head(h), "density": d} for h, d in enumerate(dens)]
         click.echo(json.dumps({"pattern": model.name, "layer": index, "seq_len": seq_len, "heads": heads}))
     else:
-        click.echo(f"{model.name}: layer {index} of {len(model.layers)}, seq_len {seq_len}, "
-                   f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads, head_dim {spec.head_dim}")
+        click.echo(
+            f"{model.name}: layer {index} of {len(model.layers)}, seq_len {seq_len}, "
+            f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads, head_dim {spec.head_dim}"
+        )
         click.echo("head  kv  kind               density")
         for h, d in enumerate(dens):
             click.echo(f"{h:>4}  {spec.kv_head(h):>2}  {spec.heads[h].kind:<17}  {d:.4f}")
@@ -57,8 +67,10 @@ def command(pattern: str, layer: int | None, seq_len: int, head: int, as_json: b
         block = spec.heads[head].block_size
         picture_len = min(seq_len, _PICTURE_CELLS * block)
         mask = block_mask(spec, picture_len, block)[head]
-        click.echo(f"\nblock mask of head {head}, first {picture_len} tokens in blocks of {block} "
-                   "(rows: query blocks, columns: key blocks; '#' visible, '.' causal but skipped)")
+        click.echo(
+            f"\nblock mask of head {head}, first {picture_len} tokens in blocks of {block} "
+            "(rows: query blocks, columns: key blocks; '#' visible, '.' causal but skipped)"
+        )
         click.echo(ascii_block_mask(mask))
     if png:
         _write_png(spec, seq_len, png, f"{model.name} layer {index}")

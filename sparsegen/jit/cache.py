@@ -21,9 +21,10 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from filelock import FileLock
 
@@ -52,7 +53,9 @@ def cache_dir() -> Path:
     except OSError as exc:
         raise CacheError(f"cannot create the kernel cache directory {root}: {exc}") from None
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise CacheError(f"kernel cache directory {root} is not owned by this user; refusing to load code from it")
+        raise CacheError(
+            f"kernel cache directory {root} is not owned by this user; refusing to load code from it"
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise CacheError(
             f"kernel cache directory {root} is writable by group or others; "
@@ -101,7 +104,9 @@ class KernelKey:
         return f"{self.name}-{self.digest[:24]}"
 
 
-def make_key(name: str, *, spec_json: str, template: bytes, arch: str, extra: dict[str, Any] | None = None) -> KernelKey:
+def make_key(
+    name: str, *, spec_json: str, template: bytes, arch: str, extra: dict[str, Any] | None = None
+) -> KernelKey:
     """Hash the canonical spec JSON, the template bytes, the toolchain versions and the arch."""
     payload = {
         "spec": spec_json,
