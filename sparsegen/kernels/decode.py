@@ -216,6 +216,7 @@ def get_decode_kernel(
     fast = (id(layer), dtype, arch, page_size)
     hit = _BY_ID.get(fast)
     if hit is not None and hit[0] is layer:
+        hit[1].status = "cached"  # a repeat in this process
         return hit[1]
     if not isinstance(layer, LayerSpec):
         raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")

@@ -1,0 +1,137 @@
+"""CPU tier for the CUDA decode kernel: rendering, keys, and NVRTC compiles for sm_80 / sm_90.
+
+No GPU is needed: NVRTC compiles for an explicit arch. The GPU tier is test_decode_gpu.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sparsegen
+from sparsegen import HeadSpec, LayerSpec
+from sparsegen.errors import CompileError, InputError
+from sparsegen.jit import nvrtc_build as nb
+from sparsegen.kernels import decode as dec
+from sparsegen.testing import layer_specs
+
+pytest.importorskip("cuda.core")
+
+PHI3 = sparsegen.get_pattern("phi3small").layers[0]
+
+
+def test_render_phi3small_snapshot():
+    src = dec.render_source(PHI3, "bf16", 16)
+    assert "typedef __nv_bfloat16 elem_t;" in src
+    assert "#define HEAD_DIM 128" in src and "#define PAGE_SIZE 16" in src and "#define HPB 4" in src
+    # Heads h and h+8 share a pattern: 8 head groups of 4, but only 2 distinct pattern structs.
+    assert len(re.findall(r"template <> struct Pattern<\d+>", src)) == 2
+    assert re.findall(r"case (\d+): decode_group<(\d+)>", src) == [(str(g), str(g % 2)) for g in range(8)]
+    # All pattern numbers are literals: block 64 -> shift 6, 16 local blocks, stride 8.
+    assert "((i >> 6) - (j >> 6)) < 16" in src
+    assert "(((j >> 6) + 1) % 8) == 0" in src  # head 0: offset 0
+    assert "(((j >> 6) + 8) % 8) == 0" in src  # head 7: offset 7
+    assert "{{" not in src and "{%" not in src
+
+
+def test_render_is_deterministic_and_dtype_specific():
+    a = dec.render_source(PHI3, "fp16", 32)
+    assert a == dec.render_source(PHI3, "fp16", 32)
+    assert "typedef __half elem_t;" in a and "__half2 elem2_t" in a
+    assert a != dec.render_source(PHI3, "bf16", 32)
+
+
+def test_render_hybrid_window_dense():
+    layer = LayerSpec(
+        4, 1, 96,
+        (HeadSpec(dense=True), HeadSpec(block_size=16, sliding_window=100), HeadSpec(block_size=32, local_blocks=3),
+         HeadSpec(block_size=16, vert_stride=4, vert_offset=2, sliding_window=7)),
+    )  # fmt: skip
+    src = dec.render_source(layer, "fp16", 8)
+    assert "m |= 1u << 0;" in src  # dense head: always visible
+    assert "(i - j) < 100" in src and "(i - j) < 7" in src
+    assert "#define LPT 16" in src and "#define NVEC (HEAD_DIM / 8)" in src
+    assert dec.kernel_name(layer, "fp16", 8).endswith("_hybrid")
+
+
+def test_heads_per_block():
+    mk = lambda h, kv: LayerSpec(h, kv, 64, (HeadSpec(dense=True),) * h)  # noqa: E731
+    assert dec.heads_per_block(mk(32, 8)) == 4
+    assert dec.heads_per_block(mk(8, 8)) == 1
+    assert dec.heads_per_block(mk(32, 1)) == 8
+    assert dec.heads_per_block(mk(12, 1)) == 6
+
+
+def test_num_splits_heuristic():
+    assert dec.num_splits(8, 128 * 1024, 132) >= 100  # batch 1 at 128K fills the GPU
+    assert dec.num_splits(512, 8192, 132) <= 3
+    assert dec.num_splits(8, 64, 132) == 1  # one tile: nothing to split
+
+
+def test_template_rejects_free_strings():
+    with pytest.raises(CompileError):
+        sparsegen.codegen.render(
+            dec.TEMPLATE, **{**dec.template_constants(PHI3, "bf16", 16), "ctype": "int; evil"}
+        )
+
+
+def test_bad_arguments():
+    with pytest.raises(InputError, match="page_size"):
+        dec.get_decode_kernel(PHI3, dtype=torch.float16, arch="sm_90", page_size=4)
+    with pytest.raises(InputError, match="dtype"):
+        dec.get_decode_kernel(PHI3, dtype=torch.float32, arch="sm_90")
+    with pytest.raises(CompileError, match="arch"):
+        dec.get_decode_kernel(PHI3, dtype=torch.float16, arch="sm_70")
+
+
+def test_include_dir_found():
+    assert (nb.cuda_include_dir() + "/cuda_bf16.h") and nb._has_headers(nb.cuda_include_dir())
+
+
+def test_get_kernel_aot_cache_and_memo(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "c"))
+    sparsegen.jit.cache.forget_memory()
+    dec._BY_ID.clear()
+    dec._BY_SPEC.clear()
+    k = sparsegen.get_kernel(PHI3, "decode", dtype=torch.bfloat16, arch="sm_90", page_size=16)
+    assert k.status == "compiled" and k.name == "decode_bf16_hd128_ps16_g4_bs64_l16_v8"
+    assert k.key.startswith(k.name + "-") and k.path and "sparsegen_paged_decode" in k.source
+    assert len(k.cubin) > 1000 and callable(k)
+    k2 = sparsegen.get_kernel(PHI3, "decode", dtype=torch.bfloat16, arch="sm_90", page_size=16)
+    assert k2 is k and k2.status == "cached"
+    # A fresh process (empty memos) finds it on disk; with JIT disabled it still loads.
+    sparsegen.jit.cache.forget_memory()
+    dec._BY_ID.clear()
+    dec._BY_SPEC.clear()
+    monkeypatch.setenv("SPARSEGEN_DISABLE_JIT", "1")
+    k3 = dec.get_decode_kernel(LayerSpec.from_json(PHI3.to_json()), dtype=torch.bfloat16, arch="sm_90")
+    assert k3.status == "cached" and k3.key == k.key and k3.cubin == k.cubin
+    with pytest.raises(sparsegen.JitDisabledError):
+        dec.get_decode_kernel(PHI3, dtype=torch.float16, arch="sm_90")
+
+
+def test_repeated_get_kernel_is_fast():
+    import time
+
+    dec.get_decode_kernel(PHI3, dtype=torch.bfloat16, arch="sm_90")
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        sparsegen.get_kernel(PHI3, "decode", dtype=torch.bfloat16, arch="sm_90")
+    assert (time.perf_counter() - t0) / 1000 < 50e-6
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    layer=layer_specs(max_kv_heads=2),
+    page_size=st.sampled_from((8, 16, 32, 64, 128, 24)),
+    dtype=st.sampled_from(("fp16", "bf16")),
+    arch=st.sampled_from(("sm_80", "sm_90")),
+)
+def test_nvrtc_compiles_random_specs(layer, page_size, dtype, arch):
+    src = dec.render_source(layer, dtype, page_size)
+    cubin, _ = nb.compile_cubin(src, arch, name="fuzz.cu")
+    assert cubin[:4] == b"\x7fELF"
