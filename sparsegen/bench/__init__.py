@@ -1,0 +1,1 @@
+"""GPU benchmarks behind `sparsegen bench`: kernels against baselines and measured ceilings."""
