@@ -1,0 +1,202 @@
+"""GPU tier for the CUDA paged decode kernel (`pytest -m gpu`), against sparsegen.reference.
+
+Cases are drawn from a seeded RNG (not hypothesis) so that a few dozen kernels serve >= 300
+cases: each (spec, dtype, page size) compiles once and then runs many shapes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import sparsegen
+from sparsegen import HeadSpec, LayerSpec
+from sparsegen.errors import InputError
+from sparsegen.presets import blocksparse_heads
+from sparsegen.testing import DecodeProblem, rel_err
+
+pytestmark = pytest.mark.gpu
+TOL = 2e-2  # fp16/bf16 inputs vs float64 math land between 1e-3 and 1e-2
+
+
+def _random_head(rng: random.Random) -> HeadSpec:
+    bs = rng.choice((16, 32, 64, 128))
+    kind = rng.choice(
+        ("dense", "local", "local+vert", "window", "local+window", "vert+window", "local+vert+window")
+    )
+    if kind == "dense":
+        return HeadSpec(block_size=bs, dense=True)
+    stride = rng.randint(1, 8) if "vert" in kind else 0
+    return HeadSpec(
+        block_size=bs,
+        local_blocks=rng.randint(1, 6) if "local" in kind else 0,
+        vert_stride=stride,
+        vert_offset=rng.randint(0, stride - 1) if stride else 0,
+        sliding_window=rng.randint(1, 700) if "window" in kind else 0,
+    )
+
+
+def _specs() -> list[LayerSpec]:
+    rng = random.Random(1234)
+    out = [
+        LayerSpec(
+            8, 2, 128, blocksparse_heads(8, block_size=64, local_blocks=16, vert_stride=8, total_heads=32)
+        ),
+        LayerSpec(4, 1, 64, (HeadSpec(block_size=16, sliding_window=300),) * 4),
+        LayerSpec(2, 2, 96, (HeadSpec(dense=True),) * 2),
+    ]
+    for n in range(21):
+        ratio = (1, 2, 3, 4, 8)[n % 5]
+        kv = rng.randint(1, 2)
+        d = (64, 96, 128)[n % 3]
+        if n % 2:  # hybrid: every head its own kind
+            heads = tuple(_random_head(rng) for _ in range(kv * ratio))
+        else:  # Phi-3 style: one pattern, offsets vary by head
+            base = _random_head(rng)
+            heads = tuple(
+                HeadSpec(**{**base.to_dict(), "vert_offset": h % base.vert_stride})
+                if base.vert_stride
+                else base
+                for h in range(kv * ratio)
+            )
+        out.append(LayerSpec(kv * ratio, kv, d, heads))
+    return out
+
+
+SPECS = _specs()
+CASES_PER_KERNEL = 13
+
+
+def _poison(shape, device) -> None:
+    """Leave NaNs in the allocator block the kernel's output will most likely reuse."""
+    junk = torch.full(shape, float("nan"), device=device)
+    del junk
+
+
+@pytest.mark.parametrize("idx", range(len(SPECS)))
+def test_fuzz_against_reference(idx):
+    layer = SPECS[idx]
+    rng = random.Random(idx)
+    dtype = (torch.bfloat16, torch.float16)[idx % 2]
+    page_size = rng.choice((8, 16, 32, 64, 128, 24))
+    failures = []
+    for c in range(CASES_PER_KERNEL):
+        batch = rng.randint(1, 4)
+        lens = [
+            rng.choice((1, rng.randint(1, 64), rng.randint(1, 3000), 64 * rng.randint(1, 40)))
+            for _ in range(batch)
+        ]
+        scale = rng.choice((None, 0.05, 1.0 / 128))
+        p = DecodeProblem(
+            layer, lens, page_size, seed=1000 * idx + c, dtype=dtype, device="cuda", scale=scale
+        )
+        _poison((batch, layer.num_heads, layer.head_dim), "cuda")
+        out = sparsegen.paged_decode(*p.args(), impl="cuda")
+        torch.cuda.synchronize()
+        err = rel_err(out, p.reference())
+        if not err < TOL:
+            failures.append(f"rel_err {err:.3g}: {p.repro()}")
+    assert not failures, "\n".join(failures)
+
+
+LONG = [
+    (LayerSpec(8, 2, 128, blocksparse_heads(8, block_size=64, local_blocks=16, vert_stride=8, total_heads=32)), 16),
+    (LayerSpec(8, 1, 128, (HeadSpec(block_size=64, sliding_window=4096),) * 8), 64),
+    (LayerSpec(4, 4, 64, (HeadSpec(dense=True), HeadSpec(block_size=32, local_blocks=4, vert_stride=16, vert_offset=3),
+                          HeadSpec(block_size=16, sliding_window=1000), HeadSpec(block_size=128, local_blocks=2))), 128),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("which", range(len(LONG)))
+def test_long_contexts(which, dtype):
+    """Up to 128K tokens, checked against the reference in float32 on the GPU."""
+    layer, page_size = LONG[which]
+    lens = [131072, 40000] if which == 0 else [100003]
+    p = DecodeProblem(layer, lens, page_size, seed=7 + which, dtype=dtype, device="cuda")
+    _poison((len(lens), layer.num_heads, layer.head_dim), "cuda")
+    out = sparsegen.paged_decode(*p.args(), impl="cuda")
+    q, k, v, bt, sl, _, scale = p.args()
+    ref = sparsegen.reference.paged_decode(q.float(), k.float(), v.float(), bt, sl, layer, scale)
+    assert rel_err(out, ref) < TOL, p.repro()
+
+
+def test_decode_equals_last_prefill_row():
+    layer = SPECS[0]
+    n, page_size = 3000, 16
+    p = DecodeProblem(layer, [n], page_size, seed=5, dtype=torch.bfloat16, device="cuda")
+    q, kc, vc, bt, sl, _, scale = p.args()
+    pages = bt[0, : -(-n // page_size)].long()
+    k = kc[pages].flatten(0, 1)[:n]  # [n, Hkv, D]
+    v = vc[pages].flatten(0, 1)[:n]
+    q_full = torch.randn(n, layer.num_heads, layer.head_dim, device="cuda", dtype=q.dtype)
+    q_full[-1] = q[0]
+    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    try:
+        ref = sparsegen.prefill(q_full, k, v, cu, cu, layer, scale, impl="triton")[-1]
+    except (ImportError, sparsegen.ImplUnavailableError):  # the Triton prefill is not built yet
+        ref = sparsegen.reference.prefill(q_full, k, v, cu, cu, layer, scale)[-1]
+    out = sparsegen.paged_decode(q, kc, vc, bt, sl, layer, scale, impl="cuda")[0]
+    assert rel_err(out, ref) < TOL
+
+
+def test_cuda_graph_capture_and_replay():
+    layer = SPECS[0]
+    p = DecodeProblem(layer, [20000, 5], 16, seed=11, dtype=torch.bfloat16, device="cuda")
+    q, kc, vc, bt, sl, _, scale = p.args()
+    kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernel(q, kc, vc, bt, sl, scale=scale)  # warm-up: module load outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = kernel(q, kc, vc, bt, sl, scale=scale)
+    for trial in range(3):
+        q.copy_(torch.randn_like(q))
+        sl.copy_(torch.tensor([20000 - 997 * trial, 5 + trial], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = kernel(q, kc, vc, bt, sl, scale=scale)
+        assert torch.equal(static_out, eager), f"replay {trial} differs from eager"
+
+
+def test_checked_mode_catches_bad_page_and_unchecked_survives():
+    layer = SPECS[0]
+    p = DecodeProblem(layer, [300, 40], 16, seed=2, dtype=torch.float16, device="cuda")
+    q, kc, vc, bt, sl, _, scale = p.args()
+    bad = bt.clone()
+    bad[0, 3] = kc.shape[0] + 1000
+    bad[1, 0] = -7
+    with pytest.raises(InputError, match="block_tables"):
+        sparsegen.paged_decode(q, kc, vc, bad, sl, layer, scale, impl="cuda", check=True)
+    out = sparsegen.paged_decode(q, kc, vc, bad, sl, layer, scale, impl="cuda")  # unchecked
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    good = sparsegen.paged_decode(q, kc, vc, bt, sl, layer, scale, impl="cuda")
+    assert rel_err(good, p.reference()) < TOL
+
+
+def test_custom_op_and_strided_q_on_gpu():
+    import sparsegen.custom_ops as sgops
+
+    layer = SPECS[3]
+    p = DecodeProblem(layer, [777, 1, 64], 32, seed=3, dtype=torch.bfloat16, device="cuda")
+    q, kc, vc, bt, sl, _, scale = p.args()
+    wide = torch.zeros(q.shape[0], q.shape[1], 2 * q.shape[2], dtype=q.dtype, device="cuda")
+    wide[..., : q.shape[2]] = q
+    out = sgops.paged_decode(wide[..., : q.shape[2]], kc, vc, bt, sl, layer, scale)
+    assert rel_err(out, p.reference()) < TOL
+
+
+def test_launcher_rejects_bad_strides():
+    layer = SPECS[0]
+    p = DecodeProblem(layer, [50], 16, seed=1, dtype=torch.float16, device="cuda")
+    q, kc, vc, bt, sl, _, scale = p.args()
+    with pytest.raises(InputError, match="last"):
+        sparsegen.paged_decode(
+            q.transpose(1, 2).contiguous().transpose(1, 2), kc, vc, bt, sl, layer, impl="cuda"
+        )
