@@ -22,6 +22,19 @@ def median_ms(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def median_ms_graph(fn, *, rep_ms: int = 100) -> tuple[float, bool]:
+    """Median of CUDA-graph replays of fn() (no launch gaps), or plain timing if capture fails.
+
+    Returns (ms, captured)."""
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")), True
+    except Exception:  # noqa: BLE001 - a kernel that cannot be captured is still timed
+        torch.cuda.synchronize()
+        return median_ms(fn, rep_ms=rep_ms), False
+
+
 @dataclass(frozen=True)
 class Ceilings:
     copy_tb_s: float  # device-to-device copy, bytes read + written per second / 1e12
@@ -39,7 +52,6 @@ def measure_ceilings() -> Ceilings:
     dst = torch.empty_like(src)
     copy_ms = median_ms(lambda: dst.copy_(src))
     copy = 2 * src.numel() * src.element_size() / (copy_ms * 1e-3) / 1e12
-    del src, dst
     m = 8192
     a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)

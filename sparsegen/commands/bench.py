@@ -1,0 +1,125 @@
+"""`sparsegen bench`: kernels vs dense SDPA, FlexAttention and the ceilings, in one run (GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import torch
+
+from ..presets import get_pattern
+from ..spec import ModelSpec
+
+PREFILL_CASES = [("phi3small", 8192), ("phi3small", 32768), ("phi3small", 131072),
+                 ("sliding-window", 32768), ("sliding-window", 131072)]  # fmt: skip
+DECODE_CASES = [("phi3small", 64, 8192), ("phi3small", 8, 32768), ("phi3small", 1, 131072)]
+
+
+def _sparse_layer(model: ModelSpec):
+    return model.layers[model.first_sparse_layer()]
+
+
+@click.command(name="bench")
+@click.option("--kind", type=click.Choice(["prefill", "decode", "all"]), default="all", show_default=True)
+@click.option("--max-seq-len", type=int, default=131072, show_default=True, help="Skip longer cases.")
+@click.option("--no-flex", is_flag=True, help="Skip FlexAttention (its compile takes a while per shape).")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None, help="Write JSON here.")
+def command(kind: str, max_seq_len: int, no_flex: bool, out: str | None) -> None:
+    """Time sparsegen's kernels against dense SDPA and FlexAttention on Phi-3-Small shapes.
+
+    Ratios come from one process on one GPU; the ceilings (copy bandwidth, bf16 matmul) are
+    measured first, in the same run.
+    """
+    if not torch.cuda.is_available():
+        raise click.UsageError("sparsegen bench needs a CUDA GPU")
+    from ..bench import decode, prefill
+    from ..bench.common import format_table, measure_ceilings
+
+    ceilings = measure_ceilings()
+    gpu = torch.cuda.get_device_name()
+    click.echo(
+        f"{gpu}: copy {ceilings.copy_tb_s:.2f} TB/s, bf16 matmul {ceilings.matmul_tflop_s:.0f} TFLOP/s"
+    )
+    result = {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "ceilings": ceilings.to_dict(),
+        "prefill": [],
+        "decode": [],
+    }
+    if kind in ("prefill", "all"):
+        for pattern, seq in PREFILL_CASES:
+            if seq > max_seq_len:
+                continue
+            row = prefill.bench_case(_sparse_layer(get_pattern(pattern)), seq, ceilings, flex=not no_flex)
+            row["pattern"] = pattern
+            result["prefill"].append(row)
+            click.echo(json.dumps(row))
+    if kind in ("decode", "all"):
+        for pattern, batch, seq in DECODE_CASES:
+            if seq > max_seq_len:
+                continue
+            row = decode.bench_case(
+                _sparse_layer(get_pattern(pattern)), batch, seq, ceilings, flex=not no_flex
+            )
+            row["pattern"] = pattern
+            result["decode"].append(row)
+            click.echo(json.dumps(row))
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    click.echo("== summary")
+    if result["prefill"]:
+        rows = [
+            [
+                r["pattern"],
+                r["seq_len"],
+                r["sparsegen_ms"],
+                r["sdpa_dense_ms"],
+                r.get("flex_ms", float("nan")),
+                r["floor_ms"],
+                r["sdpa_dense_ms"] / r["sparsegen_ms"],
+                r.get("flex_ms", float("nan")) / r["sparsegen_ms"],
+                r["sparsegen_ms"] / r["floor_ms"],
+            ]
+            for r in result["prefill"]
+        ]
+        click.echo(
+            format_table(
+                ["prefill", "seq", "sg_ms", "sdpa_ms", "flex_ms", "floor_ms", "x_sdpa", "x_flex", "of_floor"],
+                rows,
+            )
+        )
+    if result["decode"]:
+        rows = [
+            [
+                r["pattern"],
+                f"{r['batch']}x{r['seq_len']}",
+                r["sparsegen_us"],
+                r["sdpa_dense_us"],
+                r.get("flex_us", float("nan")),
+                r["floor_us"],
+                r["sdpa_dense_us"] / r["sparsegen_us"],
+                r.get("flex_us", float("nan")) / r["sparsegen_us"],
+                r["sparsegen_us"] / r["floor_us"],
+                r["achieved_tb_s"],
+            ]
+            for r in result["decode"]
+        ]
+        click.echo(
+            format_table(
+                [
+                    "decode",
+                    "BxS",
+                    "sg_us",
+                    "sdpa_us",
+                    "flex_us",
+                    "floor_us",
+                    "x_sdpa",
+                    "x_flex",
+                    "of_floor",
+                    "TB/s",
+                ],
+                rows,
+            )
+        )
