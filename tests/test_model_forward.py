@@ -16,6 +16,8 @@ from sparsegen.models import ForwardBatch, gegelu, load_checkpoint, random_model
 
 CFG = TINY_HF_CONFIG
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 def naive_logits(t: dict[str, torch.Tensor], ids: torch.Tensor, force_dense: bool = False) -> torch.Tensor:
     from sparsegen.models import Phi3SmallConfig, model_spec

@@ -11,6 +11,8 @@ from safetensors.torch import save_file
 
 from sparsegen.models import CheckpointError, checkpoint_weight_map, load_checkpoint
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 def test_loads_every_tensor_under_its_real_name(tmp_path):
     tensors = random_tensors(TINY_HF_CONFIG, seed=3)

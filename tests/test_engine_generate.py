@@ -1,0 +1,179 @@
+"""The engine (paged cache, chunked prefill, continuous batching) against a cache-free oracle.
+
+The oracle is the plain full-recompute forward: every step runs the whole sequence through the
+model with `sparsegen.reference` attention and no cache, and takes the argmax. Float32 on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers_checkpoint import single_thread  # noqa: F401
+
+from sparsegen.engine import CacheOutOfMemory, LLMEngine, SamplingParams
+from sparsegen.errors import InputError
+from sparsegen.models import ForwardBatch, random_model
+
+NEW_TOKENS = 36
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model("tiny", seed=0, attn_impl="reference")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    gen = torch.Generator().manual_seed(123)
+    return [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (230, 181, 97, 263)]
+
+
+def full_recompute_greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model(torch.tensor(ids), ForwardBatch.whole_sequences([len(ids)]))
+            ids.append(int(logits[-1].argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.fixture(scope="module")
+def oracle(model, prompts):
+    return [full_recompute_greedy(model, p, NEW_TOKENS) for p in prompts]
+
+
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def test_engine_greedy_equals_full_recompute(model, prompts, oracle):
+    engine = LLMEngine(model, max_num_batched_tokens=64, max_num_seqs=3, page_size=16)
+    results = engine.generate(prompts, GREEDY)
+    for res, want, prompt in zip(results, oracle, prompts, strict=True):
+        assert res.prompt_ids == prompt
+        assert res.output_ids == want
+        assert res.finish_reason == "length"
+        assert res.ttft_s >= 0 and res.decode_tokens_per_s > 0
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity  # every page came back
+
+
+def test_prompts_are_long_enough_for_sparsity_to_matter(prompts):
+    sparse = random_model("tiny", seed=0)
+    dense = random_model("tiny", seed=0, force_dense=True)
+    ids = torch.tensor(prompts[0])
+    batch = ForwardBatch.whole_sequences([len(ids)])
+    diff = (sparse(ids, batch)[-1] - dense(ids, batch)[-1]).abs().max()
+    assert diff > 1e-2
+
+
+def test_batched_equals_one_at_a_time(model, prompts, oracle):
+    alone = [LLMEngine(model, max_num_seqs=1).generate([p], GREEDY)[0].output_ids for p in prompts]
+    batched = [r.output_ids for r in LLMEngine(model, max_num_seqs=8).generate(prompts, GREEDY)]
+    assert alone == batched == oracle
+
+
+class _LogitsRecorder:
+    def __init__(self, engine):
+        self.rows: list[torch.Tensor] = []
+        forward = engine._forward
+
+        def wrapped(plan):
+            logits = forward(plan)
+            self.rows += list(logits)
+            return logits
+
+        engine._forward = wrapped
+
+
+def test_chunked_prefill_equals_whole_prefill(model, prompts):
+    whole = LLMEngine(model, max_num_batched_tokens=4096)
+    chunked = LLMEngine(model, max_num_batched_tokens=37, page_size=8)  # chunks cross pages and blocks
+    rec_w, rec_c = _LogitsRecorder(whole), _LogitsRecorder(chunked)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    out_w = whole.generate([prompts[3]], params)[0].output_ids
+    out_c = chunked.generate([prompts[3]], params)[0].output_ids
+    assert out_w == out_c
+    assert len(rec_w.rows) == len(rec_c.rows) == 8
+    torch.testing.assert_close(torch.stack(rec_c.rows), torch.stack(rec_w.rows), atol=1e-4, rtol=1e-4)
+
+
+def test_continuous_batching_admits_new_prompts_as_others_finish(model, prompts):
+    engine = LLMEngine(model, max_num_seqs=2, max_num_batched_tokens=128)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 12, 5, 4)]
+    events = list(engine.stream(prompts, params))
+    first_finish = next(i for i, e in enumerate(events) if e.finish_reason is not None)
+    first_of_third = next(i for i, e in enumerate(events) if e.index == 2)
+    assert first_of_third > first_finish  # prompt 2 waited for a seat
+    by_index = {i: [e.token_id for e in events if e.index == i] for i in range(4)}
+    assert [len(v) for v in by_index.values()] == [3, 12, 5, 4]
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
+    # the engine is reusable, and a late request joins a running batch
+    engine.add_request(prompts[0], SamplingParams(max_tokens=6, ignore_eos=True), index=10)
+    engine.step()
+    engine.add_request(prompts[1], SamplingParams(max_tokens=2, ignore_eos=True), index=11)
+    done = set()
+    while engine.has_unfinished:
+        done |= {e.index for e in engine.step() if e.finish_reason}
+    assert done == {10, 11}
+
+
+def test_small_cache_preempts_and_still_matches(model, prompts, oracle):
+    # 60 usable pages of 16 tokens: not enough for all four sequences at once
+    engine = LLMEngine(model, num_pages=61, max_num_seqs=4, max_num_batched_tokens=512)
+    results = engine.generate(prompts, GREEDY)
+    assert [r.output_ids for r in results] == oracle
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
+
+
+def test_request_larger_than_the_cache_is_refused(model):
+    engine = LLMEngine(model, num_pages=5)
+    with pytest.raises(CacheOutOfMemory, match=r"needs 7 KV pages of 16 tokens, but the cache has 4"):
+        engine.add_request(list(range(100)), SamplingParams(max_tokens=5))
+    with pytest.raises(InputError, match="at most 4095"):
+        LLMEngine(model).add_request([1] * 4096, SamplingParams())
+    with pytest.raises(InputError, match="at least one token"):
+        LLMEngine(model).add_request([], SamplingParams())
+
+
+def test_stops_at_eos_stop_tokens_and_max_tokens(model, prompts, oracle):
+    want = oracle[1]
+    engine = LLMEngine(model)
+    engine.eos_token_id = want[4]
+    res = engine.generate([prompts[1]], SamplingParams(max_tokens=30))[0]
+    assert res.finish_reason == "eos" and res.output_ids == want[: want.index(want[4]) + 1]
+
+    stop = want[6]
+    res = LLMEngine(model).generate([prompts[1]], SamplingParams(max_tokens=30, stop_token_ids=(stop,)))[0]
+    assert res.finish_reason == "stop" and res.output_ids == want[: want.index(stop) + 1]
+
+    res = LLMEngine(model).generate([prompts[1]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    assert res.finish_reason == "length" and res.output_ids == want[:3]
+
+
+def test_streaming_and_callback_agree_with_results(model, prompts):
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    seen = []
+    results = LLMEngine(model).generate(prompts[:2], params, on_token=seen.append)
+    streamed = list(LLMEngine(model).stream(prompts[:2], params))
+    assert [(e.index, e.token_id) for e in seen] == [(e.index, e.token_id) for e in streamed]
+    for i, res in enumerate(results):
+        assert [e.token_id for e in streamed if e.index == i] == res.output_ids
+        assert [e.finish_reason for e in streamed if e.index == i][-1] == "length"
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(model, prompts):
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.9, seed=7, ignore_eos=True)
+    alone = LLMEngine(model).generate([prompts[0]], params)[0].output_ids
+    again = LLMEngine(model).generate([prompts[0]], params)[0].output_ids
+    mixed = LLMEngine(model).generate(prompts[:3], [params, GREEDY, params])
+    assert alone == again == mixed[0].output_ids
+    other = LLMEngine(model).generate([prompts[0]], SamplingParams(**{**params.__dict__, "seed": 8}))[0]
+    assert other.output_ids != alone
+    top1 = SamplingParams(max_tokens=6, temperature=1.5, top_k=1, seed=1, ignore_eos=True)
+    assert (
+        LLMEngine(model).generate([prompts[2]], top1)[0].output_ids
+        == LLMEngine(model)
+        .generate([prompts[2]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
+        .output_ids
+    )
