@@ -207,11 +207,12 @@ def get_prefill_kernel(layer: LayerSpec, *, dtype, arch: str | None = None) -> P
     memo_key = (id(layer), dtype, arch, _interpreting())
     hit = _MEMO.get(memo_key)
     if hit is not None and hit[0] is layer:
+        hit[1].status = "cached"  # a repeat in this process
         return hit[1]
     if not isinstance(layer, LayerSpec):
         raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
     resolved = arch
-    if _interpreting():
+    if resolved is None and _interpreting():
         resolved = triton_build.INTERPRETER_ARCH
     elif resolved is None:
         resolved = current_arch()
@@ -224,6 +225,8 @@ def get_prefill_kernel(layer: LayerSpec, *, dtype, arch: str | None = None) -> P
     if kernel is None:
         kernel = _lookup(layer, dtype, resolved)
         _MEMO_BY_VALUE[value_key] = kernel
+    else:
+        kernel.status = "cached"
     _MEMO[memo_key] = (layer, kernel)
     return kernel
 
