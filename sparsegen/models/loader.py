@@ -48,11 +48,23 @@ def random_model(
     seed: int = 0,
     force_dense: bool = False,
     attn_impl: str | None = None,
+    dummy_token_indices: tuple[int, ...] = (),
 ) -> Phi3SmallForCausalLM:
-    """Random weights (never zeros) scaled so that activations stay O(1); embeddings tied."""
+    """Random weights (never zeros) scaled so that activations stay O(1).
+
+    The lm_head gets its own random weights: tied to random embeddings, the logits would be
+    dominated by the current token and greedy decoding would only repeat it.
+    """
     if isinstance(config, str):
         config = named_config(config)
-    model = empty_model(config, device=device, dtype=dtype, force_dense=force_dense, attn_impl=attn_impl)
+    model = empty_model(
+        config,
+        device=device,
+        dtype=dtype,
+        force_dense=force_dense,
+        attn_impl=attn_impl,
+        dummy_token_indices=dummy_token_indices,
+    )
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -62,9 +74,8 @@ def random_model(
                 param.normal_(0.0, 0.02, generator=gen)
             elif name == "model.embed_tokens.weight":
                 param.normal_(0.0, 0.1, generator=gen)
-            elif name != "lm_head.weight":
+            else:
                 param.normal_(0.0, param.shape[1] ** -0.5, generator=gen)
-    model.tie_embeddings()
     return model
 
 

@@ -1,0 +1,229 @@
+"""`sparsegen generate`: run Phi-3-Small (a local checkpoint or random weights) and print text.
+
+Prompts are taken in this order: every `--prompt`, then every `--prompt-ids`, then the lines
+of `--prompts-file`. With `--json`, one JSON object per prompt is printed, in that order.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..errors import SparsegenError
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def parse_prompt_ids(text: str, vocab_size: int) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a comma-separated list of token ids", param_hint="'--prompt-ids'"
+        ) from None
+    if not ids:
+        raise click.BadParameter("an empty list of token ids", param_hint="'--prompt-ids'")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise click.BadParameter(
+            f"token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}", param_hint="'--prompt-ids'"
+        )
+    return ids
+
+
+def _pick_device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise click.BadParameter(
+            f"{device!r} was asked for, but torch sees no CUDA GPU", param_hint="'--device'"
+        )
+    return device
+
+
+def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
+    """(model, tokenizer or None) for the CLI's options."""
+    from ..models import load_checkpoint, named_config, random_model
+    from ..models.config import TINY_SPECIAL_TOKENS
+    from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
+
+    tokenizer = None
+    if tokenizer_path is not None:
+        tokenizer = load_tokenizer(tokenizer_path)
+    elif model_dir is not None and find_tiktoken_file(model_dir) is not None:
+        tokenizer = load_tokenizer(model_dir)
+    if model_dir is not None:
+        dummies = tokenizer.dummy_token_indices if tokenizer is not None else ()
+        model = load_checkpoint(
+            model_dir, device=device, dtype=dtype, force_dense=force_dense, dummy_token_indices=dummies
+        )
+        return model, tokenizer
+    config = named_config(random_size)
+    if tokenizer is None:
+        if random_size == "tiny":
+            tokenizer = ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
+        else:  # bytes plus Phi-3-Small's named special tokens; every other id is masked out
+            named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
+            tokenizer = ByteTokenizer(named, config.vocab_size)
+    model = random_model(
+        config,
+        device=device,
+        dtype=dtype,
+        force_dense=force_dense,
+        dummy_token_indices=tokenizer.dummy_token_indices,
+    )
+    return model, tokenizer
+
+
+def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) -> list[list[int]]:
+    texts = list(prompt)
+    if prompts_file is not None:
+        texts_from_file = [line.rstrip("\n") for line in Path(prompts_file).read_text().splitlines()]
+        file_texts = [t for t in texts_from_file if t.strip()]
+    else:
+        file_texts = []
+    if (texts or file_texts) and tokenizer is None:
+        raise click.UsageError(
+            "this checkpoint has no .tiktoken file: pass --prompt-ids, or --tokenizer FILE"
+        )
+    prompts = [tokenizer.encode(t) for t in texts]
+    prompts += [parse_prompt_ids(p, vocab_size) for p in prompt_ids]
+    prompts += [tokenizer.encode(t) for t in file_texts]
+    if not prompts:
+        raise click.UsageError("give at least one --prompt, --prompt-ids or --prompts-file")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise click.UsageError(f"prompt {i} encodes to no tokens")
+    return prompts
+
+
+@click.command("generate")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Local HF checkpoint folder.",
+)
+@click.option(
+    "--random", "random_size", type=click.Choice(["tiny", "7b"]), help="Random weights of a named size."
+)
+@click.option("--prompt", multiple=True, help="Prompt text (repeatable).")
+@click.option("--prompt-ids", multiple=True, help="Prompt as comma-separated token ids (repeatable).")
+@click.option("--prompts-file", type=click.Path(dir_okay=False, exists=True), help="One prompt per line.")
+@click.option(
+    "--tokenizer", "tokenizer_path", type=click.Path(exists=True), help="A .tiktoken file (or folder)."
+)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 is greedy."
+)
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 is off.")
+@click.option("--seed", type=int, default=None)
+@click.option("--ignore-eos", is_flag=True, help="Keep going past EOS (for benchmarks).")
+@click.option("--device", default=None, help="cuda or cpu (default: cuda when available).")
+@click.option(
+    "--dtype", type=click.Choice(list(DTYPES)), default=None, help="Default: bf16 on GPU, fp32 on CPU."
+)
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is generated.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt, in input order.")
+@click.option("--force-dense", is_flag=True, help="Run every layer with a dense spec (for comparison).")
+@click.option(
+    "--max-batch", type=click.IntRange(min=1), default=32, show_default=True, help="Sequences at once."
+)
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    default=8192,
+    show_default=True,
+    help="Prefill tokens per step.",
+)
+@click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")
+def command(
+    model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
+    top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
+    no_cuda_graphs,
+):  # fmt: skip
+    """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
+    if (model_dir is None) == (random_size is None):
+        raise click.UsageError("give exactly one of --model DIR or --random tiny|7b")
+    try:
+        _generate(**locals())
+    except SparsegenError as exc:
+        raise click.UsageError(str(exc).splitlines()[0]) from None
+
+
+def _generate(
+    model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
+    top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
+    no_cuda_graphs,
+):  # fmt: skip
+    import torch
+
+    from ..engine import LLMEngine, SamplingParams
+
+    device = _pick_device(device)
+    dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
+    model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
+    vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
+    prompts = _collect_prompts(
+        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size)
+    )
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        ignore_eos=ignore_eos,
+    )
+    engine = LLMEngine(
+        model,
+        tokenizer=tokenizer,
+        page_size=page_size,
+        max_num_seqs=max_batch,
+        max_num_batched_tokens=chunk_size,
+        use_cuda_graphs=not no_cuda_graphs,
+    )
+    live = stream and not as_json and len(prompts) == 1 and tokenizer is not None
+    decode_piece = tokenizer.stream_decoder() if live else None
+    eos = engine.eos_token_id
+
+    def on_token(event):
+        if (
+            live
+            and event.finish_reason not in ("eos", "stop")
+            and not (event.token_id == eos and not ignore_eos)
+        ):
+            click.echo(decode_piece(event.token_id), nl=False)
+            sys.stdout.flush()
+
+    start = time.perf_counter()
+    results = engine.generate(prompts, params, on_token=on_token)
+    wall = time.perf_counter() - start
+    if as_json:
+        for res in results:
+            click.echo(json.dumps(res.to_json_dict()))
+        return
+    if live:
+        click.echo()
+    else:
+        for i, res in enumerate(results):
+            shown = res.text if res.text is not None else ",".join(map(str, res.output_ids))
+            click.echo(f"[{i}] {shown}")
+    n_out = sum(len(r.output_ids) for r in results)
+    ttft = sum(r.ttft_s for r in results) / len(results)
+    decode = [r.decode_tokens_per_s for r in results if r.decode_tokens_per_s > 0]
+    per_seq = sum(decode) / len(decode) if decode else 0.0
+    click.echo(
+        f"-- {len(results)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
+        f"{per_seq:.1f} tokens/s per sequence while decoding, time to first token {ttft:.3f} s (mean)",
+        err=False,
+    )
