@@ -1,0 +1,146 @@
+"""GPU tier for the Triton prefill kernel: bf16/fp16 vs the reference, SDPA, the AOT cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import sparsegen
+from sparsegen import HeadSpec, LayerSpec
+from sparsegen.testing import PrefillProblem, rel_err
+
+pytestmark = pytest.mark.gpu
+TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def _random_head(rng: random.Random, bs: int) -> HeadSpec:
+    kind = rng.choice(
+        ["dense", "local", "local+vert", "window", "local+window", "vert+window", "local+vert+window"]
+    )
+    if kind == "dense":
+        return HeadSpec(block_size=bs, dense=True)
+    stride = rng.randint(1, 8) if "vert" in kind else 0
+    return HeadSpec(
+        block_size=bs,
+        local_blocks=rng.randint(1, 6) if "local" in kind else 0,
+        vert_stride=stride,
+        vert_offset=rng.randint(0, stride - 1) if stride else 0,
+        sliding_window=rng.choice([1, 17, 100, 333, 5000]) if "window" in kind else 0,
+    )
+
+
+def _specs() -> list[LayerSpec]:
+    """A few dozen distinct specs: Phi-3-like uniform layers and hybrid ones, GQA 1..8."""
+    rng = random.Random(1234)
+    out = [sparsegen.get_pattern("phi3small").layers[0], sparsegen.get_pattern("phi3small").layers[1]]
+    for i in range(14):
+        num_kv = rng.choice([1, 2])
+        ratio = rng.choice([1, 2, 4, 8])
+        d = rng.choice([64, 96, 128])
+        if i % 2:  # hybrid
+            heads = tuple(_random_head(rng, rng.choice([16, 32, 64, 128])) for _ in range(num_kv * ratio))
+        else:
+            base = _random_head(rng, rng.choice([16, 32, 64, 128]))
+            s = base.vert_stride
+            heads = tuple(
+                HeadSpec(**{**base.to_dict(), "vert_offset": h % s if s else 0})
+                for h in range(num_kv * ratio)
+            )
+        out.append(LayerSpec(num_heads=num_kv * ratio, num_kv_heads=num_kv, head_dim=d, heads=heads))
+    return out
+
+
+SPECS = _specs()
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("SPARSEGEN_POISON_OUTPUT", "1")
+
+
+def _reference(p: PrefillProblem) -> torch.Tensor:
+    t = p.tensors  # the oracle in float32 on the GPU (fast), compared in float64
+    return sparsegen.reference.prefill(
+        t["q"].float(), t["k"].float(), t["v"].float(), t["cu_seqlens_q"], t["cu_seqlens_k"], p.layer, p.scale
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("spec_id", range(len(SPECS)))
+def test_fuzzed_shapes_match_reference(spec_id, dtype):
+    layer = SPECS[spec_id]
+    rng = random.Random(spec_id * 7 + (dtype == torch.float16))
+    for case in range(10):
+        batch = rng.randint(1, 3)
+        k_lens = [
+            rng.choice([1, 63, 64, 65, 129, 777, 1000, 2049, rng.randint(1, 3000)]) for _ in range(batch)
+        ]
+        q_lens = [n if rng.random() < 0.6 else rng.randint(1, n) for n in k_lens]
+        scale = rng.choice([None, 0.05])
+        p = PrefillProblem(layer, q_lens, k_lens, seed=case, dtype=dtype, device="cuda", scale=scale)
+        out = sparsegen.prefill(*p.args(), impl="triton")
+        err = rel_err(out, _reference(p))
+        assert err < TOL[dtype], f"rel err {err:.3g}: {p.repro()}"
+
+
+@pytest.mark.parametrize("seq", [1000, 4096])
+def test_dense_equals_causal_sdpa(seq):
+    layer = sparsegen.get_pattern("phi3small").layers[1]
+    p = PrefillProblem(layer, [seq], [seq], seed=seq, dtype=torch.bfloat16, device="cuda")
+    out = sparsegen.prefill(*p.args(), impl="triton")
+    q, k, v = (p.tensors[n].transpose(0, 1).unsqueeze(0).float() for n in "qkv")
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert rel_err(out, ref[0].transpose(0, 1)) < 1e-2
+
+
+def test_get_kernel_object_and_memo():
+    layer = SPECS[0]
+    kernel = sparsegen.get_kernel(layer, "prefill", dtype=torch.bfloat16)
+    assert kernel.key.startswith(kernel.name) and "prefill_kernel" in kernel.source
+    assert (kernel.path / "prefill_kernel.cubin").exists()
+    assert sparsegen.get_kernel(layer, "prefill", dtype=torch.bfloat16) is kernel
+    p = PrefillProblem(layer, [300], [300], seed=0, dtype=torch.bfloat16, device="cuda")
+    assert rel_err(kernel(*p.args()), _reference(p)) < 2e-2
+
+
+def test_compile_then_disable_jit(tmp_path):
+    env = {**os.environ, "SPARSEGEN_CACHE_DIR": str(tmp_path / "cache"), "SPARSEGEN_QUIET": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparsegen.cli",
+        "compile",
+        "--pattern",
+        "phi3small",
+        "--kind",
+        "prefill",
+        "--json",
+    ]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert {r["status"] for r in json.loads(first.stdout)} == {"compiled"}
+    script = (
+        "import torch, sparsegen\n"
+        "from sparsegen.testing import PrefillProblem, rel_err\n"
+        "layer = sparsegen.get_pattern('phi3small').layers[0]\n"
+        "k = sparsegen.get_kernel(layer, 'prefill', dtype=torch.bfloat16)\n"
+        "assert k.status == 'cached', k.status\n"
+        "p = PrefillProblem(layer, [1500], [1500], seed=1, dtype=torch.bfloat16, device='cuda')\n"
+        "t = p.tensors\n"
+        "ref = sparsegen.reference.prefill(t['q'].float(), t['k'].float(), t['v'].float(),"
+        " t['cu_seqlens_q'], t['cu_seqlens_k'], layer)\n"
+        "assert rel_err(sparsegen.prefill(*p.args()), ref) < 2e-2\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**env, "SPARSEGEN_DISABLE_JIT": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
