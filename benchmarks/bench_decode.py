@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import sparsegen
+from sparsegen.kernels.decode import num_splits
 from sparsegen.layout import decode_pages
+from sparsegen.testing import rel_err
 
 CASES = ((64, 8192), (8, 32768), (1, 131072))
 
@@ -72,7 +74,7 @@ def bench_case(layer, batch: int, ctx: int, page_size: int, bw: float) -> dict:
     ref = sparsegen.reference.paged_decode(
         q[:1].float(), k_cache.float(), v_cache.float(), block_tables[:1], seq_lens[:1], layer, scale
     )
-    err = sparsegen.testing.rel_err(ours()[:1], ref)
+    err = rel_err(ours()[:1], ref)
     needed = decode_pages(layer, ctx, page_size)  # [Hkv, pages]
     union_bytes = batch * int(needed.sum()) * page_size * d * 2 * 2  # K and V
     dense_bytes = batch * ctx * hkv * d * 2 * 2
@@ -88,13 +90,20 @@ def bench_case(layer, batch: int, ctx: int, page_size: int, bw: float) -> dict:
         "dense_floor_us": dense_bytes / bw * 1e6,
         "union_fraction": union_bytes / dense_bytes,
         "rel_err_seq0": err,
-        "splits": sparsegen.kernels.decode.num_splits(
+        "splits": num_splits(
             batch * h // kernel.heads_per_block,
             pages_per_seq * page_size,
             torch.cuda.get_device_properties(0).multi_processor_count,
         ),
     }
     row["speedup_vs_dense"] = row["dense_sdpa_us"] / row["sparsegen_us"]
+    row["sparsegen_repeat_us"] = do_bench(ours, warmup=25, rep=200, return_mode="median") * 1e3
+    # Split-count sweep through the bare launch (no validation), to tune the heuristic.
+    row["split_sweep_us"] = {}
+    for s in (1, 2, 3, 4, 8, 16, 32, 64, 128, 256):
+        if s <= max(1, pages_per_seq * page_size // 64):
+            fn = lambda s=s: kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, splits=s)  # noqa: E731
+            row["split_sweep_us"][s] = do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3
     return row
 
 
@@ -121,6 +130,13 @@ def main() -> None:
             f"{r['batch']:>4} x {r['context']:<6} {r['dense_sdpa_us']:8.1f} {r['dense_sdpa_graph_us']:9.1f} "
             f"{r['sparsegen_us']:8.1f} {r['sparsegen_graph_us']:8.1f} {r['floor_us']:7.1f} "
             f"{r['union_fraction']:6.3f} {r['speedup_vs_dense']:7.2f} {r['rel_err_seq0']:8.1e}"
+        )
+    for r in rows:
+        best = min(r["split_sweep_us"], key=r["split_sweep_us"].get)
+        print(
+            f"{r['batch']} x {r['context']}: heuristic splits {r['splits']}, repeat {r['sparsegen_repeat_us']:.1f} us; "
+            f"best {best} -> {r['split_sweep_us'][best]:.1f} us; sweep "
+            + " ".join(f"{s}:{t:.0f}" for s, t in r["split_sweep_us"].items())
         )
 
 

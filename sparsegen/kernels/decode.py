@@ -154,13 +154,14 @@ class DecodeKernel:
             q, k_cache, v_cache, block_tables, seq_lens, self.layer, scale, check=bool(check), kernel=self
         )
 
-    def launch(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
-        """Launch on the current stream; inputs already validated."""
+    def launch(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, splits=None) -> torch.Tensor:
+        """Launch on the current stream; inputs already validated. `splits` overrides the heuristic."""
         batch, num_heads, head_dim = q.shape  # q: [B, H, D]
         num_pages, page_size = k_cache.shape[:2]  # caches: [pages, page_size, Hkv, D]
         max_pages = block_tables.shape[1]  # block_tables: [B, max_pages]
         groups = num_heads // self.heads_per_block
-        splits = num_splits(batch * groups, max_pages * page_size, _sm_count(q.device))
+        if splits is None:
+            splits = num_splits(batch * groups, max_pages * page_size, _sm_count(q.device))
         out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)  # [B, H, D]
         if splits > 1:
             part_o = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32, device=q.device)
