@@ -1,10 +1,14 @@
-"""Decode steps captured as CUDA graphs, one per padded batch size.
+"""Decode steps captured as CUDA graphs, one per (padded batch size, block-table width).
 
-Each graph reads its inputs from static buffers sized for `max_num_seqs`. A step copies the
-real rows in, pads the rest with a harmless row (token 0 at position 0, writing into the
-cache's scratch page, reading only that page), replays, and returns the real rows' logits.
-Graphs are captured lazily, on the first decode of each size, after one eager warm-up run
-(which also compiles the kernels) on a side stream.
+Each graph reads its inputs from static buffers sized for `max_num_seqs` and the model's
+longest context. A step copies the real rows in, pads the rest with a harmless row (token 0 at
+position 0, writing into the cache's scratch page, reading only that page), replays, and
+returns the real rows' logits.
+
+The block-table width is bucketed to a power of two of pages, not fixed at the longest
+context: the decode kernel sizes its split-KV grid from that width, so an 8K context must not
+be launched as if it were 128K. Graphs are captured lazily, on the first decode of each
+bucket, after one eager warm-up run (which also compiles the kernels) on a side stream.
 """
 
 from __future__ import annotations
@@ -16,6 +20,15 @@ from ..models.phi3small import Phi3SmallForCausalLM
 from .kv_cache import KVCache, pages_for
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MIN_WIDTH_PAGES = 64
+
+
+def width_bucket(pages: int, max_pages: int) -> int:
+    """The smallest power of two >= pages (at least MIN_WIDTH_PAGES), capped at max_pages."""
+    width = MIN_WIDTH_PAGES
+    while width < pages:
+        width *= 2
+    return min(width, max_pages)
 
 
 class DecodeGraphs:
@@ -32,24 +45,25 @@ class DecodeGraphs:
         self.block_tables = torch.full((n, width), scratch, dtype=torch.int32, device=dev)  # [B, max_pages]
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)  # [B]
         self.has_long_rope = model.config.rope_scaling is not None
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.max_pages = width
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.sizes[-1]
 
-    def _batch(self, b: int) -> ForwardBatch:
+    def _batch(self, b: int, w: int) -> ForwardBatch:
         return ForwardBatch(
             is_decode=True,
             positions=self.positions[:b],
             use_long_rope=self.use_long[:b] if self.has_long_rope else None,
             slot_mapping=self.slots[:b],
-            block_tables=self.block_tables[:b],
+            block_tables=self.block_tables[:b, :w],  # rows keep the full stride; columns are contiguous
             seq_lens=self.seq_lens[:b],
         )
 
-    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        batch, layers = self._batch(b), self.cache.layers
+    def _capture(self, b: int, w: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        batch, layers = self._batch(b, w), self.cache.layers
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -73,6 +87,7 @@ class DecodeGraphs:
     def run(self, ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:  # [B, vocab] float32
         n = ids.shape[0]
         b = next(s for s in self.sizes if s >= n)
+        w = width_bucket(batch.block_tables.shape[1], self.max_pages)
         self._reset_padding()
         self.ids[:n] = ids
         self.positions[:n] = batch.positions
@@ -81,8 +96,8 @@ class DecodeGraphs:
         self.slots[:n] = batch.slot_mapping
         self.block_tables[:n, : batch.block_tables.shape[1]] = batch.block_tables
         self.seq_lens[:n] = batch.seq_lens
-        if b not in self.graphs:
-            self.graphs[b] = self._capture(b)
-        graph, logits = self.graphs[b]
+        if (b, w) not in self.graphs:
+            self.graphs[b, w] = self._capture(b, w)
+        graph, logits = self.graphs[b, w]
         graph.replay()
         return logits[:n].clone()

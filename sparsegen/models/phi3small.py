@@ -171,6 +171,12 @@ class Phi3SmallForCausalLM(nn.Module):
         self._dummy_list = tuple(dummies)
         self.register_buffer("dummy_ids", torch.tensor(dummies, dtype=torch.long), persistent=False)
 
+    def set_force_dense(self, force_dense: bool) -> None:
+        """Switch every layer between its own spec and a dense one (same weights)."""
+        self.spec = model_spec(self.config, force_dense)
+        for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
+            block.self_attn.layer = layer
+
     def tie_embeddings(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -1,0 +1,118 @@
+"""Engine parts on their own: page allocator, sampler, and the CUDA-graph bookkeeping on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers_checkpoint import single_thread  # noqa: F401
+
+from sparsegen.engine import CacheOutOfMemory, LLMEngine, PageAllocator, SamplingParams
+from sparsegen.engine.cuda_graphs import DecodeGraphs, width_bucket
+from sparsegen.engine.sampling import filter_logits, sample
+from sparsegen.errors import InputError
+from sparsegen.models import ForwardBatch, random_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def test_page_allocator_hands_out_and_takes_back():
+    alloc = PageAllocator(4)
+    a = alloc.allocate(3)
+    assert sorted(a) == [0, 1, 2] and alloc.num_free == 1
+    with pytest.raises(CacheOutOfMemory, match="asked for 2 KV pages but only 1 of 4 are free"):
+        alloc.allocate(2)
+    alloc.free(a)
+    assert alloc.num_free == 4
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = lambda x: torch.isfinite(x).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(filter_logits(logits, 3, 1.0)) == [0, 1, 2]
+    assert kept(filter_logits(logits, 0, 0.7)) == [0, 1]  # 0.5 < 0.7 <= 0.8
+    assert kept(filter_logits(logits, 0, 0.4)) == [0]
+    assert kept(filter_logits(logits[[3, 2, 1, 0]], 0, 0.95)) == [1, 2, 3]  # order does not matter
+    assert kept(filter_logits(logits, 2, 0.9)) == [0, 1]
+
+
+def test_sample_greedy_and_seeded():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    greedy = SamplingParams()
+    hot = SamplingParams(temperature=1.0)
+    assert sample(logits, [greedy] * 3, [None] * 3) == logits.argmax(-1).tolist()
+    gens = lambda: [torch.Generator().manual_seed(5) for _ in range(3)]  # noqa: E731
+    assert sample(logits, [hot] * 3, gens()) == sample(logits, [hot] * 3, gens())
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"), ({"top_k": -2}, "top_k"),
+     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p")],
+)  # fmt: skip
+def test_sampling_params_are_validated(kwargs, field):
+    with pytest.raises(InputError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_width_bucket():
+    assert [width_bucket(p, 8192) for p in (1, 64, 65, 513, 9000)] == [64, 64, 128, 1024, 8192]
+    assert width_bucket(100, 80) == 80
+
+
+class _EagerGraph:
+    """Stands in for a CUDA graph on CPU: replay() reruns the captured call on the static buffers."""
+
+    def __init__(self, fn):
+        self.fn, self.out = fn, fn()
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+def test_graph_bookkeeping_on_cpu_matches_eager():
+    """Static buffers, padding rows into the scratch page and width buckets, without a GPU."""
+    model = random_model("tiny", seed=0)
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (40, 75, 130)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    eager = [r.output_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, params)]
+
+    engine = LLMEngine(model, max_num_seqs=4)
+    graphs = DecodeGraphs(model, engine.cache, 4, engine.max_model_len)
+
+    def capture(b, w):
+        batch = graphs._batch(b, w)
+        graph = _EagerGraph(lambda: model(graphs.ids[:b], batch, engine.cache.layers))
+        return graph, graph.out
+
+    graphs._capture = capture
+    engine.graphs = graphs
+    graphed = [r.output_ids for r in engine.generate(prompts, params)]
+    assert graphed == eager
+    assert {b for b, _ in graphs.graphs} <= {1, 2, 4} and {w for _, w in graphs.graphs} == {64}
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
+
+
+def test_longrope_choice_is_chunk_invariant():
+    from dataclasses import replace
+
+    from sparsegen.models import LongRopeConfig, named_config
+
+    tiny = named_config("tiny")
+    cfg = replace(
+        tiny,
+        max_position_embeddings=512,
+        rope_scaling=LongRopeConfig((1.0,) * 32, tuple(1.0 + i / 8 for i in range(32)), 64, 1.0, 1.3),
+    )
+    model = random_model(cfg, seed=1)
+    prompt = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(2)).tolist()
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    whole = LLMEngine(model).generate([prompt], params)[0].output_ids
+    chunked = LLMEngine(model, max_num_batched_tokens=30).generate([prompt], params)[0].output_ids
+    assert whole == chunked
+    # the prompt (100 > 64 original positions) runs entirely on the long factors, as HF does
+    logits = model(torch.tensor(prompt), ForwardBatch.whole_sequences([100]))
+    batch = ForwardBatch.whole_sequences([100])
+    batch.use_long_rope = torch.ones(100, dtype=torch.bool)
+    assert int(model(torch.tensor(prompt), batch)[-1].argmax()) == whole[0]
+    assert not torch.equal(logits[-1], model(torch.tensor(prompt), batch)[-1])
