@@ -1,0 +1,119 @@
+"""End-to-end Phi-3-Small (random `7b` weights, bf16) through the engine: sparse vs every layer dense.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_generate.py [--out generate.json] [--quick]
+    PYTHONPATH=$PWD python3 benchmarks/bench_generate.py --smoke   # CPU, tiny model, short prompts
+
+In one run, with the same weights and the same engine, for sparse attention and `--force-dense`:
+- time to first token of one 8K-token and one 32K-token prompt (chunked prefill, 8K chunks);
+- decode tokens/s at batch 1 and at batch 32, each sequence with an 8K-token prompt. Only
+  decode steps are timed (from the step after every sequence has its first token), after a few
+  warm-up steps (kernel compiles and CUDA-graph captures happen before the timed window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+
+import torch
+
+from sparsegen.engine import LLMEngine, SamplingParams
+from sparsegen.models import random_model
+
+
+def prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (length,), generator=gen).tolist() for _ in range(n)]
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        sync()
+
+
+def new_engine(model, graphs: bool) -> LLMEngine:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    kv_bytes = (48 << 30) if model.device.type == "cuda" else (64 << 20)
+    return LLMEngine(model, kv_cache_bytes=kv_bytes, max_num_seqs=32, max_num_batched_tokens=8192,
+                     use_cuda_graphs=graphs)  # fmt: skip
+
+
+def ttft(model, length: int, graphs: bool) -> float:
+    engine = new_engine(model, graphs)
+    engine.generate(prompts(1, 512, seed=1), SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+    sync()
+    res = engine.generate(prompts(1, length, seed=2), SamplingParams(max_tokens=1, ignore_eos=True))[0]
+    return res.ttft_s
+
+
+def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, graphs: bool) -> dict:
+    engine = new_engine(model, graphs)
+    seqs = engine.submit(prompts(batch, length, seed=3), SamplingParams(max_tokens=steps + warm_steps + 1,
+                                                                        ignore_eos=True))  # fmt: skip
+    while any(s.t_first_token is None for s in seqs):  # prefill every prompt
+        engine.step()
+    for _ in range(warm_steps):
+        engine.step()
+    sync()
+    start, tokens = time.perf_counter(), 0
+    for _ in range(steps):
+        tokens += len(engine.step())  # sampling reads the tokens back: each step is synchronous
+    wall = time.perf_counter() - start
+    return {"tokens_per_s": tokens / wall, "step_ms": 1e3 * wall / steps, "batch": batch, "context": length}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="write the numbers as JSON here")
+    ap.add_argument("--quick", action="store_true", help="fewer decode steps")
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument(
+        "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
+    )
+    args = ap.parse_args()
+    graphs = not args.no_cuda_graphs
+    steps, warm = (16, 3) if args.quick or args.smoke else (64, 4)
+    short, long, big_batch = (8192, 32768, 32) if not args.smoke else (512, 1024, 4)
+    if args.smoke:
+        size, device, dtype = "tiny", "cpu", torch.float32
+    elif torch.cuda.is_available():
+        size, device, dtype = "7b", "cuda", torch.bfloat16
+    else:
+        raise SystemExit("bench_generate needs a CUDA GPU (or --smoke)")
+    t0 = time.perf_counter()
+    model = random_model(size, device=device, dtype=dtype, seed=0)
+    print(f"{size} random weights built in {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = {}
+    for mode in ("sparse", "dense"):
+        model.set_force_dense(mode == "dense")
+        r = {
+            "ttft_8k_s": ttft(model, short, graphs),
+            "ttft_32k_s": ttft(model, long, graphs),
+            "decode_b1": decode_rate(model, 1, short, steps, warm, graphs),
+            "decode_b32": decode_rate(model, big_batch, short, steps, warm, graphs),
+        }
+        rows[mode] = r
+        print(
+            f"{mode:6s}  TTFT {short} {r['ttft_8k_s'] * 1e3:8.1f} ms   TTFT {long} {r['ttft_32k_s'] * 1e3:8.1f} ms   "
+            f"decode b1 {r['decode_b1']['tokens_per_s']:7.1f} tok/s ({r['decode_b1']['step_ms']:.2f} ms/step)   "
+            f"decode b{big_batch} {r['decode_b32']['tokens_per_s']:8.1f} tok/s ({r['decode_b32']['step_ms']:.2f} ms/step)",
+            flush=True,
+        )
+    s, d = rows["sparse"], rows["dense"]
+    print(
+        f"== summary ({size} random, {dtype}, {short}-token prompts for decode; sparse speed-up over dense)"
+    )
+    print(f"TTFT {short} x{d['ttft_8k_s'] / s['ttft_8k_s']:.2f}   TTFT {long} x{d['ttft_32k_s'] / s['ttft_32k_s']:.2f}   "
+          f"decode b1 x{s['decode_b1']['tokens_per_s'] / d['decode_b1']['tokens_per_s']:.2f}   "
+          f"decode b{big_batch} x{s['decode_b32']['tokens_per_s'] / d['decode_b32']['tokens_per_s']:.2f}")  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"size": size, "cuda_graphs": graphs, **rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
