@@ -6,7 +6,12 @@ import json
 
 import pytest
 import torch
-from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, write_checkpoint
+from helpers_checkpoint import (
+    TINY_HF_CONFIG,
+    random_tensors,
+    single_thread,  # noqa: F401 (a fixture)
+    write_checkpoint,
+)
 from safetensors.torch import save_file
 
 from sparsegen.models import CheckpointError, checkpoint_weight_map, load_checkpoint
