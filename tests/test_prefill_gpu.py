@@ -59,6 +59,14 @@ def _specs() -> list[LayerSpec]:
 SPECS = _specs()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _precompiled():
+    """Build every kernel this module needs in parallel, so the tests load them from disk."""
+    from sparsegen.kernels.prefill import current_arch, precompile
+
+    precompile(SPECS, (torch.bfloat16, torch.float16), arch=current_arch())
+
+
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setenv("SPARSEGEN_POISON_OUTPUT", "1")

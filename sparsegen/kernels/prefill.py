@@ -262,3 +262,21 @@ def triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=
         raise InputError("q has dtype torch.float32; the compiled kernel supports float16 and bfloat16")
     kernel = get_prefill_kernel(layer, dtype=dtype)
     return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
+
+
+def _precompile_one(job: tuple[str, str, str]) -> str:
+    spec_json, dtype_name, arch = job
+    layer = LayerSpec.from_json(spec_json)
+    return get_prefill_kernel(layer, dtype=getattr(torch, dtype_name), arch=arch).key
+
+
+def precompile(layers, dtypes, *, arch: str, workers: int | None = None) -> list[str]:
+    """Build many kernels into the disk cache in parallel processes (Triton compiles on one core)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    names = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+    jobs = [(layer.to_json(), names[dt], arch) for layer in dict.fromkeys(layers) for dt in dtypes]
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
+        return list(pool.map(_precompile_one, jobs))
