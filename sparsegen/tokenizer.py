@@ -164,19 +164,27 @@ class TiktokenTokenizer(_BytesVocabTokenizer):
 
 
 def _special_tokens_for(folder: Path, num_ranks: int) -> dict[str, int]:
-    config = folder / "tokenizer_config.json"
-    if config.is_file():
-        try:
-            added = json.loads(config.read_text()).get("added_tokens_decoder") or {}
-            specials = {v["content"]: int(k) for k, v in added.items()}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise TokenizerError(f"cannot read added_tokens_decoder from {config}: {exc}") from None
-        if specials:
-            return specials
+    """Phi-3-Small's table for a full cl100k file (else names placed right after the ranks),
+    overridden by a tokenizer_config.json `added_tokens_decoder` when the folder has one."""
     if num_ranks == CL100K_NUM_RANKS:
-        return dict(PHI3SMALL_SPECIAL_TOKENS)
-    names = ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
-    return {s: num_ranks + i for i, s in enumerate(names)}
+        specials = dict(PHI3SMALL_SPECIAL_TOKENS)
+    else:
+        names = ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+        specials = {s: num_ranks + i for i, s in enumerate(names)}
+    config = folder / "tokenizer_config.json"
+    if not config.is_file():
+        return specials
+    try:
+        added = json.loads(config.read_text()).get("added_tokens_decoder") or {}
+        added = {v["content"]: int(k) for k, v in added.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise TokenizerError(f"cannot read added_tokens_decoder from {config}: {exc}") from None
+    if not added:
+        return specials
+    if num_ranks != CL100K_NUM_RANKS:
+        return added
+    taken = set(added.values())
+    return {**{s: i for s, i in specials.items() if i not in taken}, **added}
 
 
 def find_tiktoken_file(path: str | Path) -> Path | None:

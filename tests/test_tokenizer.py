@@ -88,3 +88,14 @@ def test_phi3small_special_token_table():
     assert dummies[:6] == (100256, 100258, 100259, 100260, 100264, 100265)
     assert 100257 not in dummies and 100266 not in dummies and 100276 in dummies
     assert len(dummies) == (100352 - 100256) - 5  # every id above the ranks but the five in use
+
+
+def test_cl100k_folder_merges_tokenizer_config_over_the_phi3small_table(tmp_path):
+    from sparsegen.tokenizer import CL100K_NUM_RANKS, _special_tokens_for
+
+    assert _special_tokens_for(tmp_path, CL100K_NUM_RANKS) == PHI3SMALL_SPECIAL_TOKENS
+    added = {"100257": {"content": "<|endoftext|>"}, "100300": {"content": "<|custom|>"}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": added}))
+    specials = _special_tokens_for(tmp_path, CL100K_NUM_RANKS)
+    assert specials["<|custom|>"] == 100300 and specials["<|user|>"] == 100262
+    assert len(set(specials.values())) == len(specials)  # the dummy that held 100300 gave way

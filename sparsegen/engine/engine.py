@@ -143,12 +143,11 @@ class LLMEngine:
         cu_q, cu_k = [0], [0]
         has_prefix = any(c.start > 0 for c in chunks)
         for c in chunks:
-            tokens, pages = c.seq.tokens, c.seq.pages
-            ids += tokens[c.start : c.stop]
-            positions += range(c.start, c.stop)
-            slots += self.cache.slots(pages, c.start, c.stop)
+            ids += c.seq.tokens[c.start : c.stop]
+            positions.append(torch.arange(c.start, c.stop))
+            slots.append(self.cache.slots(c.seq.pages, c.start, c.stop))
             if has_prefix:
-                gather += self.cache.slots(pages, 0, c.stop)
+                gather.append(self.cache.slots(c.seq.pages, 0, c.stop))
             if self._long_rope_after is not None:
                 use_long += self._use_long(c.seq, c.start, c.stop)
             cu_q.append(cu_q[-1] + c.stop - c.start)
@@ -157,17 +156,17 @@ class LLMEngine:
                 last_rows.append(cu_q[-1] - 1)
 
         def t(x, dtype=torch.long):
-            return torch.tensor(x, dtype=dtype, device=dev)
+            return torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)
 
         batch = ForwardBatch(
             is_decode=False,
-            positions=t(positions),
+            positions=torch.cat(positions).to(dev),  # [T]
             use_long_rope=t(use_long, torch.bool) if self._long_rope_after is not None else None,
-            logits_index=t(last_rows),
-            cu_seqlens_q=t(cu_q, torch.int32),
-            cu_seqlens_k=t(cu_k if has_prefix else cu_q, torch.int32),
-            kv_gather=t(gather) if has_prefix else None,
-            slot_mapping=t(slots),
+            logits_index=t(last_rows),  # [rows sampled]
+            cu_seqlens_q=t(cu_q, torch.int32),  # [B+1]
+            cu_seqlens_k=t(cu_k, torch.int32),  # [B+1]
+            kv_gather=torch.cat(gather).to(dev) if has_prefix else None,  # [Tk]
+            slot_mapping=torch.cat(slots).to(dev),  # [T]
         )
         return t(ids), batch
 
@@ -177,21 +176,20 @@ class LLMEngine:
         width = max(len(s.pages) for s in seqs)
         tables = [s.pages + [self.cache.scratch_page] * (width - len(s.pages)) for s in seqs]
         positions = [len(s) - 1 for s in seqs]
+        ps = self.cache.page_size
         use_long = None
         if self._long_rope_after is not None:
-            use_long = torch.tensor(
-                [self._use_long(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)], device=dev
-            )
+            flags = [self._use_long(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)]
+            use_long = torch.tensor(flags, device=dev)
         batch = ForwardBatch(
             is_decode=True,
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),  # [B]
             use_long_rope=use_long,
             slot_mapping=torch.tensor(
-                [self.cache.slots(s.pages, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)],
-                device=dev,
-            ),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor([len(s) for s in seqs], dtype=torch.int32, device=dev),
+                [s.pages[p // ps] * ps + p % ps for s, p in zip(seqs, positions, strict=True)], device=dev
+            ),  # [B]
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),  # [B, max_pages]
+            seq_lens=torch.tensor([len(s) for s in seqs], dtype=torch.int32, device=dev),  # [B]
         )
         ids = torch.tensor([s.tokens[-1] for s in seqs], dtype=torch.long, device=dev)
         return ids, batch

@@ -65,9 +65,16 @@ class KVCache:
         self.page_size = page_size
         self.num_pages = num_pages
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        # k[l], v[l]: [num_pages, page_size, Hkv, D]
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        try:
+            # k[l], v[l]: [num_pages, page_size, Hkv, D]
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        except torch.OutOfMemoryError:
+            need = self.bytes_per_page(num_layers, page_size, num_kv_heads, head_dim, dtype) * num_pages
+            raise CacheOutOfMemory(
+                f"cannot allocate a KV cache of {num_pages} pages ({need / 2**30:.1f} GiB) on {device}; "
+                "ask for fewer pages or less memory"
+            ) from None
         self.scratch_page = num_pages - 1
         self.allocator = PageAllocator(num_pages - 1)
 
@@ -87,7 +94,8 @@ class KVCache:
     def capacity_tokens(self) -> int:
         return self.allocator.capacity * self.page_size
 
-    def slots(self, pages: list[int], start: int, stop: int) -> list[int]:
-        """Flat slots of positions start..stop-1 of a sequence holding `pages`."""
+    def slots(self, pages: list[int], start: int, stop: int) -> torch.Tensor:
+        """[stop - start] int64 flat slots of positions start..stop-1 of a sequence (on the CPU)."""
         ps = self.page_size
-        return [pages[p // ps] * ps + p % ps for p in range(start, stop)]
+        pos = torch.arange(start, stop)
+        return torch.tensor(pages, dtype=torch.long)[pos // ps] * ps + pos % ps

@@ -39,11 +39,13 @@ class Rotary(torch.nn.Module):
         rs = self.config.rope_scaling
         pos = positions.float()
         if rs is None:
-            angles = (pos * self.config.rope_position_scale)[:, None] * self.short_freq[None, :]  # [T, D/2]
+            angles = (pos * self.config.rope_position_scale)[:, None] * self.short_freq.float()[
+                None, :
+            ]  # [T, D/2]
             mscale = None
         else:
-            short = pos[:, None] * self.short_freq[None, :]
-            long = pos[:, None] * self.long_freq[None, :]
+            short = pos[:, None] * self.short_freq.float()[None, :]
+            long = pos[:, None] * self.long_freq.float()[None, :]
             if use_long is None:
                 use_long = torch.zeros_like(positions, dtype=torch.bool)
             angles = torch.where(use_long[:, None], long, short)
