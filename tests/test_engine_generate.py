@@ -134,6 +134,8 @@ def test_request_larger_than_the_cache_is_refused(model):
         LLMEngine(model).add_request([1] * 4096, SamplingParams())
     with pytest.raises(InputError, match="at least one token"):
         LLMEngine(model).add_request([], SamplingParams())
+    with pytest.raises(InputError, match=r"prompt token 272 is not an id of the vocabulary 0\.\.271"):
+        LLMEngine(model).add_request([1, 272], SamplingParams())
 
 
 def test_stops_at_eos_stop_tokens_and_max_tokens(model, prompts, oracle):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import InputError
 from ..models.batch import ForwardBatch
 from ..models.phi3small import Phi3SmallForCausalLM
 from .kv_cache import KVCache
@@ -121,6 +122,10 @@ class LLMEngine:
     def add_request(
         self, prompt_ids: list[int], params: SamplingParams, index: int | None = None
     ) -> Sequence:
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise InputError(f"prompt token {bad[0]!r} is not an id of the vocabulary 0..{vocab - 1}")
         seq = self.scheduler.add(list(prompt_ids), params)
         self._index[seq.seq_id] = seq.seq_id if index is None else index
         return seq
@@ -234,9 +239,10 @@ class LLMEngine:
                 seq.t_first_token = now
             seq.t_last_token = now
             reason = self._finish_reason(seq, token)
+            events.append(TokenEvent(self._index[seq.seq_id], token, reason))
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-            events.append(TokenEvent(self._index[seq.seq_id], token, reason))
+                del self._index[seq.seq_id]
         return events
 
     # -- whole requests -------------------------------------------------------------------------
