@@ -101,9 +101,8 @@ class ByteTokenizer(_BytesVocabTokenizer):
             if not 256 <= i < vocab_size:
                 raise TokenizerError(f"special token {text!r} has id {i}, outside 256..{vocab_size - 1}")
             self._vocab[i] = text.encode()
-        self._split = re.compile(
-            "(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")"
-        )
+        named = sorted((s for s in specials if "dummy_id" not in s), key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, named)) + ")")  # dummies never come from text
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
