@@ -179,3 +179,14 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(model, prompts):
         .generate([prompts[2]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
         .output_ids
     )
+
+
+def test_page_boundaries_and_one_token_prompts(model):
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (1, 16, 32, 33)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    got = [
+        r.output_ids
+        for r in LLMEngine(model, page_size=16, max_num_batched_tokens=16).generate(prompts, params)
+    ]
+    assert got == [full_recompute_greedy(model, p, 20) for p in prompts]
