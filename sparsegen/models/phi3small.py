@@ -20,6 +20,11 @@ from .rope import Rotary
 
 KVCacheLayer = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_pages, page_size, Hkv, D]
 
+# attn_impl -> (prefill impl, decode impl) passed to sparsegen.prefill / sparsegen.paged_decode.
+# None picks per device (kernels on a GPU, the reference on a CPU); "triton" forces the generated
+# prefill kernel (also under TRITON_INTERPRET=1 on a CPU) and lets decode pick per device.
+ATTN_IMPLS = {None: (None, None), "reference": ("reference", "reference"), "triton": ("triton", None)}
+
 
 def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
     """Each layer's LayerSpec from the config's blocksparse_* fields (or all dense)."""
@@ -67,7 +72,7 @@ class Attention(nn.Module):
         sin: torch.Tensor,  # [T, D]
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
-        impl: str | None,
+        impl: tuple[str | None, str | None],  # (prefill impl, decode impl) for sparsegen.ops
     ) -> torch.Tensor:  # [T, hidden]
         t = x.shape[0]
         h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
@@ -90,7 +95,7 @@ class Attention(nn.Module):
                 batch.seq_lens,
                 self.layer,
                 scale=self.scale,
-                impl=impl,
+                impl=impl[1],
             )
         else:
             if batch.kv_gather is not None:
@@ -106,7 +111,7 @@ class Attention(nn.Module):
                 batch.cu_seqlens_k,
                 self.layer,
                 scale=self.scale,
-                impl=impl,
+                impl=impl[0],
             )
         return self.dense(out.reshape(t, h * d))
 
@@ -156,11 +161,12 @@ class Phi3SmallForCausalLM(nn.Module):
         dummy_token_indices: tuple[int, ...] = (),
     ):
         super().__init__()
-        if attn_impl not in (None, "reference"):
-            raise ValueError(f"attn_impl must be None (pick per device) or 'reference', got {attn_impl!r}")
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {tuple(ATTN_IMPLS)}, got {attn_impl!r}")
         self.config = config
         self.spec = model_spec(config, force_dense)
         self.attn_impl = attn_impl
+        self._impls = ATTN_IMPLS[attn_impl]
         self.model = Phi3SmallModel(config, self.spec)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = Rotary(config)
@@ -203,7 +209,7 @@ class Phi3SmallForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids) * cfg.mup_embedding_multiplier  # [T, hidden]
         cos, sin = self.rotary.cos_sin(batch.positions, batch.use_long_rope)  # [T, D]
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch, kv_caches[i] if kv_caches is not None else None, self.attn_impl)
+            x = layer(x, cos, sin, batch, kv_caches[i] if kv_caches is not None else None, self._impls)
         if batch.logits_index is not None:
             x = x[batch.logits_index]
         x = self.model.final_layernorm(x)
