@@ -1,0 +1,119 @@
+"""The prefill kernel cache: keys, races, corrupt entries, DISABLE_JIT, AOT builds without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import sparsegen
+from sparsegen import HeadSpec, JitDisabledError, LayerSpec
+from sparsegen.jit import cache, triton_build
+from sparsegen.kernels import prefill as prefill_mod
+
+SMALL = LayerSpec(
+    num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(block_size=16, local_blocks=2),) * 2
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(root))
+    monkeypatch.setenv("SPARSEGEN_QUIET", "1")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("SPARSEGEN_DISABLE_JIT", raising=False)
+    prefill_mod.forget()
+    yield root
+    prefill_mod.forget()
+
+
+def _key(template=b"t", spec=SMALL, extra=None):
+    return cache.make_key("n", spec_json=spec.to_json(), template=template, arch="sm_90", extra=extra)
+
+
+def test_key_changes_with_template_spec_and_versions(monkeypatch):
+    base = _key()
+    assert _key(template=b"u") != base  # one template byte
+    other = LayerSpec(2, 1, 64, (HeadSpec(block_size=16, local_blocks=3),) * 2)
+    assert _key(spec=other) != base
+    assert _key(extra={"a": 1, "b": 2}) == _key(extra={"b": 2, "a": 1})  # dict order is irrelevant
+    versions = dict(cache.toolchain_versions())
+    monkeypatch.setattr(cache, "toolchain_versions", lambda: {**versions, "triton": "0.0.0"})
+    assert _key() != base
+
+
+def test_prefill_key_pins_template_and_config():
+    kernel = prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
+    assert kernel.key.startswith("prefill_fp16_hd64_h2kv1_bs16_l2-")
+    meta = json.loads((kernel.path / "manifest.json").read_text())["meta"]
+    assert meta["config"] == triton_build.pick_config("fp16", 64, "sm_90")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_aot_compile_phi3small_without_gpu(arch):
+    for layer, _ in sparsegen.get_pattern("phi3small").distinct_layers():
+        kernel = sparsegen.get_kernel(layer, "prefill", dtype=torch.bfloat16, arch=arch)
+        assert kernel.status == "compiled"
+        meta = json.loads((kernel.path / "prefill_kernel.json").read_text())
+        assert meta["target"]["arch"] == int(arch[3:])
+        assert (kernel.path / "prefill_kernel.cubin").stat().st_size > 1000
+        assert "def prefill_kernel" in kernel.source
+
+
+def test_repeated_get_kernel_is_fast():
+    kernel = sparsegen.get_kernel(SMALL, "prefill", dtype=torch.float16, arch="sm_90")
+    n = 2000
+    start = time.perf_counter()
+    for _ in range(n):
+        assert sparsegen.get_kernel(SMALL, "prefill", dtype=torch.float16, arch="sm_90") is kernel
+    assert (time.perf_counter() - start) / n < 20e-6
+
+
+def test_truncated_entry_is_rebuilt():
+    kernel = prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
+    cubin = kernel.path / "prefill_kernel.cubin"
+    cubin.write_bytes(cubin.read_bytes()[:100])
+    prefill_mod.forget()
+    again = prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
+    assert again.status == "compiled" and cubin.stat().st_size > 1000
+
+
+def test_disable_jit_raises_on_miss_and_works_after_compile(monkeypatch):
+    monkeypatch.setenv("SPARSEGEN_DISABLE_JIT", "1")
+    with pytest.raises(JitDisabledError, match="sparsegen compile"):
+        prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
+    monkeypatch.delenv("SPARSEGEN_DISABLE_JIT")
+    prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
+    prefill_mod.forget()
+    monkeypatch.setenv("SPARSEGEN_DISABLE_JIT", "1")
+    assert prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90").status == "cached"
+
+
+RACE = """
+import torch, sparsegen
+from sparsegen import HeadSpec, LayerSpec
+layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(block_size=32, sliding_window=50),) * 2)
+print(sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90").status)
+"""
+
+
+def test_four_processes_racing_build_once(_fresh_cache):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in results]
+    statuses = sorted(out.strip() for out, _ in results)
+    assert statuses == ["cached", "cached", "cached", "compiled"]
+    assert len([p for p in _fresh_cache.iterdir() if p.is_dir()]) == 1
