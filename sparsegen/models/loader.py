@@ -30,13 +30,15 @@ def empty_model(
     attn_impl: str | None = None,
     dummy_token_indices: tuple[int, ...] = (),
 ) -> Phi3SmallForCausalLM:
-    """A model with uninitialised weights on `device` (built on the meta device: no init cost)."""
-    with torch.device("meta"):
-        model = Phi3SmallForCausalLM(
-            config, force_dense=force_dense, attn_impl=attn_impl, dummy_token_indices=dummy_token_indices
-        )
-    model = model.to(dtype=dtype).to_empty(device=device)
-    model.reset_buffers(device)
+    """A model with allocated, uninitialised weights on `device` (no init cost)."""
+    model = Phi3SmallForCausalLM(
+        config,
+        force_dense=force_dense,
+        attn_impl=attn_impl,
+        dummy_token_indices=dummy_token_indices,
+        device=device,
+        dtype=dtype,
+    )
     return model.eval().requires_grad_(False)
 
 

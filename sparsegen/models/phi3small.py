@@ -50,8 +50,27 @@ def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
     return gate * torch.sigmoid(1.702 * gate) * (linear + 1.0)
 
 
+class _NoInit:
+    """Parameters are allocated, never initialised: the loader or `random_model` fills each one.
+
+    (Building on the meta device instead would run torch's Python init refs, which import
+    torch._dynamo and with it Triton, before a test can turn on TRITON_INTERPRET.)
+    """
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Linear(_NoInit, nn.Linear):
+    pass
+
+
+class Embedding(_NoInit, nn.Embedding):
+    pass
+
+
 class Attention(nn.Module):
-    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec):
+    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, fk: dict):
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -62,8 +81,8 @@ class Attention(nn.Module):
         self.group = config.group_size
         self.scale = config.attention_scale
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        self.query_key_value = nn.Linear(config.hidden_size, qkv_out, bias=True)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=True)
+        self.query_key_value = Linear(config.hidden_size, qkv_out, bias=True, **fk)
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=True, **fk)
 
     def forward(
         self,
@@ -117,24 +136,24 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: Phi3SmallConfig):
+    def __init__(self, config: Phi3SmallConfig, fk: dict):
         super().__init__()
         self.limit = config.gegelu_limit
-        self.up_proj = nn.Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True)
-        self.down_proj = nn.Linear(config.ff_intermediate_size, config.hidden_size, bias=True)
+        self.up_proj = Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True, **fk)
+        self.down_proj = Linear(config.ff_intermediate_size, config.hidden_size, bias=True, **fk)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(gegelu(self.up_proj(x), self.limit))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec):
+    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, fk: dict):
         super().__init__()
         eps = config.layer_norm_epsilon
-        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
-        self.self_attn = Attention(config, layer)
-        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
-        self.mlp = MLP(config)
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=eps, **fk)
+        self.self_attn = Attention(config, layer, fk)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=eps, **fk)
+        self.mlp = MLP(config, fk)
 
     def forward(self, x, cos, sin, batch, kv_cache, impl):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv_cache, impl)
@@ -142,11 +161,11 @@ class DecoderLayer(nn.Module):
 
 
 class Phi3SmallModel(nn.Module):
-    def __init__(self, config: Phi3SmallConfig, spec: ModelSpec):
+    def __init__(self, config: Phi3SmallConfig, spec: ModelSpec, fk: dict):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, layer) for layer in spec.layers)
-        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, **fk)
+        self.layers = nn.ModuleList(DecoderLayer(config, layer, fk) for layer in spec.layers)
+        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon, **fk)
 
 
 class Phi3SmallForCausalLM(nn.Module):
@@ -159,6 +178,8 @@ class Phi3SmallForCausalLM(nn.Module):
         force_dense: bool = False,
         attn_impl: str | None = None,
         dummy_token_indices: tuple[int, ...] = (),
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
         super().__init__()
         if attn_impl not in ATTN_IMPLS:
@@ -167,15 +188,17 @@ class Phi3SmallForCausalLM(nn.Module):
         self.spec = model_spec(config, force_dense)
         self.attn_impl = attn_impl
         self._impls = ATTN_IMPLS[attn_impl]
-        self.model = Phi3SmallModel(config, self.spec)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = Rotary(config)
+        fk = {"device": device, "dtype": dtype}
+        self.model = Phi3SmallModel(config, self.spec, fk)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, **fk)
+        self.rotary = Rotary(config, device)
         dummies = (
             config.dummy_token_indices if config.dummy_token_indices is not None else dummy_token_indices
         )
         dummies = sorted({i for i in dummies if 0 <= i < config.vocab_size})
-        self._dummy_list = tuple(dummies)
-        self.register_buffer("dummy_ids", torch.tensor(dummies, dtype=torch.long), persistent=False)
+        self.register_buffer(
+            "dummy_ids", torch.tensor(dummies, dtype=torch.long, device=device), persistent=False
+        )
 
     def set_force_dense(self, force_dense: bool) -> None:
         """Switch every layer between its own spec and a dense one (same weights)."""
@@ -193,11 +216,6 @@ class Phi3SmallForCausalLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
-
-    def reset_buffers(self, device: torch.device | str) -> None:
-        """Recompute the non-checkpoint buffers (after building on the meta device)."""
-        self.rotary = Rotary(self.config).to(device)
-        self.dummy_ids = torch.tensor(self._dummy_list, dtype=torch.long, device=device)
 
     def forward(
         self,

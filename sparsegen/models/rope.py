@@ -16,7 +16,7 @@ from .config import Phi3SmallConfig
 
 
 class Rotary(torch.nn.Module):
-    def __init__(self, config: Phi3SmallConfig):
+    def __init__(self, config: Phi3SmallConfig, device: torch.device | str | None = None):
         super().__init__()
         d = config.head_dim
         self.config = config
@@ -28,8 +28,8 @@ class Rotary(torch.nn.Module):
             short = base_freq / torch.tensor(rs.short_factor, dtype=torch.float64)
             long = base_freq / torch.tensor(rs.long_factor, dtype=torch.float64)
         # Not part of the checkpoint (`rotary_emb.inv_freq` there is skipped by the loader).
-        self.register_buffer("short_freq", short.float(), persistent=False)  # [D/2]
-        self.register_buffer("long_freq", long.float(), persistent=False)  # [D/2]
+        self.register_buffer("short_freq", short.float().to(device), persistent=False)  # [D/2]
+        self.register_buffer("long_freq", long.float().to(device), persistent=False)  # [D/2]
 
     def cos_sin(
         self,
