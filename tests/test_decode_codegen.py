@@ -68,7 +68,7 @@ def test_heads_per_block():
 
 def test_num_splits_heuristic():
     assert dec.num_splits(8, 128 * 1024, 132) >= 100  # batch 1 at 128K fills the GPU
-    assert dec.num_splits(512, 8192, 132) <= 3
+    assert 4 <= dec.num_splits(512, 8192, 132) <= 16
     assert dec.num_splits(8, 64, 132) == 1  # one tile: nothing to split
 
 

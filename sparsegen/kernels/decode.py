@@ -198,9 +198,13 @@ def _sm_count(device: torch.device) -> int:
 
 
 def num_splits(rows: int, max_context: int, sm_count: int) -> int:
-    """Split-KV count from shapes only: about 8 blocks per SM in all, at least 4 tiles per split."""
+    """Split-KV count from shapes only: about 32 blocks per SM in all, at least 4 tiles per split.
+
+    Tuned on an H200 (benchmarks/decode_notes.md): the kernel is latency-bound, so more blocks
+    in flight pay until each split has only a few tiles left.
+    """
     tiles = -(-max_context // TILE)
-    want = -(-8 * sm_count // max(rows, 1))
+    want = -(-32 * sm_count // max(rows, 1))
     return max(1, min(want, tiles // 4, 256))
 
 
