@@ -83,11 +83,14 @@ def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
 
 def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) -> list[list[int]]:
     texts = list(prompt)
+    file_texts = []
     if prompts_file is not None:
-        texts_from_file = [line.rstrip("\n") for line in Path(prompts_file).read_text().splitlines()]
-        file_texts = [t for t in texts_from_file if t.strip()]
-    else:
-        file_texts = []
+        try:
+            file_texts = [t for t in Path(prompts_file).read_text().splitlines() if t.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(
+                f"cannot read {prompts_file}: {exc}", param_hint="'--prompts-file'"
+            ) from None
     if (texts or file_texts) and tokenizer is None:
         raise click.UsageError(
             "this checkpoint has no .tiktoken file: pass --prompt-ids, or --tokenizer FILE"
@@ -131,7 +134,12 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) ->
 @click.option(
     "--dtype", type=click.Choice(list(DTYPES)), default=None, help="Default: bf16 on GPU, fp32 on CPU."
 )
-@click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is generated.")
+@click.option(
+    "--stream/--no-stream",
+    default=True,
+    show_default=True,
+    help="Print text as it is generated (single prompt, no --json).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt, in input order.")
 @click.option("--force-dense", is_flag=True, help="Run every layer with a dense spec (for comparison).")
 @click.option(
