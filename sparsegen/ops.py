@@ -34,8 +34,13 @@ def _check_impl(impl: str | None, allowed: tuple[str, ...]) -> None:
         raise InputError(f"impl must be one of {(None, *allowed)}, got {impl!r}")
 
 
-def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *, impl=None):
-    """Block-sparse varlen prefill. q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]."""
+def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *, impl=None, check=True):
+    """Block-sparse varlen prefill. q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D].
+
+    check=False lets the compiled kernel skip reading cu_seqlens on the host (no device sync,
+    for callers that built them, like the engine); dtypes, shapes and strides are still checked.
+    The reference always checks everything.
+    """
     _check_impl(impl, ("triton", "reference"))
     if impl is None:
         on_gpu = isinstance(q, torch.Tensor) and gpu_capable(q.device)
@@ -49,7 +54,7 @@ def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *
         )
     from .kernels.prefill import triton_prefill
 
-    return triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
+    return triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, check=check)
 
 
 def paged_decode(

@@ -59,22 +59,25 @@ def check_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total
     """Offsets start at 0, never decrease, end at the totals, and q_len <= k_len per sequence."""
     _check_int32_vector("cu_seqlens_q", cu_q)
     _check_int32_vector("cu_seqlens_k", cu_k)
+    if cu_q.device != cu_k.device:
+        raise InputError(f"cu_seqlens_k is on {cu_k.device} but cu_seqlens_q is on {cu_q.device}")
     if cu_q.shape[0] < 2 or cu_q.shape != cu_k.shape:
         raise InputError(
             f"cu_seqlens_q and cu_seqlens_k must both be [B+1] with B >= 1, got "
             f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}"
         )
-    for name, cu, total in (("cu_seqlens_q", cu_q, total_q), ("cu_seqlens_k", cu_k, total_k)):
-        vals = cu.tolist()
+    both = torch.cat([cu_q, cu_k]).tolist()  # one device->host copy for both
+    n = cu_q.shape[0]
+    vals_q, vals_k = both[:n], both[n:]
+    for name, vals, total in (("cu_seqlens_q", vals_q, total_q), ("cu_seqlens_k", vals_k, total_k)):
         if vals[0] != 0:
             raise InputError(f"{name}[0] must be 0, got {vals[0]}")
         if vals[-1] != total:
             raise InputError(f"{name}[-1] is {vals[-1]} but the tensor has {total} tokens")
         if any(b < a for a, b in zip(vals, vals[1:])):
             raise InputError(f"{name} must be non-decreasing, got {vals}")
-    lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
-    lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
-    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+    for b in range(n - 1):
+        lq, lk = vals_q[b + 1] - vals_q[b], vals_k[b + 1] - vals_k[b]
         if lq > lk:
             raise InputError(f"sequence {b} has q_len {lq} > k_len {lk}; queries must be the last keys")
 

@@ -59,25 +59,44 @@ def measure_ceilings() -> Ceilings:
     return Ceilings(copy_tb_s=copy, matmul_tflop_s=2 * m**3 / (mm_ms * 1e-3) / 1e12)
 
 
-def head_params(layer: LayerSpec, device) -> dict[str, torch.Tensor]:
-    """Per-head pattern numbers as [H] int tensors, for mask functions indexed by head."""
-    fields = ("block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window", "dense")
-    return {f: torch.tensor([int(getattr(h, f)) for h in layer.heads], device=device) for f in fields}
-
-
 def flex_mask_mod(layer: LayerSpec, n_q: int, n_k: int, device):
-    """A FlexAttention mask_mod equal to DESIGN §1 (queries are the last n_q of n_k positions)."""
-    p = head_params(layer, device)
+    """A FlexAttention mask_mod equal to DESIGN §1 (queries are the last n_q of n_k positions).
+
+    Fields shared by every head become Python constants, so FlexAttention's generated kernel
+    does plain integer arithmetic; only fields that differ per head are looked up by head index.
+    """
+    names = ("block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window", "dense")
+    per_head = {}
+    for name in names:
+        values = [int(getattr(h, name)) for h in layer.heads]
+        per_head[name] = values[0] if len(set(values)) == 1 else torch.tensor(values, device=device)
     shift = n_k - n_q
+
+    def field(name, h):
+        value = per_head[name]
+        return value[h] if isinstance(value, torch.Tensor) else value
 
     def mask_mod(b, h, q_idx, kv_idx):
         i, j = q_idx + shift, kv_idx
-        bs = p["block_size"][h]
-        stride = p["vert_stride"][h]
-        local = (i // bs - j // bs) < p["local_blocks"][h]
-        vert = (stride > 0) & ((j // bs + p["vert_offset"][h] + 1) % stride.clamp(min=1) == 0)
-        window = (i - j) < p["sliding_window"][h]
-        return (j <= i) & ((p["dense"][h] > 0) | local | vert | window)
+        causal = j <= i
+        dense = field("dense", h)
+        if isinstance(dense, int) and dense:
+            return causal
+        bs = field("block_size", h)
+        seen = (i - j) < field("sliding_window", h)
+        local = field("local_blocks", h)
+        if not isinstance(local, int) or local:
+            seen = seen | ((i // bs - j // bs) < local)
+        stride = field("vert_stride", h)
+        if not isinstance(stride, int):
+            seen = seen | (
+                (stride > 0) & ((j // bs + field("vert_offset", h) + 1) % stride.clamp(min=1) == 0)
+            )
+        elif stride:
+            seen = seen | ((j // bs + field("vert_offset", h) + 1) % stride == 0)
+        if not isinstance(dense, int):
+            seen = seen | (dense > 0)
+        return causal & seen
 
     return mask_mod
 

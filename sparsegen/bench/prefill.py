@@ -1,7 +1,9 @@
 """Prefill benchmark: sparsegen's Triton kernel vs dense causal SDPA and FlexAttention.
 
-Batch 1, bf16. The floor is the useful FLOPs (4 * D * visible pairs, summed over heads) at
-the matmul rate measured in the same run.
+Batch 1, bf16. Two sparsegen times: the kernel alone (`check=False`: no host read of
+cu_seqlens) and the public `sparsegen.prefill` (validates cu_seqlens on the host first). The
+floor is the useful FLOPs (4 * D * visible pairs, summed over heads) at the matmul rate
+measured in the same run. sparsegen's output is checked against FlexAttention's.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..kernels.prefill import get_prefill_kernel
 from ..layout import density
 from ..spec import LayerSpec
+from ..testing import rel_err
 from .common import Ceilings, flex_mask_mod, median_ms
 
 
@@ -19,33 +23,47 @@ def visible_pairs(layer: LayerSpec, seq_len: int) -> float:
     return float(density(layer, seq_len).sum()) * causal
 
 
-def bench_case(layer: LayerSpec, seq_len: int, ceilings: Ceilings, *, flex: bool = True) -> dict:
+def inputs(layer: LayerSpec, seq_len: int, dtype=torch.bfloat16):
+    """Random q [S, H, D], k and v [S, Hkv, D], and cu_seqlens [0, S] on the GPU."""
     h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     gen = torch.Generator(device="cuda").manual_seed(seq_len)
-    q = torch.randn(seq_len, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)  # q: [S, H, D]
-    k = torch.randn(seq_len, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)  # k: [S, Hkv, D]
-    v = torch.randn(seq_len, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(seq_len, h, d, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(seq_len, hkv, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(seq_len, hkv, d, device="cuda", dtype=dtype, generator=gen)
     cu = torch.tensor([0, seq_len], dtype=torch.int32, device="cuda")
-    ops.prefill(q, k, v, cu, cu, layer, impl="triton")  # compile/load outside the timing
-    row = {"seq_len": seq_len}
-    row["sparsegen_ms"] = median_ms(lambda: ops.prefill(q, k, v, cu, cu, layer, impl="triton"))
+    return q, k, v, cu
 
+
+def bench_case(layer: LayerSpec, seq_len: int, ceilings: Ceilings, *, flex: bool = True) -> dict:
+    q, k, v, cu = inputs(layer, seq_len)
+    kernel = get_prefill_kernel(layer, dtype=torch.bfloat16)  # compile/load outside the timing
+    out = kernel(q, k, v, cu, cu)
+    row: dict = {"seq_len": seq_len}
+    row["sparsegen_ms"] = median_ms(lambda: kernel(q, k, v, cu, cu, check=False))
+    row["sparsegen_api_ms"] = median_ms(lambda: ops.prefill(q, k, v, cu, cu, layer, impl="triton"))
     qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H|Hkv, S, D]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     row["sdpa_dense_ms"] = median_ms(lambda: sdpa(qt, kt, vt, is_causal=True, enable_gqa=True))
     if flex:
-        row["flex_ms"] = _flex_ms(layer, qt, kt, vt, seq_len)
+        try:
+            ms, flex_out = _flex(layer, qt, kt, vt, seq_len)
+            row["flex_ms"] = ms
+            row["rel_err_vs_flex"] = rel_err(out, flex_out[0].transpose(0, 1))
+        except Exception as exc:  # noqa: BLE001 - the other columns still count
+            row["flex_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     pairs = visible_pairs(layer, seq_len)
-    row["floor_ms"] = 4 * d * pairs / (ceilings.matmul_tflop_s * 1e12) * 1e3
-    row["useful_tflop_s"] = 4 * d * pairs / (row["sparsegen_ms"] * 1e-3) / 1e12
+    row["floor_ms"] = 4 * layer.head_dim * pairs / (ceilings.matmul_tflop_s * 1e12) * 1e3
+    row["useful_tflop_s"] = 4 * layer.head_dim * pairs / (row["sparsegen_ms"] * 1e-3) / 1e12
     return row
 
 
-def _flex_ms(layer: LayerSpec, qt, kt, vt, seq_len: int) -> float:
+def _flex(layer: LayerSpec, qt, kt, vt, seq_len: int):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     mask_mod = flex_mask_mod(layer, seq_len, seq_len, "cuda")
-    block_mask = create_block_mask(mask_mod, None, layer.num_heads, seq_len, seq_len, device="cuda")
+    block_mask = torch.compile(create_block_mask)(
+        mask_mod, None, layer.num_heads, seq_len, seq_len, device="cuda"
+    )
     flex = torch.compile(flex_attention)
-    flex(qt, kt, vt, block_mask=block_mask, enable_gqa=True)
-    return median_ms(lambda: flex(qt, kt, vt, block_mask=block_mask, enable_gqa=True))
+    out = flex(qt, kt, vt, block_mask=block_mask, enable_gqa=True)
+    return median_ms(lambda: flex(qt, kt, vt, block_mask=block_mask, enable_gqa=True)), out

@@ -253,7 +253,9 @@ def get_prefill_kernel(layer: LayerSpec, *, dtype, arch: str | None = None) -> P
     return kernel
 
 
-def triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None) -> torch.Tensor:
+def triton_prefill(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *, check: bool = True
+) -> torch.Tensor:
     """`sparsegen.prefill(..., impl="triton")`: q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]."""
     if not isinstance(q, torch.Tensor):
         raise InputError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -261,7 +263,7 @@ def triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=
     if dtype == torch.float32 and not _interpreting():
         raise InputError("q has dtype torch.float32; the compiled kernel supports float16 and bfloat16")
     kernel = get_prefill_kernel(layer, dtype=dtype)
-    return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
+    return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, check=check)
 
 
 def _precompile_one(job: tuple[str, str, str]) -> str:
