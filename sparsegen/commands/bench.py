@@ -23,8 +23,15 @@ def _sparse_layer(model: ModelSpec):
 @click.option("--kind", type=click.Choice(["prefill", "decode", "all"]), default="all", show_default=True)
 @click.option("--max-seq-len", type=int, default=131072, show_default=True, help="Skip longer cases.")
 @click.option("--no-flex", is_flag=True, help="Skip FlexAttention (its compile takes a while per shape).")
+@click.option(
+    "--flex-max-seq-len",
+    type=int,
+    default=32768,
+    show_default=True,
+    help="Run FlexAttention only up to this length (each new shape recompiles it).",
+)
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None, help="Write JSON here.")
-def command(kind: str, max_seq_len: int, no_flex: bool, out: str | None) -> None:
+def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, out: str | None) -> None:
     """Time sparsegen's kernels against dense SDPA and FlexAttention on Phi-3-Small shapes.
 
     Ratios come from one process on one GPU; the ceilings (copy bandwidth, bf16 matmul) are
@@ -34,6 +41,9 @@ def command(kind: str, max_seq_len: int, no_flex: bool, out: str | None) -> None
         raise click.UsageError("sparsegen bench needs a CUDA GPU")
     from ..bench import decode, prefill
     from ..bench.common import format_table, measure_ceilings
+
+    def flex(seq: int) -> bool:
+        return not no_flex and seq <= flex_max_seq_len
 
     ceilings = measure_ceilings()
     gpu = torch.cuda.get_device_name()
@@ -51,7 +61,7 @@ def command(kind: str, max_seq_len: int, no_flex: bool, out: str | None) -> None
         for pattern, seq in PREFILL_CASES:
             if seq > max_seq_len:
                 continue
-            row = prefill.bench_case(_sparse_layer(get_pattern(pattern)), seq, ceilings, flex=not no_flex)
+            row = prefill.bench_case(_sparse_layer(get_pattern(pattern)), seq, ceilings, flex=flex(seq))
             row["pattern"] = pattern
             result["prefill"].append(row)
             click.echo(json.dumps(row))
@@ -75,6 +85,7 @@ def command(kind: str, max_seq_len: int, no_flex: bool, out: str | None) -> None
                 r["pattern"],
                 r["seq_len"],
                 r["sparsegen_ms"],
+                r["sparsegen_api_ms"],
                 r["sdpa_dense_ms"],
                 r.get("flex_ms", float("nan")),
                 r["floor_ms"],
@@ -86,7 +97,18 @@ def command(kind: str, max_seq_len: int, no_flex: bool, out: str | None) -> None
         ]
         click.echo(
             format_table(
-                ["prefill", "seq", "sg_ms", "sdpa_ms", "flex_ms", "floor_ms", "x_sdpa", "x_flex", "of_floor"],
+                [
+                    "prefill",
+                    "seq",
+                    "sg_ms",
+                    "api_ms",
+                    "sdpa_ms",
+                    "flex_ms",
+                    "floor_ms",
+                    "x_sdpa",
+                    "x_flex",
+                    "of_floor",
+                ],
                 rows,
             )
         )
