@@ -22,6 +22,17 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def interpreter_usable() -> bool:
+    """TRITON_INTERPRET=1 only takes effect if it was set before Triton was first imported:
+    Triton decorates its own library functions at import time."""
+    if not interpreter_enabled():
+        return False
+    import triton.language.standard as standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(standard.sigmoid, InterpretedFunction)
+
+
 def gpu_capable(device: torch.device) -> bool:
     """A CUDA device of compute capability 8.0 or newer."""
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -47,11 +58,17 @@ def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *
         impl = "triton" if on_gpu and q.dtype in (torch.float16, torch.bfloat16) else "reference"
     if impl == "reference":
         return reference.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
-    if isinstance(q, torch.Tensor) and not gpu_capable(q.device) and not interpreter_enabled():
-        raise ImplUnavailableError(
-            f"impl='triton' needs q on a CUDA GPU of sm_80 or newer (q is on {q.device}); "
-            "on a CPU set TRITON_INTERPRET=1 to run the generated kernel in Triton's interpreter"
-        )
+    if isinstance(q, torch.Tensor) and not gpu_capable(q.device):
+        if not interpreter_enabled():
+            raise ImplUnavailableError(
+                f"impl='triton' needs q on a CUDA GPU of sm_80 or newer (q is on {q.device}); "
+                "on a CPU set TRITON_INTERPRET=1 to run the generated kernel in Triton's interpreter"
+            )
+        if not interpreter_usable():
+            raise ImplUnavailableError(
+                "TRITON_INTERPRET=1 was set after Triton was imported in this process, so Triton's "
+                "interpreter is not active; set it in the environment before starting Python"
+            )
     from .kernels.prefill import triton_prefill
 
     return triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, check=check)

@@ -176,3 +176,16 @@ def test_dispatch_without_gpu(monkeypatch):
         sg.paged_decode(*problem.args(), impl="cuda")
     with pytest.raises(InputError, match="impl"):
         sg.prefill(q, k, k, cu, cu, layer, impl="cuda")
+
+
+def test_interpreter_set_too_late_is_a_clear_error(monkeypatch):
+    import triton  # noqa: F401 - imported without TRITON_INTERPRET, as in this test process
+
+    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(dense=True),) * 2)
+    q, k = torch.randn(4, 2, 64, dtype=torch.float16), torch.randn(4, 1, 64, dtype=torch.float16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if sg.ops.interpreter_usable():
+        pytest.skip("this process started with TRITON_INTERPRET=1, so the interpreter is active")
+    with pytest.raises(sg.ImplUnavailableError, match="after Triton was imported"):
+        sg.prefill(q, k, k, cu, cu, layer, impl="triton")
