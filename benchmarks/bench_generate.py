@@ -30,7 +30,7 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 def sync() -> None:
     if torch.cuda.is_available():
-        sync()
+        torch.cuda.synchronize()
 
 
 def new_engine(model, graphs: bool) -> LLMEngine:
