@@ -42,6 +42,12 @@ timeout "$BENCH_TIMEOUT" python3 -m sparsegen.cli bench --kind all --out "$OUT/b
 echo "bench rc=${PIPESTATUS[0]}" >> "$summary"
 grep -A 40 '^== summary' "$OUT/bench.log" >> "$summary"
 
+echo "== end-to-end generate (7b random weights, sparse vs every layer dense)"
+timeout "${GEN_TIMEOUT:-240}" python3 benchmarks/bench_generate.py --quick --out "$OUT/generate.json" 2>&1 | tee "$OUT/generate.log" | tail -n 8
+echo "generate rc=${PIPESTATUS[0]}" >> "$summary"
+grep -A 2 '^== summary' "$OUT/generate.log" >> "$summary"
+grep -E '^(sparse|dense) ' "$OUT/generate.log" >> "$summary"
+
 echo
 echo "================ SUMMARY ================"
 cat "$summary"
