@@ -19,6 +19,9 @@ pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
 BF16 = torch.bfloat16
+# Each engine sizes its cache from free GPU memory unless told: tests that build several engines
+# in one process give each a fixed budget, so the first does not starve the next.
+TINY_KV = 256 << 20
 
 
 def tiny_config(block_size: int):
@@ -73,8 +76,8 @@ def test_engine_bf16_matches_reference_for_the_first_steps(use_graphs):
     ref = random_model(cfg, device=DEV, dtype=BF16, seed=1, attn_impl="reference")
     prompts = _prompts([700, 530, 901], seed=1)
     params = SamplingParams(max_tokens=16, ignore_eos=True)
-    fast = LLMEngine(kern, max_num_batched_tokens=256, use_cuda_graphs=use_graphs)  # chunked prefill
-    slow = LLMEngine(ref, use_cuda_graphs=False)
+    fast = LLMEngine(kern, kv_cache_bytes=TINY_KV, max_num_batched_tokens=256, use_cuda_graphs=use_graphs)  # chunked prefill
+    slow = LLMEngine(ref, kv_cache_bytes=TINY_KV, use_cuda_graphs=False)
     rec_fast, rec_slow = _Recorder(fast), _Recorder(slow)
     got = fast.generate(prompts, params)
     want = slow.generate(prompts, params)
@@ -91,8 +94,8 @@ def test_cuda_graphs_equal_eager_decode():
     model = random_model(cfg, device=DEV, dtype=BF16, seed=2)
     prompts = _prompts([64 * 20 + 7, 100, 3000], seed=2)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    eager = LLMEngine(model, use_cuda_graphs=False)
-    graphed = LLMEngine(model, use_cuda_graphs=True)
+    eager = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=False)
+    graphed = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)
     rec_e, rec_g = _Recorder(eager), _Recorder(graphed)
     a = [r.output_ids for r in eager.generate(prompts, params)]
     b = [r.output_ids for r in graphed.generate(prompts, params)]
