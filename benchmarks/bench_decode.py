@@ -6,23 +6,34 @@ Per case (batch x context, bf16, 32 heads / 8 KV heads / d 128, page 16, shuffle
 dense SDPA over contiguous K/V of the same size, sparsegen's kernel (eager calls and CUDA-graph
 replays), the device copy bandwidth measured here, and the floor: the KV bytes the union of each
 KV group's heads needs, over that bandwidth. KV is GBs, far above L2, so no rotation is needed.
+
+Template variants (decode.compile_variant) are timed too, each with a split sweep through the
+bare launch, and each checked against the reference on sequence 0 at two split counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
 import sparsegen
-from sparsegen.kernels.decode import num_splits
+from sparsegen.kernels import decode as dec
 from sparsegen.layout import decode_pages
 from sparsegen.testing import rel_err
 
 CASES = ((64, 8192), (8, 32768), (1, 131072))
+# name -> template knobs; "default" is what get_kernel builds (decode.DEFAULT_KNOBS).
+VARIANTS = {
+    "default": None,
+    "p0_qreg_b4": {"pipeline": 0, "min_blocks": 4, "q_smem": 0},
+    "p0_qsmem_b5": {"pipeline": 0, "min_blocks": 5, "q_smem": 1},
+}
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def copy_bandwidth() -> float:
@@ -47,7 +58,7 @@ def graph_time_us(fn, reps: int = 20) -> float:
     return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3 / reps
 
 
-def bench_case(layer, batch: int, ctx: int, page_size: int, bw: float) -> dict:
+def bench_case(layer, kernels: dict, batch: int, ctx: int, page_size: int, bw: float) -> dict:
     h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     dt = torch.bfloat16
     pages_per_seq = ctx // page_size
@@ -58,7 +69,10 @@ def bench_case(layer, batch: int, ctx: int, page_size: int, bw: float) -> dict:
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, h, d, device="cuda", dtype=dt)  # [B, H, D]
     scale = 1.0 / d
-    kernel = sparsegen.get_kernel(layer, "decode", dtype=dt, page_size=page_size)
+    kernel = kernels["default"]
+    rows = batch * h // kernel.heads_per_block
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    heuristic = dec.num_splits(rows, pages_per_seq * page_size, sms)
 
     def ours():
         return kernel(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
@@ -74,7 +88,6 @@ def bench_case(layer, batch: int, ctx: int, page_size: int, bw: float) -> dict:
     ref = sparsegen.reference.paged_decode(
         q[:1].float(), k_cache.float(), v_cache.float(), block_tables[:1], seq_lens[:1], layer, scale
     )
-    err = rel_err(ours()[:1], ref)
     needed = decode_pages(layer, ctx, page_size)  # [Hkv, pages]
     union_bytes = batch * int(needed.sum()) * page_size * d * 2 * 2  # K and V
     dense_bytes = batch * ctx * hkv * d * 2 * 2
@@ -89,21 +102,35 @@ def bench_case(layer, batch: int, ctx: int, page_size: int, bw: float) -> dict:
         "floor_us": union_bytes / bw * 1e6,
         "dense_floor_us": dense_bytes / bw * 1e6,
         "union_fraction": union_bytes / dense_bytes,
-        "rel_err_seq0": err,
-        "splits": num_splits(
-            batch * h // kernel.heads_per_block,
-            pages_per_seq * page_size,
-            torch.cuda.get_device_properties(0).multi_processor_count,
-        ),
+        "rel_err_seq0": rel_err(ours()[:1], ref),
+        "splits": heuristic,
     }
     row["speedup_vs_dense"] = row["dense_sdpa_us"] / row["sparsegen_us"]
+    row["speedup_vs_dense_graph"] = row["dense_sdpa_graph_us"] / row["sparsegen_graph_us"]
     row["sparsegen_repeat_us"] = do_bench(ours, warmup=25, rep=200, return_mode="median") * 1e3
-    # Split-count sweep through the bare launch (no validation), to tune the heuristic.
-    row["split_sweep_us"] = {}
-    for s in (1, 2, 3, 4, 8, 16, 32, 64, 128, 256):
-        if s <= max(1, pages_per_seq * page_size // 64):
-            fn = lambda s=s: kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, splits=s)  # noqa: E731
-            row["split_sweep_us"][s] = do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3
+    # Per variant: rel_err at the heuristic split and at 1 split, and a split sweep (bare launch).
+    row["variants"] = {}
+    chunks = -(-ctx // dec.TILE)
+    for name, kern in kernels.items():
+
+        def launch(s, kern=kern):
+            return kern.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, splits=s)
+
+        v = {
+            "rel_err_heuristic": rel_err(launch(heuristic)[:1], ref),
+            "rel_err_1split": rel_err(launch(1)[:1], ref),
+            "graph_us_heuristic": graph_time_us(lambda: launch(heuristic)),  # noqa: B023
+            "sweep_us": {},
+        }
+        for s in SPLITS:
+            if s <= max(1, chunks // 2) and rows * s <= 40000:
+                v["sweep_us"][s] = (
+                    do_bench(lambda s=s: launch(s), warmup=10, rep=100, return_mode="median") * 1e3
+                )
+        best = min(v["sweep_us"], key=v["sweep_us"].get)
+        v["best_splits"], v["best_us"] = best, v["sweep_us"][best]
+        v["graph_us_best"] = graph_time_us(lambda best=best: launch(best))
+        row["variants"][name] = v
     return row
 
 
@@ -112,31 +139,50 @@ def main() -> None:
     ap.add_argument("--out", default="bench_decode.json")
     ap.add_argument("--page-size", type=int, default=16)
     args = ap.parse_args()
+    t0 = time.time()
     layer = sparsegen.get_pattern("phi3small").layers[0]
+    dt = torch.bfloat16
+    kernels = {}
+    for name, knobs in VARIANTS.items():
+        if knobs is None:
+            kernels[name] = sparsegen.get_kernel(layer, "decode", dtype=dt, page_size=args.page_size)
+        else:
+            kernels[name] = dec.compile_variant(layer, dtype=dt, page_size=args.page_size, **knobs)
     bw = copy_bandwidth()
     rows = []
     for b, n in CASES:
-        rows.append(bench_case(layer, b, n, args.page_size, bw))
+        rows.append(bench_case(layer, kernels, b, n, args.page_size, bw))
         torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "copy_bandwidth_TBps": bw / 1e12, "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {result['device']}")
+        with open(args.out, "w") as f:  # partial results survive a timeout
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "copy_bandwidth_TBps": bw / 1e12,
+                    "rows": rows,
+                    "default_knobs": dec.DEFAULT_KNOBS,
+                    "variants": VARIANTS,
+                },
+                f,
+                indent=1,
+            )
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}; {time.time() - t0:.0f} s")
+    for r in rows:
+        for name, v in r["variants"].items():
+            print(
+                f"{r['batch']}x{r['context']} {name:>12}: err {v['rel_err_heuristic']:.1e}/{v['rel_err_1split']:.1e} "
+                f"graph@{r['splits']} {v['graph_us_heuristic']:.1f} best {v['best_splits']}:{v['best_us']:.1f} "
+                f"(graph {v['graph_us_best']:.1f}) sweep "
+                + " ".join(f"{s}:{t:.0f}" for s, t in v["sweep_us"].items())
+            )
     print(
-        f"{'B x ctx':>12} {'dense':>8} {'dense(g)':>9} {'ours':>8} {'ours(g)':>8} {'floor':>7} {'union':>6} {'x dense':>7} {'err':>8}"
+        f"{'B x ctx':>12} {'dense':>8} {'dense(g)':>9} {'ours':>8} {'ours(g)':>8} {'floor':>7} {'union':>6} "
+        f"{'x dense':>7} {'splits':>6} {'err':>8}"
     )
     for r in rows:
         print(
             f"{r['batch']:>4} x {r['context']:<6} {r['dense_sdpa_us']:8.1f} {r['dense_sdpa_graph_us']:9.1f} "
             f"{r['sparsegen_us']:8.1f} {r['sparsegen_graph_us']:8.1f} {r['floor_us']:7.1f} "
-            f"{r['union_fraction']:6.3f} {r['speedup_vs_dense']:7.2f} {r['rel_err_seq0']:8.1e}"
-        )
-    for r in rows:
-        best = min(r["split_sweep_us"], key=r["split_sweep_us"].get)
-        print(
-            f"{r['batch']} x {r['context']}: heuristic splits {r['splits']}, repeat {r['sparsegen_repeat_us']:.1f} us; "
-            f"best {best} -> {r['split_sweep_us'][best]:.1f} us; sweep "
-            + " ".join(f"{s}:{t:.0f}" for s, t in r["split_sweep_us"].items())
+            f"{r['union_fraction']:6.3f} {r['speedup_vs_dense']:7.2f} {r['splits']:>6} {r['rel_err_seq0']:8.1e}"
         )
 
 

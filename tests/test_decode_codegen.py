@@ -54,8 +54,66 @@ def test_render_hybrid_window_dense():
     src = dec.render_source(layer, "fp16", 8)
     assert "m |= 1u << 0;" in src  # dense head: always visible
     assert "(i - j) < 100" in src and "(i - j) < 7" in src
-    assert "#define LPT 16" in src and "#define NVEC (HEAD_DIM / 8)" in src
+    assert "#define HEAD_DIM 96" in src and "#define KSTEPS (HEAD_DIM / 16)" in src
+    assert "#define VTAIL ((HEAD_DIM % 64) / 32)" in src  # the 32-dim tail of a 96-dim V row
+    assert "mma.sync.aligned.m16n8k16.row.col.f32." in src and '#define MMA_T "f16"' in src
     assert dec.kernel_name(layer, "fp16", 8).endswith("_hybrid")
+
+
+def test_template_knobs():
+    base = dec.render_source(PHI3, "bf16", 16)
+    for name, value in dec.DEFAULT_KNOBS.items():
+        assert (
+            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM')[name]} {value}" in base
+        )
+    other = dec.render_source(PHI3, "bf16", 16, pipeline=0, min_blocks=4, q_smem=0)
+    assert "#define PIPE 0" in other and "#define Q_SMEM 0" in other and "#define MIN_BLOCKS 4" in other
+    with pytest.raises(InputError, match="knobs"):
+        dec.render_source(PHI3, "bf16", 16, unroll=2)
+
+
+def _ptxas_report(source: str, arch: str) -> str:
+    import cuda.core as core
+
+    opts = core.ProgramOptions(
+        name="regs.cu", arch=arch, std="c++17", include_path=[nb.cuda_include_dir()], ptxas_options=["-v"]
+    )
+
+    class _Log:
+        text = ""
+
+        def write(self, t: str) -> None:
+            self.text += t
+
+    log = _Log()
+    core.Program(source, "c++", opts).compile("cubin", logs=log)
+    return log.text
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_phi3small_kernel_fits_registers_without_spills(arch):
+    """The default build of the Phi-3-Small kernel keeps 3 blocks/SM (<= 168 regs) and never
+    spills to local memory (benchmarks/decode_notes.md records the count: 150 on sm_90)."""
+    report = _ptxas_report(dec.render_source(PHI3, "bf16", 16), arch)
+    main = report[report.index("entry function 'sparsegen_paged_decode'") :]
+    regs = int(re.search(r"Used (\d+) registers", main).group(1))
+    assert regs <= 168, main
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in main, main
+
+
+def test_many_pattern_classes_compile():
+    """Shared memory is declared once per kernel, not once per pattern class: a hybrid layer
+    whose 8 head groups all differ still fits the 48 KB static limit."""
+    heads = tuple(
+        HeadSpec(block_size=16 << (h % 4), local_blocks=1 + h % 3, vert_stride=2 + h % 5, vert_offset=h % 2,
+                 sliding_window=0 if h % 3 else 50 + h)
+        for h in range(32)
+    )  # fmt: skip
+    layer = LayerSpec(32, 8, 128, heads)
+    src = dec.render_source(layer, "bf16", 16)
+    assert len(re.findall(r"template <> struct Pattern<\d+>", src)) == 8
+    cubin, _ = nb.compile_cubin(src, "sm_90", name="classes.cu")
+    assert cubin[:4] == b"\x7fELF"
 
 
 def test_heads_per_block():

@@ -202,3 +202,72 @@ def test_launcher_rejects_bad_strides():
         sparsegen.paged_decode(
             q.transpose(1, 2).contiguous().transpose(1, 2), kc, vc, bt, sl, layer, impl="cuda"
         )
+
+
+# Template variants the benchmark compares (decode.compile_variant): each must compute the same
+# function as the default build, at the heuristic split and at explicit split counts.
+VARIANT_KNOBS = [
+    {"pipeline": 0, "min_blocks": 4, "q_smem": 0},
+    {"pipeline": 0, "min_blocks": 5, "q_smem": 1},
+    {"pipeline": 1, "min_blocks": 3, "q_smem": 0},
+]
+
+
+@pytest.mark.parametrize("knobs", VARIANT_KNOBS, ids=lambda k: "_".join(f"{a}{b}" for a, b in k.items()))
+def test_template_variants_against_reference(knobs):
+    from sparsegen.kernels.decode import compile_variant
+
+    failures = []
+    for idx in (0, 1, 2, 4, 7, 9, 12):
+        layer = SPECS[idx]
+        rng = random.Random(500 + idx)
+        dtype = (torch.bfloat16, torch.float16)[idx % 2]
+        page_size = rng.choice((8, 16, 32, 64, 128, 24))
+        kernel = compile_variant(layer, dtype=dtype, page_size=page_size, **knobs)
+        for c in range(3):
+            lens = [
+                rng.choice((1, rng.randint(1, 64), rng.randint(1, 5000))) for _ in range(rng.randint(1, 3))
+            ]
+            p = DecodeProblem(layer, lens, page_size, seed=77 * idx + c, dtype=dtype, device="cuda")
+            q, kc, vc, bt, sl, _, scale = p.args()
+            ref = p.reference()
+            outs = {"heuristic": kernel(q, kc, vc, bt, sl, scale=scale)}
+            for s in (1, 3, 17):
+                _poison(q.shape, "cuda")
+                outs[s] = kernel.launch(
+                    q, kc, vc, bt, sl, 1.0 / layer.head_dim**0.5 if scale is None else scale, splits=s
+                )
+            torch.cuda.synchronize()
+            for k, out in outs.items():
+                err = rel_err(out, ref)
+                if not err < TOL:
+                    failures.append(f"splits {k}: rel_err {err:.3g}: {p.repro()}")
+    assert not failures, "\n".join(failures)
+
+
+def test_split_counts_agree_phi3small():
+    """Any split count (more splits than 64-token chunks too: empty splits) gives the same answer."""
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    p = DecodeProblem(layer, [20000, 3000, 1, 130], 16, seed=21, dtype=torch.bfloat16, device="cuda")
+    q, kc, vc, bt, sl, _, scale = p.args()
+    scale = 1.0 / layer.head_dim**0.5
+    ref = sparsegen.reference.paged_decode(q.float(), kc.float(), vc.float(), bt, sl, layer, scale)
+    kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=16)
+    for s in (1, 2, 5, 16, 64, 256):
+        _poison(q.shape, "cuda")
+        out = kernel.launch(q, kc, vc, bt, sl, scale, splits=s)
+        torch.cuda.synchronize()
+        assert rel_err(out, ref) < TOL, f"splits {s}"
+
+
+def test_many_pattern_classes_on_gpu():
+    """A hybrid layer whose 8 head groups all differ (8 pattern classes, GQA 4)."""
+    heads = tuple(
+        HeadSpec(block_size=16 << (h % 4), local_blocks=1 + h % 3, vert_stride=2 + h % 5, vert_offset=h % 2,
+                 sliding_window=0 if h % 3 else 50 + h)
+        for h in range(32)
+    )  # fmt: skip
+    layer = LayerSpec(32, 8, 128, heads)
+    p = DecodeProblem(layer, [2500, 17], 32, seed=4, dtype=torch.float16, device="cuda")
+    out = sparsegen.paged_decode(*p.args(), impl="cuda")
+    assert rel_err(out, p.reference()) < TOL

@@ -3,9 +3,10 @@
     kernel = get_decode_kernel(layer, dtype=torch.bfloat16, page_size=16)   # compiled + cached
     out = kernel(q, k_cache, v_cache, block_tables, seq_lens)              # [B, H, D]
 
-Launch: grid (splits, head groups, batch); a head group is up to 8 query heads of one KV head.
-With more than one split, each block writes an unnormalised partial (`part_o`, plus its running
-max and sum in `part_ml`) and a second kernel merges the splits. The split count comes from the
+Launch: grid (splits, head groups, batch) of 4 independent warps; a head group is up to 8 query
+heads of one KV head. Scores and P.V run on tensor cores (mma.sync, fp32 accumulate). With more
+than one split, each block writes an unnormalised partial (`part_o`, plus its running max and
+sum in `part_ml`) and a second kernel merges the splits. The split count comes from the
 shapes only (no host sync), and scratch comes from torch's allocator on the current stream, so a
 decode step can be captured in a CUDA graph.
 
@@ -18,6 +19,7 @@ and every used page id on the host first (one device->host copy) and raises Inpu
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 import torch
@@ -32,8 +34,13 @@ from ..validate import check_decode_inputs
 TEMPLATE = "paged_decode.cu.jinja"
 KERNEL = "sparsegen_paged_decode"
 REDUCE = "sparsegen_paged_decode_reduce"
-TILE = 64  # tokens per tile, as in the template
+TILE = 64  # tokens per split unit (CHUNK in the template)
 MAX_HEADS_PER_BLOCK = 8
+MAX_SPLITS = 256  # as in the template's reduce kernel
+# Template knobs (ints): PIPE issues the next warp tile's K/V loads before this tile's math;
+# MIN_BLOCKS is __launch_bounds__'s blocks-per-SM hint (a register cap); Q_SMEM keeps q's mma
+# fragments in shared memory instead of 32 registers.
+DEFAULT_KNOBS = {"pipeline": 1, "min_blocks": 3, "q_smem": 1}
 PAGE_SIZES = range(8, 129)
 DTYPES = {torch.float16: ("fp16", "__half"), torch.bfloat16: ("bf16", "__nv_bfloat16")}
 
@@ -55,8 +62,12 @@ def _head_constants(head: HeadSpec) -> dict:
     }
 
 
-def template_constants(layer: LayerSpec, dtype_name: str, page_size: int) -> dict:
+def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> dict:
     """Everything the template receives: ints, bools and allowed words only."""
+    unknown = set(knobs) - set(DEFAULT_KNOBS)
+    if unknown:
+        raise InputError(f"unknown decode template knobs {sorted(unknown)}")
+    knobs = {**DEFAULT_KNOBS, **knobs}
     ctype = {"fp16": "__half", "bf16": "__nv_bfloat16"}[dtype_name]
     hpb = heads_per_block(layer)
     classes: list[tuple[HeadSpec, ...]] = []
@@ -75,14 +86,16 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int) -> dic
         "num_kv_heads": layer.num_kv_heads,
         "group_size": layer.group_size,
         "heads_per_block": hpb,
-        "lanes_per_token": 8 if layer.head_dim == 64 else 16,
+        "pipeline": int(knobs["pipeline"]),
+        "min_blocks": int(knobs["min_blocks"]),
+        "q_smem": int(knobs["q_smem"]),
         "classes": [[_head_constants(h) for h in cls] for cls in classes],
         "group_class": group_class,
     }
 
 
-def render_source(layer: LayerSpec, dtype_name: str, page_size: int) -> str:
-    return codegen.render(TEMPLATE, **template_constants(layer, dtype_name, page_size))
+def render_source(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> str:
+    return codegen.render(TEMPLATE, **template_constants(layer, dtype_name, page_size, **knobs))
 
 
 def kernel_name(layer: LayerSpec, dtype_name: str, page_size: int) -> str:
@@ -162,6 +175,7 @@ class DecodeKernel:
         groups = num_heads // self.heads_per_block
         if splits is None:
             splits = num_splits(batch * groups, max_pages * page_size, _sm_count(q.device))
+        splits = max(1, min(int(splits), MAX_SPLITS))
         out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)  # [B, H, D]
         if splits > 1:
             part_o = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32, device=q.device)
@@ -181,9 +195,9 @@ class DecodeKernel:
             np.uint64(out.data_ptr()), np.uint64(po), np.uint64(pml), i32(splits),
         )  # fmt: skip
         mod.launch(KERNEL, stream, (splits, groups, batch), 128, *args)
-        if splits > 1:
-            mod.launch(REDUCE, stream, batch * num_heads, head_dim, np.uint64(po), np.uint64(pml),
-                       np.uint64(out.data_ptr()), i32(splits))  # fmt: skip
+        if splits > 1:  # grid (rows, 32-dim slices), block (32 dims, up to 16 warps over the splits)
+            mod.launch(REDUCE, stream, (batch * num_heads, head_dim // 32), (32, min(16, splits)),
+                       np.uint64(po), np.uint64(pml), np.uint64(out.data_ptr()), i32(splits))  # fmt: skip
         return out
 
 
@@ -198,14 +212,27 @@ def _sm_count(device: torch.device) -> int:
 
 
 def num_splits(rows: int, max_context: int, sm_count: int) -> int:
-    """Split-KV count from shapes only: about 32 blocks per SM in all, at least 4 tiles per split.
+    """Split-KV count from shapes only: about 12 blocks per SM in all (~4 waves of 3 resident
+    blocks), at least 4 CHUNKs (256 tokens) per split, at most MAX_SPLITS.
 
-    Tuned on an H200 (benchmarks/decode_notes.md): the kernel is latency-bound, so more blocks
-    in flight pay until each split has only a few tiles left.
+    rows = batch x head groups. Tuned on an H200 (benchmarks/decode_notes.md).
     """
-    tiles = -(-max_context // TILE)
-    want = -(-32 * sm_count // max(rows, 1))
-    return max(1, min(want, tiles // 4, 256))
+    chunks = -(-max_context // TILE)
+    want = -(-12 * sm_count // max(rows, 1))
+    return max(1, min(want, chunks // 4, MAX_SPLITS))
+
+
+def compile_variant(layer: LayerSpec, *, dtype, page_size: int = 16, arch: str | None = None, **knobs: int):
+    """A kernel built with non-default template knobs, uncached (for benchmarks and tests)."""
+    dtype_name = _dtype_name(dtype)
+    page_size = _check_page_size(page_size)
+    arch = nb.current_arch() if arch is None else arch
+    nb.check_arch(arch)
+    name = kernel_name(layer, dtype_name, page_size) + "".join(f"_{k}{v}" for k, v in sorted(knobs.items()))
+    source = render_source(layer, dtype_name, page_size, **knobs)
+    cubin, _ = nb.compile_cubin(source, arch, name=f"{name}.cu")
+    key = types.SimpleNamespace(key=f"{name}-uncached", name=name)
+    return DecodeKernel(layer, dtype_name, page_size, arch, key, source, cubin)
 
 
 # Per-process memo: (id(layer), dtype, arch, page_size) -> (layer, kernel). A repeated get is a
@@ -247,7 +274,7 @@ def _build_or_load(layer: LayerSpec, dtype_name: str, arch: str, page_size: int)
         spec_json=layer.to_json(),
         template=codegen.template_bytes(TEMPLATE),
         arch=arch,
-        extra={"kind": "decode", "dtype": dtype_name, "page_size": page_size},
+        extra={"kind": "decode", "dtype": dtype_name, "page_size": page_size, "knobs": DEFAULT_KNOBS},
     )
 
     def build():
