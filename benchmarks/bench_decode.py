@@ -30,7 +30,7 @@ CASES = ((64, 8192), (8, 32768), (1, 131072))
 # name -> template knobs; "default" is what get_kernel builds (decode.DEFAULT_KNOBS).
 VARIANTS = {
     "default": None,
-    "p0_qreg_b4": {"pipeline": 0, "min_blocks": 4, "q_smem": 0},
+    "p1_qsmem_b3": {"pipeline": 1, "min_blocks": 3, "q_smem": 1},
     "p0_qsmem_b5": {"pipeline": 0, "min_blocks": 5, "q_smem": 1},
 }
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)

@@ -207,7 +207,7 @@ def test_launcher_rejects_bad_strides():
 # Template variants the benchmark compares (decode.compile_variant): each must compute the same
 # function as the default build, at the heuristic split and at explicit split counts.
 VARIANT_KNOBS = [
-    {"pipeline": 0, "min_blocks": 4, "q_smem": 0},
+    {"pipeline": 1, "min_blocks": 3, "q_smem": 1},
     {"pipeline": 0, "min_blocks": 5, "q_smem": 1},
     {"pipeline": 1, "min_blocks": 3, "q_smem": 0},
 ]

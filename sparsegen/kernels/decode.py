@@ -39,8 +39,11 @@ MAX_HEADS_PER_BLOCK = 8
 MAX_SPLITS = 256  # as in the template's reduce kernel
 # Template knobs (ints): PIPE issues the next warp tile's K/V loads before this tile's math;
 # MIN_BLOCKS is __launch_bounds__'s blocks-per-SM hint (a register cap); Q_SMEM keeps q's mma
-# fragments in shared memory instead of 32 registers.
-DEFAULT_KNOBS = {"pipeline": 1, "min_blocks": 3, "q_smem": 1}
+# fragments in shared memory instead of 32 registers. The default (no pipelining, q in registers,
+# 128 registers -> 4 blocks = 16 warps per SM) was the fastest of the variants measured on an
+# H200 at every shape (benchmarks/decode_notes.md): occupancy beat the pipelined build's
+# 12 warps per SM even though each of those keeps twice the bytes in flight.
+DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0}
 PAGE_SIZES = range(8, 129)
 DTYPES = {torch.float16: ("fp16", "__half"), torch.bfloat16: ("bf16", "__nv_bfloat16")}
 
@@ -212,14 +215,18 @@ def _sm_count(device: torch.device) -> int:
 
 
 def num_splits(rows: int, max_context: int, sm_count: int) -> int:
-    """Split-KV count from shapes only: about 12 blocks per SM in all (~4 waves of 3 resident
-    blocks), at least 4 CHUNKs (256 tokens) per split, at most MAX_SPLITS.
+    """Split-KV count from shapes only (no host sync): about 3 blocks per SM in all, i.e. one
+    resident wave of the 4 that fit per SM, at least 4 CHUNKs (256 tokens) per split, at most
+    MAX_SPLITS, rounded down to 2^k or 3 * 2^k.
 
-    rows = batch x head groups. Tuned on an H200 (benchmarks/decode_notes.md).
+    rows = batch x head groups. Tuned on an H200 (benchmarks/decode_notes.md): with cheap blocks
+    the best split keeps every block resident at once (extra waves only add the partials and the
+    merge); on 132 SMs this picks 1 split at 64 x 8K, 6 at 8 x 32K and 48 at 1 x 128K.
     """
     chunks = -(-max_context // TILE)
-    want = -(-12 * sm_count // max(rows, 1))
-    return max(1, min(want, chunks // 4, MAX_SPLITS))
+    want = min(max(1, 3 * sm_count // max(rows, 1)), max(1, chunks // 4), MAX_SPLITS)
+    p = 1 << (want.bit_length() - 1)
+    return 3 * p // 2 if p >= 2 and want >= 3 * p // 2 else p
 
 
 def compile_variant(layer: LayerSpec, *, dtype, page_size: int = 16, arch: str | None = None, **knobs: int):
