@@ -16,8 +16,8 @@ summary=$OUT/summary.txt
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   python3 -c "from sparsegen.jit.cache import nvrtc_version; print('nvrtc', nvrtc_version())"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+} >> "$summary" 2>&1
+cat "$summary"
 
 echo "== compile: cold, then warm (cache in $SPARSEGEN_CACHE_DIR)"
 rm -rf "$SPARSEGEN_CACHE_DIR"
@@ -40,13 +40,13 @@ echo "gpu tests rc=$rc_tests: $(grep -E '(passed|failed|error)' "$OUT/gpu_tests.
 echo "== benchmarks"
 timeout "$BENCH_TIMEOUT" python3 -m sparsegen.cli bench --kind all --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
 echo "bench rc=${PIPESTATUS[0]}" >> "$summary"
-grep -A 40 '^== summary' "$OUT/bench.log" >> "$summary"
+grep -A 40 '^== summary$' "$OUT/bench.log" >> "$summary"
 
 echo "== end-to-end generate (7b random weights, sparse vs every layer dense)"
-timeout "${GEN_TIMEOUT:-130}" python3 benchmarks/bench_generate.py --quick --out "$OUT/generate.json" 2>&1 | tee "$OUT/generate.log" | tail -n 8
+timeout "${GEN_TIMEOUT:-130}" python3 benchmarks/bench_generate.py --quick --out "$OUT/generate.json" 2>&1 | tee -a "$OUT/bench.log" | tail -n 8
 echo "generate rc=${PIPESTATUS[0]}" >> "$summary"
-grep -A 2 '^== summary' "$OUT/generate.log" >> "$summary"
-grep -E '^(sparse|dense) ' "$OUT/generate.log" >> "$summary"
+grep -A 2 '^== summary (' "$OUT/bench.log" >> "$summary"
+grep -E '^(sparse|dense) ' "$OUT/bench.log" >> "$summary"
 
 echo
 echo "================ SUMMARY ================"
