@@ -76,7 +76,9 @@ def test_engine_bf16_matches_reference_for_the_first_steps(use_graphs):
     ref = random_model(cfg, device=DEV, dtype=BF16, seed=1, attn_impl="reference")
     prompts = _prompts([700, 530, 901], seed=1)
     params = SamplingParams(max_tokens=16, ignore_eos=True)
-    fast = LLMEngine(kern, kv_cache_bytes=TINY_KV, max_num_batched_tokens=256, use_cuda_graphs=use_graphs)  # chunked prefill
+    fast = LLMEngine(
+        kern, kv_cache_bytes=TINY_KV, max_num_batched_tokens=256, use_cuda_graphs=use_graphs
+    )  # chunked prefill
     slow = LLMEngine(ref, kv_cache_bytes=TINY_KV, use_cuda_graphs=False)
     rec_fast, rec_slow = _Recorder(fast), _Recorder(slow)
     got = fast.generate(prompts, params)
@@ -90,20 +92,36 @@ def test_engine_bf16_matches_reference_for_the_first_steps(use_graphs):
 
 
 def test_cuda_graphs_equal_eager_decode():
+    """Every decode step replayed from a graph matches an eager forward on the same state.
+
+    Graphs run padded shapes (batch and block-table width bucketed), so the decode kernel may
+    pick another split-KV count than an eager call and round differently; greedy tokens of a
+    random model can then flip on near-ties. So each step is compared on identical inputs:
+    the graph's logits against an eager forward of the very same batch.
+    """
     cfg = tiny_config(64)
     model = random_model(cfg, device=DEV, dtype=BF16, seed=2)
     prompts = _prompts([64 * 20 + 7, 100, 3000], seed=2)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    eager = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=False)
-    graphed = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)
-    rec_e, rec_g = _Recorder(eager), _Recorder(graphed)
-    a = [r.output_ids for r in eager.generate(prompts, params)]
-    b = [r.output_ids for r in graphed.generate(prompts, params)]
-    assert graphed.graphs is not None and graphed.graphs.graphs  # decode really replayed graphs
-    assert [x[:8] for x in a] == [x[:8] for x in b]
-    n = min(len(rec_e.rows), len(rec_g.rows), 6)
-    for x, y in zip(rec_e.rows[:n], rec_g.rows[:n], strict=True):
-        assert rel_err(y[:, _keep(cfg)], x[:, _keep(cfg)]) < 1e-2
+    engine = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)
+    forward, errors, agree = engine._forward, [], []
+
+    def checked(plan):
+        out = forward(plan)  # decode plans go through the graphs
+        if plan.is_decode:
+            ids, batch = engine._decode_batch(plan.chunks)
+            with torch.inference_mode():
+                eager = model(ids, batch, engine.cache.layers)  # rewrites the same cache slots
+            errors.append(rel_err(out[:, _keep(cfg)], eager[:, _keep(cfg)]))
+            agree.append(float((out.argmax(-1) == eager.argmax(-1)).float().mean()))
+        return out
+
+    engine._forward = checked
+    results = engine.generate(prompts, params)
+    assert engine.graphs is not None and engine.graphs.graphs  # decode really replayed graphs
+    assert all(len(r.output_ids) == 24 for r in results)
+    assert len(errors) >= 20 and max(errors) < 1e-2, errors
+    assert sum(agree) / len(agree) > 0.9, agree
 
 
 def test_7b_random_batch_1_and_32_with_8k_prompts():
