@@ -36,16 +36,33 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30))
 
 
+HEAD_KINDS = ("dense", "local", "local+vert", "window", "local+window", "vert+window", "local+vert+window")
+
+
+def sample_head_spec(rng, *, windows: tuple[int, ...] | None = None, max_window: int = 700) -> HeadSpec:
+    """A random valid HeadSpec from a `random.Random`, for GPU tests that bound how many
+    distinct specs (and so compiles) they draw. Windows come from `windows`, else 1..max_window."""
+    bs = rng.choice(BLOCK_SIZES)
+    kind = rng.choice(HEAD_KINDS)
+    if kind == "dense":
+        return HeadSpec(block_size=bs, dense=True)
+    stride = rng.randint(1, 8) if "vert" in kind else 0
+    return HeadSpec(
+        block_size=bs,
+        local_blocks=rng.randint(1, 6) if "local" in kind else 0,
+        vert_stride=stride,
+        vert_offset=rng.randint(0, stride - 1) if stride else 0,
+        sliding_window=(rng.choice(windows) if windows else rng.randint(1, max_window))
+        if "window" in kind
+        else 0,
+    )
+
+
 @st.composite
 def head_specs(draw, block_size: int | None = None, kinds: tuple[str, ...] | None = None) -> HeadSpec:
     """A valid HeadSpec: dense, or any union of local blocks, vertical stride and window."""
     bs = block_size if block_size is not None else draw(st.sampled_from(BLOCK_SIZES))
-    kind = draw(
-        st.sampled_from(
-            kinds
-            or ("dense", "local", "local+vert", "window", "local+window", "vert+window", "local+vert+window")
-        )
-    )
+    kind = draw(st.sampled_from(kinds or HEAD_KINDS))
     if kind == "dense":
         return HeadSpec(block_size=bs, dense=True)
     local = draw(st.integers(1, 6)) if "local" in kind else 0

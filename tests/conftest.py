@@ -44,3 +44,22 @@ def _private_cache_dir(tmp_path_factory):
         path.chmod(0o700)
         os.environ["SPARSEGEN_CACHE_DIR"] = str(path)
     yield
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty private kernel cache for one test, with this process's kernel memos dropped."""
+    from sparsegen.kernels import decode as decode_mod
+    from sparsegen.kernels import prefill as prefill_mod
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(root))
+    monkeypatch.setenv("SPARSEGEN_QUIET", "1")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("SPARSEGEN_DISABLE_JIT", raising=False)
+    prefill_mod.forget()
+    decode_mod.forget()
+    yield root
+    prefill_mod.forget()
+    decode_mod.forget()

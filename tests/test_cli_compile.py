@@ -13,15 +13,8 @@ from sparsegen.kernels import prefill as prefill_mod
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    root.mkdir(mode=0o700)
-    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(root))
-    monkeypatch.setenv("SPARSEGEN_QUIET", "1")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    prefill_mod.forget()
-    yield root
-    prefill_mod.forget()
+def _fresh(fresh_cache):
+    yield fresh_cache
 
 
 def _compile(*extra):
@@ -57,9 +50,9 @@ def test_compile_table_and_bad_pattern():
     assert bad.exit_code == 2
 
 
-def test_cache_dir_ls_clear(_fresh_cache):
+def test_cache_dir_ls_clear(fresh_cache):
     runner = CliRunner()
-    assert runner.invoke(cli, ["cache", "dir"]).stdout.strip() == str(_fresh_cache)
+    assert runner.invoke(cli, ["cache", "dir"]).stdout.strip() == str(fresh_cache)
     _compile("--kind", "prefill")
     listing = json.loads(runner.invoke(cli, ["cache", "ls", "--json"]).stdout)
     assert len(listing) == 2 and {e["meta"]["kind"] for e in listing} == {"prefill"}

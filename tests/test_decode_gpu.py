@@ -15,27 +15,10 @@ import sparsegen
 from sparsegen import HeadSpec, LayerSpec
 from sparsegen.errors import InputError
 from sparsegen.presets import blocksparse_heads
-from sparsegen.testing import DecodeProblem, rel_err
+from sparsegen.testing import DecodeProblem, rel_err, sample_head_spec
 
 pytestmark = pytest.mark.gpu
 TOL = 2e-2  # fp16/bf16 inputs vs float64 math land between 1e-3 and 1e-2
-
-
-def _random_head(rng: random.Random) -> HeadSpec:
-    bs = rng.choice((16, 32, 64, 128))
-    kind = rng.choice(
-        ("dense", "local", "local+vert", "window", "local+window", "vert+window", "local+vert+window")
-    )
-    if kind == "dense":
-        return HeadSpec(block_size=bs, dense=True)
-    stride = rng.randint(1, 8) if "vert" in kind else 0
-    return HeadSpec(
-        block_size=bs,
-        local_blocks=rng.randint(1, 6) if "local" in kind else 0,
-        vert_stride=stride,
-        vert_offset=rng.randint(0, stride - 1) if stride else 0,
-        sliding_window=rng.randint(1, 700) if "window" in kind else 0,
-    )
 
 
 def _specs() -> list[LayerSpec]:
@@ -52,9 +35,9 @@ def _specs() -> list[LayerSpec]:
         kv = rng.randint(1, 2)
         d = (64, 96, 128)[n % 3]
         if n % 2:  # hybrid: every head its own kind
-            heads = tuple(_random_head(rng) for _ in range(kv * ratio))
+            heads = tuple(sample_head_spec(rng) for _ in range(kv * ratio))
         else:  # Phi-3 style: one pattern, offsets vary by head
-            base = _random_head(rng)
+            base = sample_head_spec(rng)
             heads = tuple(
                 HeadSpec(**{**base.to_dict(), "vert_offset": h % base.vert_stride})
                 if base.vert_stride

@@ -22,16 +22,8 @@ SMALL = LayerSpec(
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    root.mkdir(mode=0o700)
-    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(root))
-    monkeypatch.setenv("SPARSEGEN_QUIET", "1")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv("SPARSEGEN_DISABLE_JIT", raising=False)
-    prefill_mod.forget()
-    yield root
-    prefill_mod.forget()
+def _fresh(fresh_cache):
+    yield fresh_cache
 
 
 def _key(template=b"t", spec=SMALL, extra=None):
@@ -104,7 +96,7 @@ print(sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90").
 """
 
 
-def test_four_processes_racing_build_once(_fresh_cache):
+def test_four_processes_racing_build_once(fresh_cache):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
     procs = [
         subprocess.Popen(
@@ -116,4 +108,4 @@ def test_four_processes_racing_build_once(_fresh_cache):
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in results]
     statuses = sorted(out.strip() for out, _ in results)
     assert statuses == ["cached", "cached", "cached", "compiled"]
-    assert len([p for p in _fresh_cache.iterdir() if p.is_dir()]) == 1
+    assert len([p for p in fresh_cache.iterdir() if p.is_dir()]) == 1

@@ -13,26 +13,12 @@ import torch
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec
-from sparsegen.testing import PrefillProblem, rel_err
+from sparsegen.testing import PrefillProblem, rel_err, sample_head_spec
+
+PREFILL_WINDOWS = (1, 17, 100, 333, 5000)  # windows shorter and longer than the sequences
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
-
-
-def _random_head(rng: random.Random, bs: int) -> HeadSpec:
-    kind = rng.choice(
-        ["dense", "local", "local+vert", "window", "local+window", "vert+window", "local+vert+window"]
-    )
-    if kind == "dense":
-        return HeadSpec(block_size=bs, dense=True)
-    stride = rng.randint(1, 8) if "vert" in kind else 0
-    return HeadSpec(
-        block_size=bs,
-        local_blocks=rng.randint(1, 6) if "local" in kind else 0,
-        vert_stride=stride,
-        vert_offset=rng.randint(0, stride - 1) if stride else 0,
-        sliding_window=rng.choice([1, 17, 100, 333, 5000]) if "window" in kind else 0,
-    )
 
 
 def _specs() -> list[LayerSpec]:
@@ -44,9 +30,9 @@ def _specs() -> list[LayerSpec]:
         ratio = rng.choice([1, 2, 4, 8])
         d = rng.choice([64, 96, 128])
         if i % 2:  # hybrid
-            heads = tuple(_random_head(rng, rng.choice([16, 32, 64, 128])) for _ in range(num_kv * ratio))
+            heads = tuple(sample_head_spec(rng, windows=PREFILL_WINDOWS) for _ in range(num_kv * ratio))
         else:
-            base = _random_head(rng, rng.choice([16, 32, 64, 128]))
+            base = sample_head_spec(rng, windows=PREFILL_WINDOWS)
             s = base.vert_stride
             heads = tuple(
                 HeadSpec(**{**base.to_dict(), "vert_offset": h % s if s else 0})
@@ -134,7 +120,7 @@ def test_compile_then_disable_jit(tmp_path):
     assert {r["status"] for r in json.loads(first.stdout)} == {"compiled"}
     script = (
         "import torch, sparsegen\n"
-        "from sparsegen.testing import PrefillProblem, rel_err\n"
+        "from sparsegen.testing import PrefillProblem, rel_err, sample_head_spec\n"
         "layer = sparsegen.get_pattern('phi3small').layers[0]\n"
         "k = sparsegen.get_kernel(layer, 'prefill', dtype=torch.bfloat16)\n"
         "assert k.status == 'cached', k.status\n"

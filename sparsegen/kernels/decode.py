@@ -248,6 +248,13 @@ _BY_ID: dict[tuple, tuple[LayerSpec, DecodeKernel]] = {}
 _BY_SPEC: dict[tuple, DecodeKernel] = {}
 
 
+def forget() -> None:
+    """Drop this process's decode kernels (memos and the cache's memory layer); the disk stays."""
+    _BY_ID.clear()
+    _BY_SPEC.clear()
+    cache.forget_memory()
+
+
 def get_decode_kernel(
     layer: LayerSpec, *, dtype, arch: str | None = None, page_size: int = 16
 ) -> DecodeKernel:
