@@ -7,10 +7,16 @@ The first call compiles and caches the kernel (SPARSEGEN_CACHE_DIR); later calls
 processes load it from the cache.
 """
 
+import os
+import sys
+
 import torch
 
 import sparsegen
 from sparsegen.testing import rel_err
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    sys.exit("no GPU here: run with TRITON_INTERPRET=1 to use Triton's interpreter on the CPU")
 
 layer = sparsegen.get_pattern("phi3small").layers[0]  # 32 heads, 8 KV heads, head_dim 128
 on_gpu = torch.cuda.is_available()
