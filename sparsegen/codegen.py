@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 
 from .errors import CompileError
 
@@ -52,13 +53,31 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def template_bytes(name: str) -> bytes:
-    """The template's exact bytes (they enter the cache key)."""
+def _read_template(name: str) -> bytes:
     path = templates_dir() / name
     try:
         return path.read_bytes()
     except OSError as exc:
         raise CompileError(f"cannot read template {path}: {exc}") from None
+
+
+def template_bytes(name: str) -> bytes:
+    """The template's exact bytes, followed by those of every template it includes, recursively
+    (all of them enter the cache key, so editing an included part invalidates the kernels)."""
+    out, seen, todo = [], set(), [name]
+    while todo:
+        current = todo.pop(0)
+        if current in seen:
+            continue
+        seen.add(current)
+        data = _read_template(current)
+        out.append(data if current == name else b"\0" + current.encode() + b"\0" + data)
+        try:
+            tree = _environment().parse(data.decode())
+        except (UnicodeDecodeError, jinja2.TemplateSyntaxError) as exc:
+            raise CompileError(f"template {current} cannot be parsed: {exc}") from None
+        todo.extend(sorted(n for n in jinja2.meta.find_referenced_templates(tree) if n))
+    return b"".join(out)
 
 
 def check_constant(name: str, value: Any) -> None:
