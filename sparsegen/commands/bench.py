@@ -12,6 +12,35 @@ from ..spec import ModelSpec
 
 PREFILL_CASES = [("phi3small", 8192), ("phi3small", 32768), ("phi3small", 131072),
                  ("sliding-window", 32768), ("sliding-window", 131072)]  # fmt: skip
+NAN = float("nan")
+
+# The summary tables: (header, value from one result row); "x_*" are speed-ups of sparsegen.
+SUMMARY_COLUMNS = {
+    "prefill": [
+        ("prefill", lambda r: r["pattern"]),
+        ("seq", lambda r: r["seq_len"]),
+        ("sg_ms", lambda r: r["sparsegen_ms"]),
+        ("api_ms", lambda r: r["sparsegen_api_ms"]),
+        ("sdpa_ms", lambda r: r["sdpa_dense_ms"]),
+        ("flex_ms", lambda r: r.get("flex_ms", NAN)),
+        ("floor_ms", lambda r: r["floor_ms"]),
+        ("x_sdpa", lambda r: r["sdpa_dense_ms"] / r["sparsegen_ms"]),
+        ("x_flex", lambda r: r.get("flex_ms", NAN) / r["sparsegen_ms"]),
+        ("of_floor", lambda r: r["sparsegen_ms"] / r["floor_ms"]),
+    ],
+    "decode": [
+        ("decode", lambda r: r["pattern"]),
+        ("BxS", lambda r: f"{r['batch']}x{r['seq_len']}"),
+        ("sg_us", lambda r: r["sparsegen_us"]),
+        ("sdpa_us", lambda r: r["sdpa_dense_us"]),
+        ("flex_us", lambda r: r.get("flex_us", NAN)),
+        ("floor_us", lambda r: r["floor_us"]),
+        ("x_sdpa", lambda r: r["sdpa_dense_us"] / r["sparsegen_us"]),
+        ("x_flex", lambda r: r.get("flex_us", NAN) / r["sparsegen_us"]),
+        ("of_floor", lambda r: r["sparsegen_us"] / r["floor_us"]),
+        ("TB/s", lambda r: r["achieved_tb_s"]),
+    ],
+}
 DECODE_CASES = [("phi3small", 64, 8192), ("phi3small", 8, 32768), ("phi3small", 1, 131072)]
 
 
@@ -79,69 +108,7 @@ def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, o
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
     click.echo("== summary")
-    if result["prefill"]:
-        rows = [
-            [
-                r["pattern"],
-                r["seq_len"],
-                r["sparsegen_ms"],
-                r["sparsegen_api_ms"],
-                r["sdpa_dense_ms"],
-                r.get("flex_ms", float("nan")),
-                r["floor_ms"],
-                r["sdpa_dense_ms"] / r["sparsegen_ms"],
-                r.get("flex_ms", float("nan")) / r["sparsegen_ms"],
-                r["sparsegen_ms"] / r["floor_ms"],
-            ]
-            for r in result["prefill"]
-        ]
-        click.echo(
-            format_table(
-                [
-                    "prefill",
-                    "seq",
-                    "sg_ms",
-                    "api_ms",
-                    "sdpa_ms",
-                    "flex_ms",
-                    "floor_ms",
-                    "x_sdpa",
-                    "x_flex",
-                    "of_floor",
-                ],
-                rows,
-            )
-        )
-    if result["decode"]:
-        rows = [
-            [
-                r["pattern"],
-                f"{r['batch']}x{r['seq_len']}",
-                r["sparsegen_us"],
-                r["sdpa_dense_us"],
-                r.get("flex_us", float("nan")),
-                r["floor_us"],
-                r["sdpa_dense_us"] / r["sparsegen_us"],
-                r.get("flex_us", float("nan")) / r["sparsegen_us"],
-                r["sparsegen_us"] / r["floor_us"],
-                r["achieved_tb_s"],
-            ]
-            for r in result["decode"]
-        ]
-        click.echo(
-            format_table(
-                [
-                    "decode",
-                    "BxS",
-                    "sg_us",
-                    "sdpa_us",
-                    "flex_us",
-                    "floor_us",
-                    "x_sdpa",
-                    "x_flex",
-                    "of_floor",
-                    "TB/s",
-                ],
-                rows,
-            )
-        )
+    for kind, columns in SUMMARY_COLUMNS.items():
+        if result[kind]:
+            rows = [[get(r) for _, get in columns] for r in result[kind]]
+            click.echo(format_table([name for name, _ in columns], rows))
