@@ -1,6 +1,6 @@
-"""Paged decode on the Phi-3-Small sparse layer vs dense SDPA over the same KV, in one run.
+"""Decode tuning aid (GPU): kernel variants and split sweeps vs dense SDPA, in one run.
 
-    PYTHONPATH=$PWD python benchmarks/bench_decode.py --out decode.json
+    PYTHONPATH=$PWD python benchmarks/tune_decode.py --out decode.json
 
 Per case (batch x context, bf16, 32 heads / 8 KV heads / d 128, page 16, shuffled pages):
 dense SDPA over contiguous K/V of the same size, sparsegen's kernel (eager calls and CUDA-graph
