@@ -14,7 +14,6 @@ from . import reference
 from .errors import ImplUnavailableError, InputError
 from .spec import LayerSpec
 
-IMPLS = (None, "triton", "cuda", "reference")
 KINDS = ("prefill", "decode")
 
 

@@ -90,10 +90,6 @@ class KVCache:
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return list(zip(self.k, self.v, strict=True))
 
-    @property
-    def capacity_tokens(self) -> int:
-        return self.allocator.capacity * self.page_size
-
     def slots(self, pages: list[int], start: int, stop: int) -> torch.Tensor:
         """[stop - start] int64 flat slots of positions start..stop-1 of a sequence (on the CPU)."""
         ps = self.page_size

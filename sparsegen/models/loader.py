@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .config import CheckpointError, Phi3SmallConfig, named_config, read_config_json
+from .config import CheckpointError, Phi3SmallConfig, named_config
 from .phi3small import Phi3SmallForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -143,7 +143,7 @@ def load_checkpoint(
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
     config_path = folder / "config.json"
-    config = Phi3SmallConfig.from_hf_dict(read_config_json(config_path), str(config_path))
+    config = Phi3SmallConfig.from_file(config_path)
     weight_map = checkpoint_weight_map(folder)
     model = empty_model(
         config,
