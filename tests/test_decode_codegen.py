@@ -101,15 +101,20 @@ def test_phi3small_kernel_fits_registers_without_spills(arch):
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in main, main
 
 
-def test_many_pattern_classes_compile():
-    """Shared memory is declared once per kernel, not once per pattern class: a hybrid layer
-    whose 8 head groups all differ still fits the 48 KB static limit."""
+def eight_class_hybrid_layer() -> LayerSpec:
+    """32 heads over 8 KV heads (GQA 4) whose 8 head groups all differ: 8 pattern classes."""
     heads = tuple(
         HeadSpec(block_size=16 << (h % 4), local_blocks=1 + h % 3, vert_stride=2 + h % 5, vert_offset=h % 2,
                  sliding_window=0 if h % 3 else 50 + h)
         for h in range(32)
     )  # fmt: skip
-    layer = LayerSpec(32, 8, 128, heads)
+    return LayerSpec(32, 8, 128, heads)
+
+
+def test_many_pattern_classes_compile():
+    """Shared memory is declared once per kernel, not once per pattern class: a hybrid layer
+    whose 8 head groups all differ still fits the 48 KB static limit."""
+    layer = eight_class_hybrid_layer()
     src = dec.render_source(layer, "bf16", 16)
     assert len(re.findall(r"template <> struct Pattern<\d+>", src)) == 8
     cubin, _ = nb.compile_cubin(src, "sm_90", name="classes.cu")

@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from test_decode_codegen import eight_class_hybrid_layer
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec
@@ -245,12 +246,7 @@ def test_split_counts_agree_phi3small():
 
 def test_many_pattern_classes_on_gpu():
     """A hybrid layer whose 8 head groups all differ (8 pattern classes, GQA 4)."""
-    heads = tuple(
-        HeadSpec(block_size=16 << (h % 4), local_blocks=1 + h % 3, vert_stride=2 + h % 5, vert_offset=h % 2,
-                 sliding_window=0 if h % 3 else 50 + h)
-        for h in range(32)
-    )  # fmt: skip
-    layer = LayerSpec(32, 8, 128, heads)
+    layer = eight_class_hybrid_layer()
     p = DecodeProblem(layer, [2500, 17], 32, seed=4, dtype=torch.float16, device="cuda")
     out = sparsegen.paged_decode(*p.args(), impl="cuda")
     assert rel_err(out, p.reference()) < TOL
