@@ -7,13 +7,11 @@ chunks, so memory grows with chunk x keys x heads, never with keys^2.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .layout import layer_visible
 from .spec import LayerSpec
-from .validate import check_decode_inputs, check_prefill_inputs
+from .validate import check_decode_inputs, check_prefill_inputs, softmax_scale
 
 # Elements of one [H, chunk, keys] score tensor; bounds the reference's working memory.
 _SCORE_BUDGET = 1 << 24
@@ -67,7 +65,7 @@ def prefill(
 ) -> torch.Tensor:  # [Tq, H, D], q.dtype
     """Varlen block-sparse prefill; sequence b's queries are the last q_len of its k_len keys."""
     check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, allow_cpu=True)
-    scale = 1.0 / math.sqrt(layer.head_dim) if scale is None else float(scale)
+    scale = softmax_scale(scale, layer.head_dim)
     out = torch.empty_like(q)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
@@ -98,7 +96,7 @@ def paged_decode(
 ) -> torch.Tensor:  # [B, H, D], q.dtype
     """One decode step: each sequence's query sits at position seq_len - 1."""
     check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=True, check_pages=True)
-    scale = 1.0 / math.sqrt(layer.head_dim) if scale is None else float(scale)
+    scale = softmax_scale(scale, layer.head_dim)
     page_size = k_cache.shape[1]
     out = torch.empty_like(q)
     for b, n in enumerate(seq_lens.tolist()):

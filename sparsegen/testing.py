@@ -58,6 +58,31 @@ def sample_head_spec(rng, *, windows: tuple[int, ...] | None = None, max_window:
     )
 
 
+def sample_layer_spec(
+    rng,
+    *,
+    hybrid: bool,
+    head_dims: tuple[int, ...] = (64, 96, 128),
+    ratios: tuple[int, ...] = (1, 2, 3, 4, 8),
+    max_kv_heads: int = 2,
+    windows: tuple[int, ...] | None = None,
+) -> LayerSpec:
+    """A random valid LayerSpec from a `random.Random`: hybrid (every head its own pattern) or
+    Phi-3 style (one pattern for all heads, vertical offsets varying by head)."""
+    kv = rng.randint(1, max_kv_heads)
+    heads_n = kv * rng.choice(ratios)
+    d = rng.choice(head_dims)
+    if hybrid:
+        heads = tuple(sample_head_spec(rng, windows=windows) for _ in range(heads_n))
+    else:
+        base = sample_head_spec(rng, windows=windows)
+        s = base.vert_stride
+        heads = tuple(
+            HeadSpec(**{**base.to_dict(), "vert_offset": h % s}) if s else base for h in range(heads_n)
+        )
+    return LayerSpec(num_heads=heads_n, num_kv_heads=kv, head_dim=d, heads=heads)
+
+
 @st.composite
 def head_specs(draw, block_size: int | None = None, kinds: tuple[str, ...] | None = None) -> HeadSpec:
     """A valid HeadSpec: dense, or any union of local blocks, vertical stride and window."""
@@ -134,13 +159,14 @@ class PrefillProblem:
         t = self.tensors
         return (t["q"], t["k"], t["v"], t["cu_seqlens_q"], t["cu_seqlens_k"], self.layer, self.scale)
 
-    def reference(self) -> torch.Tensor:
-        """The oracle's answer, in float64 math on the CPU."""
-        t = {n: x.cpu() for n, x in self.tensors.items()}
+    def reference(self, *, exact: bool = True) -> torch.Tensor:
+        """The oracle's answer: float64 math on the CPU, or (exact=False) float32 math where the
+        tensors are, which is far quicker on a GPU for long sequences."""
+        t = _oracle_inputs(self.tensors, exact)
         return reference.prefill(
-            t["q"].double(),
-            t["k"].double(),
-            t["v"].double(),
+            t["q"],
+            t["k"],
+            t["v"],
             t["cu_seqlens_q"],
             t["cu_seqlens_k"],
             self.layer,
@@ -152,6 +178,13 @@ class PrefillProblem:
             f"PrefillProblem(layer=LayerSpec.from_json({self.layer.to_json()!r}), q_lens={self.q_lens}, "
             f"k_lens={self.k_lens}, seed={self.seed}, dtype={self.dtype}, scale={self.scale})"
         )
+
+
+def _oracle_inputs(tensors: dict, exact: bool) -> dict:
+    """Float tensors as float64 on the CPU (exact) or float32 in place; index tensors beside them."""
+    if exact:
+        return {n: x.cpu().double() if x.is_floating_point() else x.cpu() for n, x in tensors.items()}
+    return {n: x.float() if x.is_floating_point() else x for n, x in tensors.items()}
 
 
 def _offsets(lens: list[int], device) -> torch.Tensor:
@@ -218,13 +251,14 @@ class DecodeProblem:
         t = self.tensors
         return (t["q"], t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], self.layer, self.scale)
 
-    def reference(self) -> torch.Tensor:
-        """The oracle's answer, in float64 math on the CPU."""
-        t = {n: x.cpu() for n, x in self.tensors.items()}
+    def reference(self, *, exact: bool = True) -> torch.Tensor:
+        """The oracle's answer: float64 math on the CPU, or (exact=False) float32 math where the
+        tensors are, which is far quicker on a GPU for long sequences."""
+        t = _oracle_inputs(self.tensors, exact)
         return reference.paged_decode(
-            t["q"].double(),
-            t["k_cache"].double(),
-            t["v_cache"].double(),
+            t["q"],
+            t["k_cache"],
+            t["v_cache"],
             t["block_tables"],
             t["seq_lens"],
             self.layer,

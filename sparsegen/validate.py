@@ -7,6 +7,8 @@ only ones that synchronise with the device.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .errors import InputError
@@ -14,6 +16,20 @@ from .spec import LayerSpec
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 REFERENCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def softmax_scale(scale: object, head_dim: int) -> float:
+    """The score scale: 1/sqrt(head_dim) by default; else a finite number > 0 (the kernels fold it
+    into the running max, which needs it positive)."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise InputError(f"scale must be a number, got {type(scale).__name__}") from None
+    if not math.isfinite(value) or value <= 0.0:
+        raise InputError(f"scale must be a finite number > 0, got {value}")
+    return value
 
 
 def _check_tensor(name: str, t: object, ndim: int) -> torch.Tensor:

@@ -34,4 +34,22 @@ def test_fuzz_command_on_cpu():
         "-m", "sparsegen.cli", "fuzz", "--random", "--examples", "3", "--max-len", "80", "--seed", "1"
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "3 cases, 0 failed" in run.stderr
+    assert "prefill: 36 cases over 12 spec(s), 0 failed" in run.stdout
+    assert "decode needs a GPU: not run" in run.stderr
+
+
+def test_fuzz_command_reports_a_wrong_kernel(monkeypatch):
+    """The fuzz check can fail: a kernel that is off by a little is caught and named."""
+    from click.testing import CliRunner
+
+    from sparsegen import ops, reference
+    from sparsegen.cli import cli
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SPARSEGEN_POISON_OUTPUT", "0")
+    monkeypatch.setattr(ops, "prefill", lambda *args, impl=None: reference.prefill(*args) * 1.05)
+    args = ["fuzz", "--random", "--specs", "2", "--examples", "2", "--max-len", "40", "--seed", "3"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    assert result.output.count("FAIL prefill (rel err") == 4
+    assert "prefill: 4 cases over 2 spec(s), 4 failed" in result.output

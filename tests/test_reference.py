@@ -147,6 +147,9 @@ def test_reference_input_errors():
         reference.prefill(q, k.half(), k, cu, cu, layer)
     with pytest.raises(InputError, match="LayerSpec"):
         reference.prefill(q, k, k, cu, cu, "phi3small")
+    for bad in (0.0, -0.1, float("nan"), float("inf"), "x"):
+        with pytest.raises(InputError, match="scale"):
+            reference.prefill(q, k, k, cu, cu, layer, scale=bad)
     problem = DecodeProblem(layer, [5, 9], page_size=8, seed=1, dtype=torch.float32)
     args = list(problem.args())
     args[3] = args[3].clone()

@@ -1,77 +1,140 @@
-"""`sparsegen fuzz`: hypothesis-driven checks of the generated prefill kernels vs the reference.
+"""`sparsegen fuzz`: hypothesis-driven checks of the generated kernels against the reference.
 
-On a GPU the compiled kernels run in bf16; on a CPU the generated kernels run in Triton's
-interpreter (fp16, small shapes). Each failing case prints as a one-line repro.
+The specs are fixed first (a pattern's distinct layers, or `--specs N` random layers drawn from
+the seed), so each costs one compile per kernel; hypothesis then draws `--examples` shapes for
+every spec and kernel. On a GPU the compiled kernels run in bf16 and are checked against the
+reference in float32 on the GPU; on a CPU the prefill kernel runs in Triton's interpreter (fp16,
+small shapes) against float64, and the CUDA decode kernel is not run. Outputs are NaN-poisoned
+before every launch, so a row a kernel forgets to write fails. Each failure prints as a one-line
+repro; the run ends with one line per kernel (cases, failures, worst error) and the seed.
 """
 
 from __future__ import annotations
 
 import os
+import random
 
 import click
 import torch
 
+KERNELS = ("prefill", "decode")
 
-def _run(strategy, examples: int, impl: str, tol: float, seed: int | None) -> tuple[int, list[str]]:
+
+def _run(kernel: str, strategy, examples: int, tol: float, exact: bool, seed: int) -> tuple[int, float, list]:
+    """(cases run, worst relative error, failure lines) for one spec's strategy."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hseed
 
     from .. import ops
     from ..testing import rel_err
 
+    launch = ops.prefill if kernel == "prefill" else ops.paged_decode
+    impl = "triton" if kernel == "prefill" else "cuda"
     failures: list[str] = []
-    count = [0]
+    stats = {"cases": 0, "worst": 0.0}
 
+    @hseed(seed)
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(strategy)
     def check(problem):
-        count[0] += 1
+        stats["cases"] += 1
         try:
-            err = rel_err(ops.prefill(*problem.args(), impl=impl), problem.reference())
+            err = rel_err(launch(*problem.args(), impl=impl), problem.reference(exact=exact))
+            stats["worst"] = max(stats["worst"], err)
             reason = None if err < tol else f"rel err {err:.3g}"
         except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if reason:
-            failures.append(f"FAIL ({reason}): {problem.repro()}")
+            failures.append(f"FAIL {kernel} ({reason}): {problem.repro()}")
             click.echo(failures[-1])
 
-    if seed is not None:
-        check = hseed(seed)(check)
     check()
-    return count[0], failures
+    return stats["cases"], stats["worst"], failures
+
+
+def _specs(pattern: str | None, count: int, seed: int, on_gpu: bool) -> list:
+    from ..testing import sample_layer_spec
+    from .options import load_pattern
+
+    if pattern:
+        return [layer for layer, _ in load_pattern(pattern).distinct_layers()]
+    rng = random.Random(seed)
+    if on_gpu:
+        return [sample_layer_spec(rng, hybrid=bool(i % 2)) for i in range(count)]
+    # The interpreter is slow: small heads, few of them.
+    return [sample_layer_spec(rng, hybrid=bool(i % 2), head_dims=(64,), ratios=(1, 2)) for i in range(count)]
 
 
 @click.command(name="fuzz")
 @click.option("--pattern", default=None, help="Fuzz shapes for this pattern's layers.")
 @click.option("--random", "random_specs", is_flag=True, help="Fuzz random specs (hybrid layers included).")
-@click.option("--examples", type=click.IntRange(1), default=25, show_default=True)
+@click.option(
+    "--kernel",
+    type=click.Choice([*KERNELS, "all"]),
+    default="all",
+    show_default=True,
+    help="Which kernels ('all' runs decode only where a GPU is).",
+)
+@click.option(
+    "--specs",
+    "num_specs",
+    type=click.IntRange(1),
+    default=12,
+    show_default=True,
+    help="Random specs to draw (with --random); each is one compile per kernel.",
+)
+@click.option(
+    "--examples", type=click.IntRange(1), default=10, show_default=True, help="Shapes per spec and kernel."
+)
 @click.option(
     "--max-len", type=click.IntRange(1), default=None, help="Longest sequence (default 2048 GPU, 200 CPU)."
 )
-@click.option("--seed", type=int, default=None, help="Hypothesis seed for a reproducible run.")
-def command(pattern, random_specs, examples, max_len, seed):
+@click.option("--seed", type=int, default=None, help="Seed for the specs and shapes (default: a fresh one).")
+def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     """Fuzz the generated kernels against the reference on this device."""
     if bool(pattern) == random_specs:
         raise click.UsageError("give exactly one of --pattern P or --random")
     on_gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+    if kernel == "decode" and not on_gpu:
+        raise click.UsageError("the CUDA paged-decode kernel needs an sm_80+ GPU; this machine has none")
+    kernels = [k for k in KERNELS if kernel in (k, "all") and (k == "prefill" or on_gpu)]
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel is fetched
+    os.environ["SPARSEGEN_POISON_OUTPUT"] = "1"
     from hypothesis import strategies as st
 
-    from ..testing import layer_specs, prefill_problems
-    from .options import load_pattern
+    from ..testing import decode_problems, prefill_problems
 
+    seed = random.randrange(2**31) if seed is None else seed
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float16)
     tol = 2e-2 if on_gpu else 5e-3
     max_len = max_len or (2048 if on_gpu else 200)
-    if pattern:
-        layers = st.sampled_from([layer for layer, _ in load_pattern(pattern).distinct_layers()])
-    else:
-        layers = layer_specs(head_dims=(64, 96, 128) if on_gpu else (64,), block_sizes=(16, 32, 64, 128))
+    specs = _specs(pattern, num_specs, seed, on_gpu)
     where = "GPU, bf16" if on_gpu else "CPU interpreter, fp16"
-    click.echo(f"fuzzing {examples} cases on the {where}, sequences up to {max_len} tokens", err=True)
-    strategy = prefill_problems(layers, max_batch=3, max_len=max_len, dtype=dtype, device=device)
-    n, failures = _run(strategy, examples, "triton", tol, seed)
-    click.echo(f"{n} cases, {len(failures)} failed", err=True)
-    if failures:
+    skipped = " (decode needs a GPU: not run)" if kernel == "all" and not on_gpu else ""
+    click.echo(
+        f"fuzzing {', '.join(kernels)}{skipped}: {len(specs)} spec(s) x {examples} shapes on the {where}, "
+        f"sequences up to {max_len} tokens, seed {seed}",
+        err=True,
+    )
+    failed = 0
+    for name in kernels:
+        cases, worst, failures = 0, 0.0, []
+        for i, layer in enumerate(specs):
+            if name == "prefill":
+                strategy = prefill_problems(
+                    st.just(layer), max_batch=3, max_len=max_len, dtype=dtype, device=device
+                )
+            else:
+                strategy = decode_problems(
+                    st.just(layer), max_batch=4, max_len=4 * max_len, dtype=dtype, device=device
+                )
+            n, w, f = _run(name, strategy, examples, tol, exact=not on_gpu, seed=seed + i)
+            cases, worst, failures = cases + n, max(worst, w), failures + f
+        failed += len(failures)
+        click.echo(
+            f"{name}: {cases} cases over {len(specs)} spec(s), {len(failures)} failed, worst rel err {worst:.2e}"
+        )
+    click.echo(f"seed {seed}: rerun with --seed {seed}", err=True)
+    if failed:
         raise SystemExit(1)

@@ -176,6 +176,8 @@ def aot_compile(
             attrs = {(ARG_NAMES.index(a),): [["tt.divisibility", 16]] for a in ALIGNED_ARGS}
             src = ASTSource(fn, signature(dtype), constexprs={}, attrs=attrs)
             options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+            if "maxnreg" in config:  # a register cap lets more programs share a multiprocessor
+                options["maxnreg"] = config["maxnreg"]
             try:
                 compiled = triton.compile(src, target=GPUTarget("cuda", arch_cc(arch), 32), options=options)
             except Exception as exc:

@@ -29,7 +29,7 @@ from ..errors import CompileError, ImplUnavailableError, InputError
 from ..jit import cache
 from ..jit import nvrtc_build as nb
 from ..spec import HeadSpec, LayerSpec
-from ..validate import check_decode_inputs
+from ..validate import check_decode_inputs, softmax_scale
 
 TEMPLATE = "paged_decode.cu.jinja"
 KERNEL = "sparsegen_paged_decode"
@@ -355,5 +355,5 @@ def cuda_paged_decode(
             f"kernel {kernel.name} is for {kernel.dtype_name} with page_size {kernel.page_size}; "
             f"got {q.dtype} with page_size {k_cache.shape[1]}"
         )
-    scale = 1.0 / math.sqrt(layer.head_dim) if scale is None else float(scale)
+    scale = softmax_scale(scale, layer.head_dim)
     return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale)

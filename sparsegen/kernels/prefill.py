@@ -10,7 +10,6 @@ Without a GPU, `arch=` compiles for that arch: the kernel can be stored and insp
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from ..codegen import template_bytes
 from ..errors import ImplUnavailableError, InputError
 from ..jit import cache, triton_build
 from ..spec import LayerSpec
-from ..validate import check_prefill_inputs
+from ..validate import check_prefill_inputs, softmax_scale
 
 LOG2E = 1.4426950408889634
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -99,7 +98,7 @@ class PrefillKernel:
             _check_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, self.layer)
         self._check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, interp)
         q, k, v = (_aligned(t) for t in (q, k, v))  # q: [Tq, H, D]; k, v: [Tk, Hkv, D]
-        scale = 1.0 / math.sqrt(self.layer.head_dim) if scale is None else float(scale)
+        scale = softmax_scale(scale, self.layer.head_dim)
         out = torch.full_like(q, float("nan")) if _poisoning() else torch.empty_like(q)  # [Tq, H, D]
         if q.shape[0] == 0:
             return out
