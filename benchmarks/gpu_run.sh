@@ -1,52 +1,107 @@
 #!/usr/bin/env bash
-# One GPU call: environment, gpu-marked tests, cold/warm compile, benchmarks; short table last.
-# Run from the repo root on the GPU machine:  bash benchmarks/gpu_run.sh   (logs go to $OUT)
+# One GPU call: environment, cold/warm compile, gpu-marked tests, fuzz, benchmarks, the generate
+# CLI and the end-to-end generate benchmark; a short table last. From the repo root on the GPU:
+#   bash benchmarks/gpu_run.sh                      # every stage but `tune`
+#   STAGES="tune cli" bash benchmarks/gpu_run.sh    # just these stages
+# Logs: $OUT/logs.tar.gz (one file per stage), plus $OUT/summary.txt, bench.json, generate.json.
 set -uo pipefail
 OUT=${OUT:-/tmp/sparsegen-gpu-out}
+LOGS=$(mktemp -d /tmp/sparsegen-logs.XXXX)
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export SPARSEGEN_CACHE_DIR=${SPARSEGEN_CACHE_DIR:-/tmp/sparsegen-cache}
-TEST_TIMEOUT=${TEST_TIMEOUT:-200}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-170}
+STAGES=${STAGES:-"compile tests fuzz bench cli generate"}
 summary=$OUT/summary.txt
 : > "$summary"
+trap 'tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null' EXIT
+
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+secs() { awk "BEGIN{printf \"%.1f\", $2-$1}"; }
 
 {
   date -u +"date %Y-%m-%dT%H:%MZ"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   python3 -c "from sparsegen.jit.cache import nvrtc_version; print('nvrtc', nvrtc_version())"
+  echo "stages: $STAGES"
 } >> "$summary" 2>&1
 cat "$summary"
 
-echo "== compile: cold, then warm (cache in $SPARSEGEN_CACHE_DIR)"
-rm -rf "$SPARSEGEN_CACHE_DIR"
-t0=$EPOCHREALTIME
-python3 -m sparsegen.cli compile --pattern phi3small --json > "$OUT/compile_cold.json" 2> "$OUT/compile.log"
-rc_cold=$?
-t1=$EPOCHREALTIME
-python3 -m sparsegen.cli compile --pattern phi3small --json > "$OUT/compile_warm.json" 2>> "$OUT/compile.log"
-rc_warm=$?
-t2=$EPOCHREALTIME
-python3 -c "import torch, triton" ; t3=$EPOCHREALTIME
-echo "compile cold rc=$rc_cold $(awk "BEGIN{printf \"%.2f\", $t1-$t0}") s; warm rc=$rc_warm $(awk "BEGIN{printf \"%.2f\", $t2-$t1}") s; import torch+triton $(awk "BEGIN{printf \"%.2f\", $t3-$t2}") s" | tee -a "$summary"
+if want compile; then
+  echo "== compile: cold, then warm (cache in $SPARSEGEN_CACHE_DIR)"
+  rm -rf "$SPARSEGEN_CACHE_DIR"
+  t0=$EPOCHREALTIME
+  python3 -m sparsegen.cli compile --pattern phi3small --json > "$LOGS/compile_cold.json" 2> "$LOGS/compile.log"
+  rc_cold=$?
+  t1=$EPOCHREALTIME
+  python3 -m sparsegen.cli compile --pattern phi3small --json > "$LOGS/compile_warm.json" 2>> "$LOGS/compile.log"
+  rc_warm=$?
+  t2=$EPOCHREALTIME
+  python3 -c "import torch, triton"
+  t3=$EPOCHREALTIME
+  echo "compile cold rc=$rc_cold $(secs $t0 $t1) s; warm rc=$rc_warm $(secs $t1 $t2) s;" \
+    "import torch+triton $(secs $t2 $t3) s" | tee -a "$summary"
+fi
 
-echo "== gpu tests"
-timeout "$TEST_TIMEOUT" python3 -m pytest -m gpu -q -s -p no:cacheprovider --durations=15 tests > "$OUT/gpu_tests.log" 2>&1
-rc_tests=$?
-tail -n 25 "$OUT/gpu_tests.log"
-echo "gpu tests rc=$rc_tests: $(grep -E '(passed|failed|error)' "$OUT/gpu_tests.log" | tail -n 1)" >> "$summary"
+if want tune; then
+  echo "== prefill template variants"
+  timeout "${TUNE_TIMEOUT:-240}" python3 benchmarks/tune_prefill.py --out "$LOGS/tune_prefill.json" \
+    > "$LOGS/tune_prefill.log" 2>&1
+  echo "tune rc=$?" >> "$summary"
+  sed -n '/^== summary/,$p' "$LOGS/tune_prefill.log" | tee -a "$summary"
+fi
 
-echo "== benchmarks"
-timeout "$BENCH_TIMEOUT" python3 -m sparsegen.cli bench --kind all --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
-echo "bench rc=${PIPESTATUS[0]}" >> "$summary"
-grep -A 40 '^== summary$' "$OUT/bench.log" >> "$summary"
+if want tests; then
+  echo "== gpu tests"
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -m gpu -q -s -p no:cacheprovider --durations=15 tests \
+    > "$LOGS/gpu_tests.log" 2>&1
+  rc=$?
+  tail -n 25 "$LOGS/gpu_tests.log"
+  echo "gpu tests rc=$rc: $(grep -E '(passed|failed|error)' "$LOGS/gpu_tests.log" | tail -n 1)" >> "$summary"
+fi
 
-echo "== end-to-end generate (7b random weights, sparse vs every layer dense)"
-timeout "${GEN_TIMEOUT:-130}" python3 benchmarks/bench_generate.py --quick --out "$OUT/generate.json" 2>&1 | tee -a "$OUT/bench.log" | tail -n 8
-echo "generate rc=${PIPESTATUS[0]}" >> "$summary"
-grep -A 2 '^== summary (' "$OUT/bench.log" >> "$summary"
-grep -E '^(sparse|dense) ' "$OUT/bench.log" >> "$summary"
+if want fuzz; then
+  echo "== sparsegen fuzz (random specs, prefill and decode)"
+  t0=$EPOCHREALTIME
+  timeout "${FUZZ_TIMEOUT:-200}" python3 -m sparsegen.cli fuzz --random --specs "${FUZZ_SPECS:-24}" \
+    --examples "${FUZZ_EXAMPLES:-12}" --seed "${FUZZ_SEED:-2026}" > "$LOGS/fuzz.log" 2>&1
+  rc=$?
+  grep -E '^(FAIL|prefill:|decode:)' "$LOGS/fuzz.log" | head -n 20
+  { echo "fuzz rc=$rc in $(secs $t0 $EPOCHREALTIME) s"; grep -E '^(prefill|decode):' "$LOGS/fuzz.log"; } >> "$summary"
+fi
+
+if want bench; then
+  echo "== benchmarks"
+  timeout "${BENCH_TIMEOUT:-170}" python3 -m sparsegen.cli bench --kind all --out "$OUT/bench.json" \
+    > "$LOGS/bench.log" 2>&1
+  echo "bench rc=$?" >> "$summary"
+  grep -A 40 '^== summary$' "$LOGS/bench.log" | tee -a "$summary"
+fi
+
+if want cli; then
+  echo "== sparsegen generate --random 7b (CLI: streamed text, 8K prompt; then --json)"
+  python3 -c "import random; r = random.Random(0); print(''.join(r.choice('abcdefgh ') for _ in range(8192)))" \
+    > "$LOGS/prompt8k.txt"
+  for mode in "" "--force-dense"; do
+    timeout "${CLI_TIMEOUT:-120}" python3 -m sparsegen.cli generate --random 7b --prompts-file "$LOGS/prompt8k.txt" \
+      --max-tokens 64 --ignore-eos --seed 0 --temperature 0.8 $mode > "$LOGS/cli_stream${mode}.log" 2>&1
+    echo "generate --stream $mode rc=$?: $(tail -n 1 "$LOGS/cli_stream${mode}.log")" | tee -a "$summary"
+  done
+  timeout "${CLI_TIMEOUT:-120}" python3 -m sparsegen.cli generate --random 7b --prompt-ids 1,2,3 \
+    --prompt "hello" --max-tokens 32 --json > "$LOGS/cli_json.log" 2>&1
+  echo "generate --json rc=$?: $(grep -c '^{' "$LOGS/cli_json.log") JSON lines" | tee -a "$summary"
+  head -c 600 "$LOGS/cli_json.log"; echo
+fi
+
+if want generate; then
+  echo "== end-to-end generate (7b random weights, sparse vs every layer dense)"
+  timeout "${GEN_TIMEOUT:-130}" python3 benchmarks/bench_generate.py --quick --out "$OUT/generate.json" \
+    > "$LOGS/generate.log" 2>&1
+  echo "generate rc=$?" >> "$summary"
+  tail -n 8 "$LOGS/generate.log"
+  grep -A 2 '^== summary (' "$LOGS/generate.log" >> "$summary"
+  grep -E '^(sparse|dense) ' "$LOGS/generate.log" >> "$summary"
+fi
 
 echo
 echo "================ SUMMARY ================"

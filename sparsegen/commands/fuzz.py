@@ -65,6 +65,27 @@ def _specs(pattern: str | None, count: int, seed: int, on_gpu: bool) -> list:
     return [sample_layer_spec(rng, hybrid=bool(i % 2), head_dims=(64,), ratios=(1, 2)) for i in range(count)]
 
 
+def _precompile(specs: list, kernels: list[str], page_sizes: list[int]) -> None:
+    """Build every kernel the run needs up front, side by side: prefill kernels in processes
+    (Triton compiles on one core), decode kernels in threads (NVRTC releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..kernels.decode import get_decode_kernel
+    from ..kernels.prefill import current_arch, precompile
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        decode = []
+        if "decode" in kernels:
+            decode = [
+                pool.submit(get_decode_kernel, layer, dtype=torch.bfloat16, page_size=ps)
+                for layer, ps in zip(specs, page_sizes)
+            ]
+        if "prefill" in kernels:
+            precompile(specs, (torch.bfloat16,), arch=current_arch())
+        for job in decode:
+            job.result()
+
+
 @click.command(name="fuzz")
 @click.option("--pattern", default=None, help="Fuzz shapes for this pattern's layers.")
 @click.option("--random", "random_specs", is_flag=True, help="Fuzz random specs (hybrid layers included).")
@@ -103,7 +124,7 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     os.environ["SPARSEGEN_POISON_OUTPUT"] = "1"
     from hypothesis import strategies as st
 
-    from ..testing import decode_problems, prefill_problems
+    from ..testing import PAGE_SIZES, decode_problems, prefill_problems
 
     seed = random.randrange(2**31) if seed is None else seed
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float16)
@@ -117,6 +138,9 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
         f"sequences up to {max_len} tokens, seed {seed}",
         err=True,
     )
+    page_sizes = [random.Random(seed + i).choice(PAGE_SIZES) for i in range(len(specs))]
+    if on_gpu:
+        _precompile(specs, kernels, page_sizes)
     failed = 0
     for name in kernels:
         cases, worst, failures = 0, 0.0, []
@@ -127,7 +151,12 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
                 )
             else:
                 strategy = decode_problems(
-                    st.just(layer), max_batch=4, max_len=4 * max_len, dtype=dtype, device=device
+                    st.just(layer),
+                    max_batch=4,
+                    max_len=4 * max_len,
+                    page_sizes=(page_sizes[i],),
+                    dtype=dtype,
+                    device=device,
                 )
             n, w, f = _run(name, strategy, examples, tol, exact=not on_gpu, seed=seed + i)
             cases, worst, failures = cases + n, max(worst, w), failures + f
