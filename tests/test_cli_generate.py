@@ -21,7 +21,7 @@ def test_random_tiny_json_lines_in_input_order():
     res = run("--random", "tiny", "--prompt", "hello", "--prompt-ids", "1,2,3", "--prompt", "bye", "--max-tokens", "6",
               "--json", "--device", "cpu")  # fmt: skip
     assert res.exit_code == 0, res.output
-    lines = [json.loads(line) for line in res.output.splitlines()]
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
     assert [x["prompt_ids"] for x in lines] == [list(b"hello"), list(b"bye"), [1, 2, 3]]
     for x in lines:
         assert set(x) == {
@@ -41,7 +41,8 @@ def test_random_tiny_json_lines_in_input_order():
 def test_streams_text_and_reports_speed():
     res = run("--random", "tiny", "--prompt", "hello", "--max-tokens", "8")
     assert res.exit_code == 0, res.output
-    assert "tokens/s" in res.output and "time to first token" in res.output
+    assert "tokens/s" in res.stdout and "time to first token" in res.stdout
+    assert "warm-up (kernel builds" in res.stderr
 
 
 def test_greedy_is_deterministic_and_force_dense_runs(tmp_path):
@@ -59,11 +60,11 @@ def test_greedy_is_deterministic_and_force_dense_runs(tmp_path):
     ]
     a, b = run(*common), run(*common)
     assert a.exit_code == b.exit_code == 0, a.output
-    ids_a = [json.loads(x)["output_ids"] for x in a.output.splitlines()]
-    ids_b = [json.loads(x)["output_ids"] for x in b.output.splitlines()]
+    ids_a = [json.loads(x)["output_ids"] for x in a.stdout.splitlines()]
+    ids_b = [json.loads(x)["output_ids"] for x in b.stdout.splitlines()]
     assert ids_a == ids_b and len(ids_a) == 2
     dense = run(*common, "--force-dense")
-    assert dense.exit_code == 0 and len(dense.output.splitlines()) == 2
+    assert dense.exit_code == 0 and len(dense.stdout.splitlines()) == 2
 
 
 def test_sampling_options_with_seed():
@@ -71,20 +72,20 @@ def test_sampling_options_with_seed():
               "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20", "--seed", "3"]  # fmt: skip
     a, b = run(*common), run(*common)
     assert a.exit_code == 0
-    assert json.loads(a.output)["output_ids"] == json.loads(b.output)["output_ids"]
+    assert json.loads(a.stdout)["output_ids"] == json.loads(b.stdout)["output_ids"]
 
 
 def test_model_folder_with_tokenizer(tmp_path):
     folder = write_checkpoint(tmp_path / "ckpt", tensors=random_tensors(TINY_HF_CONFIG, with_lm_head=True))
     res = run("--model", str(folder), "--prompt-ids", "5,6,7,8", "--max-tokens", "4", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["prompt_ids"] == [5, 6, 7, 8]
+    assert json.loads(res.stdout)["prompt_ids"] == [5, 6, 7, 8]
     res = run("--model", str(folder), "--prompt", "hi")
     assert res.exit_code == 2 and "no .tiktoken file" in res.output
     write_bpe_file(folder / "tokenizer.tiktoken")  # 264 ranks + 5 specials fit the 272-id vocabulary
     res = run("--model", str(folder), "--prompt", "hello world", "--max-tokens", "3", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["prompt_ids"] == [259, 263]
+    assert json.loads(res.stdout)["prompt_ids"] == [259, 263]
 
 
 @pytest.mark.parametrize(

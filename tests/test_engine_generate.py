@@ -121,6 +121,15 @@ def test_continuous_batching_admits_new_prompts_as_others_finish(model, prompts)
     assert done == {10, 11}
 
 
+def test_warmup_leaves_the_engine_as_it_was(model, prompts, oracle):
+    engine = LLMEngine(model, max_num_seqs=2, max_num_batched_tokens=128)
+    assert engine.warmup() > 0
+    assert not engine.has_unfinished
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
+    (res,) = engine.generate(prompts[:1], GREEDY)
+    assert res.output_ids == oracle[0]
+
+
 def test_small_cache_preempts_and_still_matches(model, prompts, oracle):
     # 60 usable pages of 16 tokens: not enough for all four sequences at once
     engine = LLMEngine(model, num_pages=61, max_num_seqs=4, max_num_batched_tokens=512)

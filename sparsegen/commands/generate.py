@@ -154,10 +154,13 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) ->
 )
 @click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")
+@click.option(
+    "--no-warmup", is_flag=True, help="Skip the warm-up request (timings then include kernel builds)."
+)
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs,
+    no_cuda_graphs, no_warmup,
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
@@ -171,7 +174,7 @@ def command(
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs,
+    no_cuda_graphs, no_warmup,
 ):  # fmt: skip
     import torch
 
@@ -200,6 +203,9 @@ def _generate(
         max_num_batched_tokens=chunk_size,
         use_cuda_graphs=not no_cuda_graphs,
     )
+    if not no_warmup:
+        seconds = engine.warmup()
+        click.echo(f"warm-up (kernel builds, first CUDA-graph capture): {seconds:.2f} s", err=True)
     live = stream and not as_json and len(prompts) == 1 and tokenizer is not None
     decode_piece = tokenizer.stream_decoder() if live else None
     eos = engine.eos_token_id

@@ -245,6 +245,16 @@ class LLMEngine:
                 del self._index[seq.seq_id]
         return events
 
+    def warmup(self) -> float:
+        """Run one two-token request now, so that kernel builds, library set-up and the first
+        CUDA-graph capture happen before any timed request; returns the seconds it took. The
+        engine is left as it was (no request pending, every page free)."""
+        if self.has_unfinished:
+            raise RuntimeError("warmup() needs an idle engine: requests are pending")
+        start = time.perf_counter()
+        self.generate([[0]], SamplingParams(max_tokens=2, ignore_eos=True))
+        return time.perf_counter() - start
+
     # -- whole requests -------------------------------------------------------------------------
     def stream(
         self, prompts: Seq[list[int]], params: SamplingParams | Seq[SamplingParams]
