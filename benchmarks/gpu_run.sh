@@ -39,8 +39,11 @@ if want compile; then
   t2=$EPOCHREALTIME
   python3 -c "import torch, triton"
   t3=$EPOCHREALTIME
+  python3 -c "import torch, triton; torch.cuda.init()"
+  t4=$EPOCHREALTIME
   echo "compile cold rc=$rc_cold $(secs $t0 $t1) s; warm rc=$rc_warm $(secs $t1 $t2) s;" \
-    "import torch+triton $(secs $t2 $t3) s" | tee -a "$summary"
+    "import torch+triton $(secs $t2 $t3) s; the same + CUDA init $(secs $t3 $t4) s" | tee -a "$summary"
+  tail -n 1 "$LOGS/compile.log" >> "$summary"
 fi
 
 if want tune; then

@@ -26,15 +26,12 @@ from sparsegen.kernels import prefill as prefill_mod
 VARIANT_DIR = Path(__file__).resolve().parent / "prefill_variants"
 RULE = None  # the rule's tile config
 VARIANTS = [
-    ("v0_base", RULE),
+    ("v0_base", RULE),  # the template before the FMA-folded scale
     ("main", RULE),
-    ("main", {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 4}),
-    ("main", {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
     ("main", {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128}),
-    ("main", {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 128}),
-    ("main", {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": 168}),
-    ("v2_ws", RULE),
-    ("v3_prefetch", RULE),
+    ("main", {"block_m": 256, "block_n": 64, "num_warps": 16, "num_stages": 3}),
+    ("main", {"block_m": 256, "block_n": 64, "num_warps": 16, "num_stages": 2}),
+    ("main", {"block_m": 256, "block_n": 32, "num_warps": 16, "num_stages": 3}),
 ]
 CASES = [("phi3small", 8192), ("phi3small", 32768), ("sliding-window", 32768)]
 

@@ -143,6 +143,29 @@ def test_num_splits_heuristic():
             assert s in nice and 1 <= s <= dec.MAX_SPLITS and (s == 1 or s <= -(-ctx // 64) // 4)
 
 
+def test_split_weights():
+    """Splits share work: the near range weighs FAR_SCALE per chunk, far chunks their needed share."""
+    groups = [PHI3.heads[g * 4 : (g + 1) * 4] for g in range(8)]
+    # 16 local blocks of 64 (+ the partial one) = 17 chunks, +1; 4 heads x 1/8 of the far blocks.
+    assert {dec.split_weights(g) for g in groups} == {(18, 8)}
+    assert dec.split_weights((HeadSpec(dense=True),)) == (0, dec.FAR_SCALE)
+    assert dec.split_weights((HeadSpec(block_size=64, sliding_window=4096),)) == (65, 1)  # far: skipped
+    one = (
+        HeadSpec(block_size=16, local_blocks=2, vert_stride=2),
+    )  # every 64-token chunk has a vertical block
+    assert dec.split_weights(one) == (2, dec.FAR_SCALE)
+    consts = dec.template_constants(PHI3, "bf16", 16)
+    assert consts["class_splits"] == [[18, 8], [18, 8]]
+
+
+def test_context_limit_is_an_input_error():
+    q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16)
+    tables = torch.zeros(1, dec.MAX_CONTEXT // 16 + 1, dtype=torch.int32)
+    with pytest.raises(InputError, match="at most 8388608 tokens"):
+        dec.check_kernel_inputs(q, cache, cache, tables, torch.ones(1, dtype=torch.int32))
+
+
 def test_template_rejects_free_strings():
     with pytest.raises(CompileError):
         sparsegen.codegen.render(

@@ -37,6 +37,7 @@ REDUCE = "sparsegen_paged_decode_reduce"
 TILE = 64  # tokens per split unit (CHUNK in the template)
 MAX_HEADS_PER_BLOCK = 8
 MAX_SPLITS = 256  # as in the template's reduce kernel
+MAX_CONTEXT = 2**23  # tokens per sequence: keeps the template's split arithmetic within 32 bits
 # Template knobs (ints): PIPE issues the next warp tile's K/V loads before this tile's math;
 # MIN_BLOCKS is __launch_bounds__'s blocks-per-SM hint (a register cap); Q_SMEM keeps q's mma
 # fragments in shared memory instead of 32 registers. The default (no pipelining, q in registers,
@@ -63,6 +64,38 @@ def _head_constants(head: HeadSpec) -> dict:
         "offset": head.vert_offset,
         "window": head.sliding_window,
     }
+
+
+FAR_SCALE = 16  # a chunk's weight when every token of it is needed (the near range)
+
+
+def split_weights(heads: tuple[HeadSpec, ...]) -> tuple[int, int]:
+    """(near_chunks, far_weight) for one head group, so that splits can share work evenly.
+
+    The last `near_chunks` TILE-token chunks before the query hold the local blocks / window,
+    which some head of the group needs in full: each weighs FAR_SCALE. An earlier chunk weighs
+    `far_weight` (1..FAR_SCALE): the share of those chunks that some head needs (vertical
+    stride blocks), since the kernel skips the others without loading them.
+    """
+    if any(h.dense for h in heads):
+        return 0, FAR_SCALE
+    near = max(max(h.local_blocks * h.block_size + h.block_size if h.local_blocks else 0, h.sliding_window)
+               for h in heads)  # fmt: skip
+    period = 1024  # chunks sampled: the exact share for strides x block sizes dividing 1024 x TILE
+    needed = 0
+    for c in range(period):
+        first_block = {h: (c * TILE) // h.block_size for h in heads}
+        last_block = {h: (c * TILE + TILE - 1) // h.block_size for h in heads}
+        needed += any(
+            h.vert_stride
+            and any(
+                (blk + h.vert_offset + 1) % h.vert_stride == 0
+                for blk in range(first_block[h], last_block[h] + 1)
+            )
+            for h in heads
+        )
+    far = min(FAR_SCALE, max(1, round(FAR_SCALE * needed / period)))
+    return -(-near // TILE) + 1, far
 
 
 def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> dict:
@@ -93,6 +126,8 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "min_blocks": int(knobs["min_blocks"]),
         "q_smem": int(knobs["q_smem"]),
         "classes": [[_head_constants(h) for h in cls] for cls in classes],
+        "class_splits": [list(split_weights(cls)) for cls in classes],
+        "far_scale": FAR_SCALE,
         "group_class": group_class,
     }
 
@@ -318,6 +353,14 @@ def _build_or_load(layer: LayerSpec, dtype_name: str, arch: str, page_size: int)
 def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
     """What the kernel needs beyond validate.check_decode_inputs: page size, strides, alignment."""
     _check_page_size(k_cache.shape[1])
+    if k_cache.shape[0] >= 2**31:
+        raise InputError(f"k_cache has {k_cache.shape[0]} pages; page ids must fit in 32 bits")
+    span = block_tables.shape[1] * k_cache.shape[1]
+    if span > MAX_CONTEXT:
+        raise InputError(
+            f"block_tables has {block_tables.shape[1]} columns of {k_cache.shape[1]}-token pages "
+            f"({span} tokens); the decode kernel handles at most {MAX_CONTEXT} tokens per sequence"
+        )
     if not q.is_cuda:
         raise ImplUnavailableError(f"the CUDA decode kernel needs tensors on a GPU, q is on {q.device}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -336,8 +379,6 @@ def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
         )
     if seq_lens.stride(0) != 1:
         raise InputError(f"seq_lens must be contiguous, got stride {seq_lens.stride()}")
-    if k_cache.shape[0] >= 2**31 or block_tables.shape[1] * k_cache.shape[1] >= 2**31:
-        raise InputError("the cache is too large for 32-bit page ids and positions")
 
 
 def cuda_paged_decode(
