@@ -6,6 +6,8 @@ No GPU is needed: NVRTC compiles for an explicit arch. The GPU tier is test_deco
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -232,3 +234,18 @@ def test_nvrtc_compiles_random_specs(layer, page_size, dtype, arch):
     src = dec.render_source(layer, dtype, page_size)
     cubin, _ = nb.compile_cubin(src, arch, name="fuzz.cu")
     assert cubin[:4] == b"\x7fELF"
+
+
+def test_cuda_core_loads_once_under_threads():
+    """Threads that build decode kernels side by side all get a fully loaded cuda.core (a fresh
+    process, so that the first import happens in the threads)."""
+    script = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from sparsegen.jit import nvrtc_build as nb\n"
+        "with ThreadPoolExecutor(8) as pool:\n"
+        "    mods = list(pool.map(lambda _: nb._core(), range(8)))\n"
+        "assert all(m is mods[0] and hasattr(m, 'ProgramOptions') for m in mods)\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-2000:]

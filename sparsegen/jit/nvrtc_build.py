@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import threading
 from pathlib import Path
 
 from ..errors import CompileError
@@ -67,13 +68,24 @@ def cuda_include_dir() -> str:
     )
 
 
+_CORE_NAMES = ("Device", "LaunchConfig", "ObjectCode", "Program", "ProgramOptions", "Stream", "launch")
+_CORE_IMPORT = threading.Lock()
+
+
+@functools.cache
 def _core():
-    try:
-        import cuda.core as core
-    except ImportError as exc:
-        raise CompileError(
-            f"compiling CUDA kernels needs cuda-core and NVRTC (pip install 'sparsegen[cuda]'): {exc}"
-        ) from None
+    """cuda.core, imported once under a lock: its names load lazily, and threads that build
+    kernels side by side (compile, fuzz) once saw a half-loaded module (no ProgramOptions)."""
+    with _CORE_IMPORT:
+        try:
+            import cuda.core as core
+
+            for name in _CORE_NAMES:
+                getattr(core, name)
+        except (ImportError, AttributeError) as exc:
+            raise CompileError(
+                f"compiling CUDA kernels needs cuda-core and NVRTC (pip install 'sparsegen[cuda]'): {exc}"
+            ) from None
     return core
 
 
