@@ -2,7 +2,7 @@
 # One GPU call: environment, cold/warm compile, gpu-marked tests, fuzz, benchmarks, the generate
 # CLI and the end-to-end generate benchmark; a short table last. From the repo root on the GPU:
 #   bash benchmarks/gpu_run.sh                      # every stage but `tune`
-#   STAGES="tune cli" bash benchmarks/gpu_run.sh    # just these stages
+#   STAGES="tune cli" bash benchmarks/gpu_run.sh    # just these stages (also: tune-decode)
 # Logs: $OUT/logs.tar.gz (one file per stage), plus $OUT/summary.txt, bench.json, generate.json.
 set -uo pipefail
 OUT=${OUT:-/tmp/sparsegen-gpu-out}
@@ -52,6 +52,14 @@ if want tune; then
     > "$LOGS/tune_prefill.log" 2>&1
   echo "tune rc=$?" >> "$summary"
   sed -n '/^== summary/,$p' "$LOGS/tune_prefill.log" | tee -a "$summary"
+fi
+
+if want tune-decode; then
+  echo "== decode split sweep (default build)"
+  timeout "${TUNE_TIMEOUT:-240}" python3 benchmarks/tune_decode.py --variants default \
+    --out "$LOGS/tune_decode.json" > "$LOGS/tune_decode.log" 2>&1
+  echo "tune-decode rc=$?" >> "$summary"
+  grep -E '^[0-9]+x[0-9]+ ' "$LOGS/tune_decode.log" | tee -a "$summary"
 fi
 
 if want tests; then

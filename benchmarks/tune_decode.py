@@ -138,12 +138,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_decode.json")
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS))
     args = ap.parse_args()
     t0 = time.time()
     layer = sparsegen.get_pattern("phi3small").layers[0]
     dt = torch.bfloat16
     kernels = {}
     for name, knobs in VARIANTS.items():
+        if name not in args.variants:
+            continue
         if knobs is None:
             kernels[name] = sparsegen.get_kernel(layer, "decode", dtype=dt, page_size=args.page_size)
         else:

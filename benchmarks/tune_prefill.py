@@ -85,7 +85,7 @@ def timed(out_path: Path | None) -> None:
             try:
                 kernel = prefill_mod.get_prefill_kernel(layer, dtype=torch.bfloat16)
                 row["rel_err_vs_main"] = rel_err(kernel(q, k, v, cu, cu), base)
-                row["ms"] = median_ms(lambda k_=kernel: k_(q, k, v, cu, cu, check=False))
+                row["ms"] = median_ms(lambda k_=kernel, a=(q, k, v, cu, cu): k_(*a, check=False))
                 row["tflops"] = flops / row["ms"] / 1e9
             except Exception as exc:  # noqa: BLE001 - a variant that fails to build is a result too
                 row["error"] = str(exc)[:300]
@@ -96,7 +96,9 @@ def timed(out_path: Path | None) -> None:
     print("\n== summary (ms, TFLOP/s useful, rel_err vs main)")
     for r in rows:
         name = f"{r['variant']} {r['config'] if r['config'] == 'rule' else tuple(r['config'].values())}"
-        got = f"{r['ms']:8.3f} {r['tflops']:6.1f} {r['rel_err_vs_main']:.1e}" if "ms" in r else r["error"][:80]
+        got = (
+            f"{r['ms']:8.3f} {r['tflops']:6.1f} {r['rel_err_vs_main']:.1e}" if "ms" in r else r["error"][:80]
+        )
         print(f"{r['pattern']:>15} {r['seq']:>6}  {name:<34} {got}")
 
 

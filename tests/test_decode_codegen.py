@@ -133,8 +133,8 @@ def test_heads_per_block():
 
 def test_num_splits_heuristic():
     # The H200 sweep's choices (benchmarks/decode_notes.md): about one resident wave of blocks.
-    assert dec.num_splits(8, 128 * 1024, 132) == 48  # batch 1 at 128K: 384 blocks fill 132 SMs
-    assert dec.num_splits(64, 32 * 1024, 132) == 6
+    assert dec.num_splits(8, 128 * 1024, 132) == 64  # batch 1 at 128K: 512 blocks, 4 per SM
+    assert dec.num_splits(64, 32 * 1024, 132) == 8
     assert dec.num_splits(512, 8192, 132) == 1
     assert dec.num_splits(8, 64, 132) == 1  # one chunk: nothing to split
     assert dec.num_splits(1, 10**7, 132) == dec.MAX_SPLITS

@@ -37,6 +37,7 @@ REDUCE = "sparsegen_paged_decode_reduce"
 TILE = 64  # tokens per split unit (CHUNK in the template)
 MAX_HEADS_PER_BLOCK = 8
 MAX_SPLITS = 256  # as in the template's reduce kernel
+BLOCKS_PER_SM = 4  # resident blocks of the default build (128 registers x 4 warps)
 MAX_CONTEXT = 2**23  # tokens per sequence: keeps the template's split arithmetic within 32 bits
 # Template knobs (ints): PIPE issues the next warp tile's K/V loads before this tile's math;
 # MIN_BLOCKS is __launch_bounds__'s blocks-per-SM hint (a register cap); Q_SMEM keeps q's mma
@@ -250,16 +251,17 @@ def _sm_count(device: torch.device) -> int:
 
 
 def num_splits(rows: int, max_context: int, sm_count: int) -> int:
-    """Split-KV count from shapes only (no host sync): about 3 blocks per SM in all, i.e. one
-    resident wave of the 4 that fit per SM, at least 4 CHUNKs (256 tokens) per split, at most
-    MAX_SPLITS, rounded down to 2^k or 3 * 2^k.
+    """Split-KV count from shapes only (no host sync): about BLOCKS_PER_SM blocks per SM in all,
+    i.e. one full resident wave, at least 4 CHUNKs (256 tokens) per split, at most MAX_SPLITS,
+    rounded down to 2^k or 3 * 2^k.
 
     rows = batch x head groups. Tuned on an H200 (benchmarks/decode_notes.md): with cheap blocks
     the best split keeps every block resident at once (extra waves only add the partials and the
-    merge); on 132 SMs this picks 1 split at 64 x 8K, 6 at 8 x 32K and 48 at 1 x 128K.
+    merge). Since splits share weighted work (split_bound in the template), a full wave of 4
+    blocks per SM beat 3; on 132 SMs this picks 1 split at 64 x 8K, 8 at 8 x 32K and 64 at 1 x 128K.
     """
     chunks = -(-max_context // TILE)
-    want = min(max(1, 3 * sm_count // max(rows, 1)), max(1, chunks // 4), MAX_SPLITS)
+    want = min(max(1, BLOCKS_PER_SM * sm_count // max(rows, 1)), max(1, chunks // 4), MAX_SPLITS)
     p = 1 << (want.bit_length() - 1)
     return 3 * p // 2 if p >= 2 and want >= 3 * p // 2 else p
 
