@@ -140,3 +140,11 @@ def test_decode_template_parts_are_in_its_bytes():
         "paged_decode_reduce.cuh.jinja",
     ):
         assert part.encode() in data and codegen._read_template(part) in data
+
+
+def test_nvrtc_version_matches_the_library_cuda_core_loads():
+    """The key's NVRTC version comes from the wheel's metadata; it must name the loaded library."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    err, major, minor = nvrtc.nvrtcVersion()
+    assert int(err) == 0
+    assert cache.nvrtc_version().startswith(f"{major}.{minor}")

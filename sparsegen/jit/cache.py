@@ -82,7 +82,27 @@ def toolchain_versions() -> dict[str, str]:
     }
 
 
+NVRTC_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc-cu12")
+
+
 def nvrtc_version() -> str:
+    """The NVRTC that cuda-core compiles with. Read from the installed NVRTC wheel of the same CUDA
+    major as cuda-bindings (the library cuda-core loads first) without loading it: loading the
+    library took about half a second of a warm `sparsegen compile` on the H200. Without such a
+    wheel, the library is loaded and asked."""
+    from importlib import metadata
+
+    try:
+        major = metadata.version("cuda-bindings").split(".")[0]
+        for dist in NVRTC_WHEELS:
+            try:
+                version = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+            if version.split(".")[0] == major:
+                return version
+    except metadata.PackageNotFoundError:
+        pass
     try:
         from cuda.bindings import nvrtc
 
