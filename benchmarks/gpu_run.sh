@@ -2,7 +2,7 @@
 # One GPU call: environment, cold/warm compile, gpu-marked tests, fuzz, benchmarks, the generate
 # CLI and the end-to-end generate benchmark; a short table last. From the repo root on the GPU:
 #   bash benchmarks/gpu_run.sh                      # every stage but `tune`
-#   STAGES="tune cli" bash benchmarks/gpu_run.sh    # just these stages (also: tune-decode)
+#   STAGES="tune cli" bash benchmarks/gpu_run.sh    # just these stages (also: tune-decode, profile)
 # Logs: $OUT/logs.tar.gz (one file per stage), plus $OUT/summary.txt, bench.json, generate.json.
 set -uo pipefail
 OUT=${OUT:-/tmp/sparsegen-gpu-out}
@@ -60,6 +60,14 @@ if want tune-decode; then
     --out "$LOGS/tune_decode.json" > "$LOGS/tune_decode.log" 2>&1
   echo "tune-decode rc=$?" >> "$summary"
   grep -E '^[0-9]+x[0-9]+ ' "$LOGS/tune_decode.log" | tee -a "$summary"
+fi
+
+if want profile; then
+  echo "== one batch-1 decode step of 7b, profiled"
+  timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/profile_decode_step.py > "$LOGS/profile_decode.log" 2>&1
+  echo "profile rc=$?" >> "$summary"
+  grep -E '^(weights|step|GPU kernel)' "$LOGS/profile_decode.log" | tee -a "$summary"
+  grep -v '^USDT' "$LOGS/profile_decode.log" | sed -n '/^---/,$p' | head -n 30
 fi
 
 if want tests; then

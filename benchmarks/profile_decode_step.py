@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from sparsegen.bench.common import measure_ceilings
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model
 
@@ -44,13 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     model = random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    src = torch.empty(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    from triton.testing import do_bench
-
-    copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
-    bw = 2 * src.numel() * 4 / (copy_ms * 1e-3)
-    del src, dst
+    bw = measure_ceilings().copy_tb_s * 1e12  # bytes read + written per second
     print(
         f"weights {weight_bytes / 1e9:.2f} GB: {weight_bytes / bw * 1e3:.2f} ms at the copy rate {bw / 1e12:.2f} TB/s"
     )
