@@ -6,6 +6,10 @@ A variant is a template file in benchmarks/prefill_variants/ ("main" is template
 an optional tile config (default: the rule's pick). Each variant's output is checked against
 main's under the rule's config, in the same run. The main benchmark is `sparsegen bench`.
 With --aot ARCH (no GPU needed) every variant is only compiled for ARCH, to catch build errors.
+
+The template variants timed on 2026-11-30 (docs/performance.md: the session-1 template,
+Triton warp specialization, hand-issued next-tile QK) lived in benchmarks/prefill_variants/ at
+commit 8c87a6e; none was kept, so only tile configs of the main template are listed now.
 """
 
 from __future__ import annotations
@@ -26,12 +30,9 @@ from sparsegen.kernels import prefill as prefill_mod
 VARIANT_DIR = Path(__file__).resolve().parent / "prefill_variants"
 RULE = None  # the rule's tile config
 VARIANTS = [
-    ("v0_base", RULE),  # the template before the FMA-folded scale
     ("main", RULE),
     ("main", {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128}),
-    ("main", {"block_m": 256, "block_n": 64, "num_warps": 16, "num_stages": 3}),
-    ("main", {"block_m": 256, "block_n": 64, "num_warps": 16, "num_stages": 2}),
-    ("main", {"block_m": 256, "block_n": 32, "num_warps": 16, "num_stages": 3}),
+    ("main", {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 4}),
 ]
 CASES = [("phi3small", 8192), ("phi3small", 32768), ("sliding-window", 32768)]
 
