@@ -40,3 +40,55 @@ def test_engine_with_generated_prefill_kernel_matches_reference():
     assert [r.output_ids for r in fast.generate(prompts, params)] == [
         r.output_ids for r in slow.generate(prompts, params)
     ]
+
+
+# -- the fused elementwise kernels of the model's GPU path (sparsegen.models.fused) ----------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_gegelu_matches_plain(dtype):
+    from sparsegen.models import fused
+    from sparsegen.models.phi3small import gegelu
+
+    gen = torch.Generator().manual_seed(0)
+    x = (30 * torch.randn(5, 2 * 700, generator=gen)).to(dtype)  # beyond +-limit; 3500 outputs: a masked tail
+    got = fused.gegelu(x, 20.0)
+    want = gegelu(x.float(), 20.0).to(dtype)  # the fused kernel computes in float32, rounds once
+    assert got.shape == (5, 700) and got.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=1e-3 if dtype == torch.float16 else 1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_fused_rotary_qkv_matches_plain(dtype, with_cache):
+    from sparsegen.models import fused
+    from sparsegen.models.rope import Rotary
+
+    t, hkv, g, d, page = 7, 2, 3, 16, 4
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(t, hkv * (g + 2) * d, generator=gen).to(dtype).view(t, hkv, g + 2, d)
+    angles = torch.rand(t, d // 2, generator=gen) * 50
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    cache = slots = None
+    if with_cache:
+        cache = tuple(torch.full((3, page, hkv, d), float("nan"), dtype=dtype) for _ in range(2))
+        slots = torch.randperm(3 * page, generator=gen)[:t]
+    assert fused.supports_rotary(qkv)
+    q, k, v = fused.rotary_qkv(qkv, cos, sin, cache, slots)
+    tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(q, Rotary.apply(qkv[:, :, :g].reshape(t, hkv * g, d), cos, sin), **tol)
+    torch.testing.assert_close(k, Rotary.apply(qkv[:, :, g], cos, sin), **tol)
+    assert torch.equal(v, qkv[:, :, g + 1])
+    if with_cache:
+        kc, vc = (c.view(-1, hkv, d) for c in cache)
+        assert torch.equal(kc[slots], k) and torch.equal(vc[slots], v)
+        untouched = torch.ones(3 * page, dtype=torch.bool)
+        untouched[slots] = False
+        assert kc[untouched].isnan().all() and vc[untouched].isnan().all()
+
+
+def test_fused_rotary_declines_other_layouts():
+    from sparsegen.models import fused
+
+    assert not fused.supports_rotary(torch.zeros(2, 1, 3, 96))  # head_dim not a power of two
+    assert not fused.supports_rotary(torch.zeros(2, 1, 3, 64)[:, :, :, :32])  # not contiguous

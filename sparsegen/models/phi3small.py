@@ -43,6 +43,19 @@ def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
     return ModelSpec(name="phi3small-dense", layers=dense)
 
 
+def _fused(x: torch.Tensor, impl: tuple) -> bool:
+    """The fused elementwise kernels run on a GPU, except in the reference model (attn_impl
+    "reference"), which stays plain PyTorch throughout so that it can serve as the oracle."""
+    return x.is_cuda and impl[0] != "reference"
+
+
+def fused_ops():
+    """sparsegen.models.fused, imported on first use on a GPU (it defines Triton kernels)."""
+    from . import fused
+
+    return fused
+
+
 def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
     """GeGeLU over interleaved halves: even columns are the gate, odd ones the linear part."""
     gate = x[..., 0::2].clamp(max=limit)
@@ -96,13 +109,16 @@ class Attention(nn.Module):
         t = x.shape[0]
         h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
         qkv = self.query_key_value(x).view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
-        q = Rotary.apply(qkv[:, :, :g].reshape(t, h, d), cos, sin)  # [T, H, D]
-        k = Rotary.apply(qkv[:, :, g], cos, sin)  # [T, Hkv, D]
-        v = qkv[:, :, g + 1].contiguous()  # [T, Hkv, D]
-        if kv_cache is not None and batch.slot_mapping is not None:
-            k_cache, v_cache = kv_cache
-            k_cache.view(-1, hkv, d).index_copy_(0, batch.slot_mapping, k)
-            v_cache.view(-1, hkv, d).index_copy_(0, batch.slot_mapping, v)
+        write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
+        if _fused(x, impl) and fused_ops().supports_rotary(qkv):  # one kernel: rotary, split, cache write
+            q, k, v = fused_ops().rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
+        else:
+            q = Rotary.apply(qkv[:, :, :g].reshape(t, h, d), cos, sin)  # [T, H, D]
+            k = Rotary.apply(qkv[:, :, g], cos, sin)  # [T, Hkv, D]
+            v = qkv[:, :, g + 1].contiguous()  # [T, Hkv, D]
+            if write is not None:
+                write[0].view(-1, hkv, d).index_copy_(0, batch.slot_mapping, k)
+                write[1].view(-1, hkv, d).index_copy_(0, batch.slot_mapping, v)
         if batch.is_decode:
             if kv_cache is None:
                 raise ValueError("a decode step needs a KV cache")
@@ -143,8 +159,10 @@ class MLP(nn.Module):
         self.up_proj = Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True, **fk)
         self.down_proj = Linear(config.ff_intermediate_size, config.hidden_size, bias=True, **fk)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gegelu(self.up_proj(x), self.limit))
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
+        act = fused_ops().gegelu(up, self.limit) if fused else gegelu(up, self.limit)  # [T, F]
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):
@@ -158,7 +176,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, batch, kv_cache, impl):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv_cache, impl)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), fused=_fused(x, impl))
 
 
 class Phi3SmallModel(nn.Module):
