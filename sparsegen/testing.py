@@ -162,16 +162,7 @@ class PrefillProblem:
     def reference(self, *, exact: bool = True) -> torch.Tensor:
         """The oracle's answer: float64 math on the CPU, or (exact=False) float32 math where the
         tensors are, which is far quicker on a GPU for long sequences."""
-        t = _oracle_inputs(self.tensors, exact)
-        return reference.prefill(
-            t["q"],
-            t["k"],
-            t["v"],
-            t["cu_seqlens_q"],
-            t["cu_seqlens_k"],
-            self.layer,
-            self.scale,
-        )
+        return reference.prefill(*_oracle_args(self.args(), exact))
 
     def repro(self) -> str:
         return (
@@ -180,11 +171,18 @@ class PrefillProblem:
         )
 
 
-def _oracle_inputs(tensors: dict, exact: bool) -> dict:
-    """Float tensors as float64 on the CPU (exact) or float32 in place; index tensors beside them."""
-    if exact:
-        return {n: x.cpu().double() if x.is_floating_point() else x.cpu() for n, x in tensors.items()}
-    return {n: x.float() if x.is_floating_point() else x for n, x in tensors.items()}
+def _oracle_args(args: tuple, exact: bool) -> tuple:
+    """Float tensors as float64 on the CPU (exact) or float32 in place; the rest unchanged
+    (index tensors move to the CPU with them)."""
+
+    def convert(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if exact:
+            return x.cpu().double() if x.is_floating_point() else x.cpu()
+        return x.float() if x.is_floating_point() else x
+
+    return tuple(convert(x) for x in args)
 
 
 def _offsets(lens: list[int], device) -> torch.Tensor:
@@ -254,16 +252,7 @@ class DecodeProblem:
     def reference(self, *, exact: bool = True) -> torch.Tensor:
         """The oracle's answer: float64 math on the CPU, or (exact=False) float32 math where the
         tensors are, which is far quicker on a GPU for long sequences."""
-        t = _oracle_inputs(self.tensors, exact)
-        return reference.paged_decode(
-            t["q"],
-            t["k_cache"],
-            t["v_cache"],
-            t["block_tables"],
-            t["seq_lens"],
-            self.layer,
-            self.scale,
-        )
+        return reference.paged_decode(*_oracle_args(self.args(), exact))
 
     def repro(self) -> str:
         return (
