@@ -27,7 +27,7 @@ from sparsegen.layout import decode_pages
 from sparsegen.testing import rel_err
 
 CASES = ((64, 8192), (8, 32768), (1, 131072))
-# name -> template knobs; "default" is what get_kernel builds (decode.DEFAULT_KNOBS).
+# name -> template knobs; "default" is what get_kernel builds (decode_template.DEFAULT_KNOBS).
 VARIANTS = {
     "default": None,
     "p1_qsmem_b3": {"pipeline": 1, "min_blocks": 3, "q_smem": 1},

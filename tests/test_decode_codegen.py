@@ -19,6 +19,7 @@ from sparsegen import HeadSpec, LayerSpec
 from sparsegen.errors import CompileError, InputError
 from sparsegen.jit import nvrtc_build as nb
 from sparsegen.kernels import decode as dec
+from sparsegen.kernels import decode_template as dt
 from sparsegen.testing import layer_specs
 
 pytest.importorskip("cuda.core")
@@ -27,7 +28,7 @@ PHI3 = sparsegen.get_pattern("phi3small").layers[0]
 
 
 def test_render_phi3small_snapshot():
-    src = dec.render_source(PHI3, "bf16", 16)
+    src = dt.render_source(PHI3, "bf16", 16)
     assert "typedef __nv_bfloat16 elem_t;" in src
     assert "#define HEAD_DIM 128" in src and "#define PAGE_SIZE 16" in src and "#define HPB 4" in src
     # Heads h and h+8 share a pattern: 8 head groups of 4, but only 2 distinct pattern structs.
@@ -41,10 +42,10 @@ def test_render_phi3small_snapshot():
 
 
 def test_render_is_deterministic_and_dtype_specific():
-    a = dec.render_source(PHI3, "fp16", 32)
-    assert a == dec.render_source(PHI3, "fp16", 32)
+    a = dt.render_source(PHI3, "fp16", 32)
+    assert a == dt.render_source(PHI3, "fp16", 32)
     assert "typedef __half elem_t;" in a and "__half2 elem2_t" in a
-    assert a != dec.render_source(PHI3, "bf16", 32)
+    assert a != dt.render_source(PHI3, "bf16", 32)
 
 
 def test_render_hybrid_window_dense():
@@ -53,25 +54,25 @@ def test_render_hybrid_window_dense():
         (HeadSpec(dense=True), HeadSpec(block_size=16, sliding_window=100), HeadSpec(block_size=32, local_blocks=3),
          HeadSpec(block_size=16, vert_stride=4, vert_offset=2, sliding_window=7)),
     )  # fmt: skip
-    src = dec.render_source(layer, "fp16", 8)
+    src = dt.render_source(layer, "fp16", 8)
     assert "m |= 1u << 0;" in src  # dense head: always visible
     assert "(i - j) < 100" in src and "(i - j) < 7" in src
     assert "#define HEAD_DIM 96" in src and "#define KSTEPS (HEAD_DIM / 16)" in src
     assert "#define VTAIL ((HEAD_DIM % 64) / 32)" in src  # the 32-dim tail of a 96-dim V row
     assert "mma.sync.aligned.m16n8k16.row.col.f32." in src and '#define MMA_T "f16"' in src
-    assert dec.kernel_name(layer, "fp16", 8).endswith("_hybrid")
+    assert dt.kernel_name(layer, "fp16", 8).endswith("_hybrid")
 
 
 def test_template_knobs():
-    base = dec.render_source(PHI3, "bf16", 16)
-    for name, value in dec.DEFAULT_KNOBS.items():
+    base = dt.render_source(PHI3, "bf16", 16)
+    for name, value in dt.DEFAULT_KNOBS.items():
         assert (
             f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM')[name]} {value}" in base
         )
-    other = dec.render_source(PHI3, "bf16", 16, pipeline=1, min_blocks=3, q_smem=1)
+    other = dt.render_source(PHI3, "bf16", 16, pipeline=1, min_blocks=3, q_smem=1)
     assert "#define PIPE 1" in other and "#define Q_SMEM 1" in other and "#define MIN_BLOCKS 3" in other
     with pytest.raises(InputError, match="knobs"):
-        dec.render_source(PHI3, "bf16", 16, unroll=2)
+        dt.render_source(PHI3, "bf16", 16, unroll=2)
 
 
 def _ptxas_report(source: str, arch: str) -> str:
@@ -96,7 +97,7 @@ def _ptxas_report(source: str, arch: str) -> str:
 def test_phi3small_kernel_fits_registers_without_spills(arch):
     """The default build of the Phi-3-Small kernel keeps 4 blocks (16 warps) per SM, i.e. at most
     128 registers, and never spills to local memory (benchmarks/decode_notes.md has the counts)."""
-    report = _ptxas_report(dec.render_source(PHI3, "bf16", 16), arch)
+    report = _ptxas_report(dt.render_source(PHI3, "bf16", 16), arch)
     main = report[report.index("entry function 'sparsegen_paged_decode'") :]
     regs = int(re.search(r"Used (\d+) registers", main).group(1))
     assert regs <= 128, main
@@ -117,7 +118,7 @@ def test_many_pattern_classes_compile():
     """Shared memory is declared once per kernel, not once per pattern class: a hybrid layer
     whose 8 head groups all differ still fits the 48 KB static limit."""
     layer = eight_class_hybrid_layer()
-    src = dec.render_source(layer, "bf16", 16)
+    src = dt.render_source(layer, "bf16", 16)
     assert len(re.findall(r"template <> struct Pattern<\d+>", src)) == 8
     cubin, _ = nb.compile_cubin(src, "sm_90", name="classes.cu")
     assert cubin[:4] == b"\x7fELF"
@@ -125,10 +126,10 @@ def test_many_pattern_classes_compile():
 
 def test_heads_per_block():
     mk = lambda h, kv: LayerSpec(h, kv, 64, (HeadSpec(dense=True),) * h)  # noqa: E731
-    assert dec.heads_per_block(mk(32, 8)) == 4
-    assert dec.heads_per_block(mk(8, 8)) == 1
-    assert dec.heads_per_block(mk(32, 1)) == 8
-    assert dec.heads_per_block(mk(12, 1)) == 6
+    assert dt.heads_per_block(mk(32, 8)) == 4
+    assert dt.heads_per_block(mk(8, 8)) == 1
+    assert dt.heads_per_block(mk(32, 1)) == 8
+    assert dt.heads_per_block(mk(12, 1)) == 6
 
 
 def test_num_splits_heuristic():
@@ -149,14 +150,14 @@ def test_split_weights():
     """Splits share work: the near range weighs FAR_SCALE per chunk, far chunks their needed share."""
     groups = [PHI3.heads[g * 4 : (g + 1) * 4] for g in range(8)]
     # 16 local blocks of 64 (+ the partial one) = 17 chunks, +1; 4 heads x 1/8 of the far blocks.
-    assert {dec.split_weights(g) for g in groups} == {(18, 8)}
-    assert dec.split_weights((HeadSpec(dense=True),)) == (0, dec.FAR_SCALE)
-    assert dec.split_weights((HeadSpec(block_size=64, sliding_window=4096),)) == (65, 1)  # far: skipped
+    assert {dt.split_weights(g) for g in groups} == {(18, 8)}
+    assert dt.split_weights((HeadSpec(dense=True),)) == (0, dt.FAR_SCALE)
+    assert dt.split_weights((HeadSpec(block_size=64, sliding_window=4096),)) == (65, 1)  # far: skipped
     one = (
         HeadSpec(block_size=16, local_blocks=2, vert_stride=2),
     )  # every 64-token chunk has a vertical block
-    assert dec.split_weights(one) == (2, dec.FAR_SCALE)
-    consts = dec.template_constants(PHI3, "bf16", 16)
+    assert dt.split_weights(one) == (2, dt.FAR_SCALE)
+    consts = dt.template_constants(PHI3, "bf16", 16)
     assert consts["class_splits"] == [[18, 8], [18, 8]]
 
 
@@ -171,7 +172,7 @@ def test_context_limit_is_an_input_error():
 def test_template_rejects_free_strings():
     with pytest.raises(CompileError):
         sparsegen.codegen.render(
-            dec.TEMPLATE, **{**dec.template_constants(PHI3, "bf16", 16), "ctype": "int; evil"}
+            dt.TEMPLATE, **{**dt.template_constants(PHI3, "bf16", 16), "ctype": "int; evil"}
         )
 
 
@@ -231,7 +232,7 @@ def test_repeated_get_kernel_is_a_memo_hit(monkeypatch):
     arch=st.sampled_from(("sm_80", "sm_90")),
 )
 def test_nvrtc_compiles_random_specs(layer, page_size, dtype, arch):
-    src = dec.render_source(layer, dtype, page_size)
+    src = dt.render_source(layer, dtype, page_size)
     cubin, _ = nb.compile_cubin(src, arch, name="fuzz.cu")
     assert cubin[:4] == b"\x7fELF"
 

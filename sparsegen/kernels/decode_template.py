@@ -1,0 +1,132 @@
+"""What the CUDA paged-decode template receives for a layer spec, and the rendered source.
+
+A block of the kernel serves one head group (up to 8 query heads of one KV head); groups whose
+heads share a pattern share one rendered `Pattern<C>` class. Every value handed to the template
+is an int, a bool or an allowed word (sparsegen.codegen checks), never a free string.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import codegen
+from ..errors import InputError
+from ..spec import HeadSpec, LayerSpec
+
+TEMPLATE = "paged_decode.cu.jinja"
+TILE = 64  # tokens per split unit (CHUNK in the template)
+MAX_HEADS_PER_BLOCK = 8
+# Template knobs (ints): PIPE issues the next warp tile's K/V loads before this tile's math;
+# MIN_BLOCKS is __launch_bounds__'s blocks-per-SM hint (a register cap); Q_SMEM keeps q's mma
+# fragments in shared memory instead of 32 registers. The default (no pipelining, q in registers,
+# 128 registers -> 4 blocks = 16 warps per SM) was the fastest of the variants measured on an
+# H200 at every shape (benchmarks/decode_notes.md): occupancy beat the pipelined build's
+# 12 warps per SM even though each of those keeps twice the bytes in flight.
+DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0}
+
+
+def heads_per_block(layer: LayerSpec) -> int:
+    """The query heads one block serves: the whole GQA group, or its largest divisor <= 8."""
+    g = layer.group_size
+    return max(d for d in range(1, min(g, MAX_HEADS_PER_BLOCK) + 1) if g % d == 0)
+
+
+def _head_constants(head: HeadSpec) -> dict:
+    return {
+        "dense": head.dense,
+        "bs_shift": int(math.log2(head.block_size)),
+        "local": head.local_blocks,
+        "stride": head.vert_stride,
+        "offset": head.vert_offset,
+        "window": head.sliding_window,
+    }
+
+
+FAR_SCALE = 16  # a chunk's weight when every token of it is needed (the near range)
+
+
+def split_weights(heads: tuple[HeadSpec, ...]) -> tuple[int, int]:
+    """(near_chunks, far_weight) for one head group, so that splits can share work evenly.
+
+    The last `near_chunks` TILE-token chunks before the query hold the local blocks / window,
+    which some head of the group needs in full: each weighs FAR_SCALE. An earlier chunk weighs
+    `far_weight` (1..FAR_SCALE): the share of those chunks that some head needs (vertical
+    stride blocks), since the kernel skips the others without loading them.
+    """
+    if any(h.dense for h in heads):
+        return 0, FAR_SCALE
+    near = max(max(h.local_blocks * h.block_size + h.block_size if h.local_blocks else 0, h.sliding_window)
+               for h in heads)  # fmt: skip
+    period = 1024  # chunks sampled: the exact share for strides x block sizes dividing 1024 x TILE
+    needed = 0
+    for c in range(period):
+        first_block = {h: (c * TILE) // h.block_size for h in heads}
+        last_block = {h: (c * TILE + TILE - 1) // h.block_size for h in heads}
+        needed += any(
+            h.vert_stride
+            and any(
+                (blk + h.vert_offset + 1) % h.vert_stride == 0
+                for blk in range(first_block[h], last_block[h] + 1)
+            )
+            for h in heads
+        )
+    far = min(FAR_SCALE, max(1, round(FAR_SCALE * needed / period)))
+    return -(-near // TILE) + 1, far
+
+
+def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> dict:
+    """Everything the template receives: ints, bools and allowed words only."""
+    unknown = set(knobs) - set(DEFAULT_KNOBS)
+    if unknown:
+        raise InputError(f"unknown decode template knobs {sorted(unknown)}")
+    knobs = {**DEFAULT_KNOBS, **knobs}
+    ctype = {"fp16": "__half", "bf16": "__nv_bfloat16"}[dtype_name]
+    hpb = heads_per_block(layer)
+    classes: list[tuple[HeadSpec, ...]] = []
+    group_class = []
+    for g in range(layer.num_heads // hpb):
+        heads = layer.heads[g * hpb : (g + 1) * hpb]
+        if heads not in classes:
+            classes.append(heads)
+        group_class.append(classes.index(heads))
+    return {
+        "dtype": dtype_name,
+        "ctype": ctype,
+        "head_dim": layer.head_dim,
+        "page_size": page_size,
+        "num_heads": layer.num_heads,
+        "num_kv_heads": layer.num_kv_heads,
+        "group_size": layer.group_size,
+        "heads_per_block": hpb,
+        "pipeline": int(knobs["pipeline"]),
+        "min_blocks": int(knobs["min_blocks"]),
+        "q_smem": int(knobs["q_smem"]),
+        "classes": [[_head_constants(h) for h in cls] for cls in classes],
+        "class_splits": [list(split_weights(cls)) for cls in classes],
+        "far_scale": FAR_SCALE,
+        "group_class": group_class,
+    }
+
+
+def render_source(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> str:
+    return codegen.render(TEMPLATE, **template_constants(layer, dtype_name, page_size, **knobs))
+
+
+def kernel_name(layer: LayerSpec, dtype_name: str, page_size: int) -> str:
+    """Readable half of the key: decode_bf16_hd128_ps16_g4_bs64_l16_v8 (+ _hybrid, _w...)."""
+    parts = [f"decode_{dtype_name}_hd{layer.head_dim}_ps{page_size}_g{layer.group_size}"]
+    sparse = [h for h in layer.heads if not h.dense]
+    if not sparse:
+        parts.append("dense")
+    else:
+        h = sparse[0]
+        parts.append(f"bs{h.block_size}")
+        if h.local_blocks:
+            parts.append(f"l{h.local_blocks}")
+        if h.vert_stride:
+            parts.append(f"v{h.vert_stride}")
+        if h.sliding_window:
+            parts.append(f"w{h.sliding_window}")
+    if len(layer.kinds) > 1:
+        parts.append("hybrid")
+    return "_".join(parts)
