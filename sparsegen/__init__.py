@@ -1,21 +1,54 @@
-"""sparsegen: JIT-compiled block-sparse attention kernels from per-head sparsity specs."""
+"""sparsegen: JIT-compiled block-sparse attention kernels from per-head sparsity specs.
 
-from . import reference
+The public names load on first use (PEP 562), so `import sparsegen.cli` and
+`sparsegen --version` do not pay for torch; `import sparsegen; sparsegen.prefill` behaves
+as an eager import would.
+"""
+
+from __future__ import annotations
+
+import importlib
+
 from .errors import (
     CacheError,
     CompileError,
     ImplUnavailableError,
     InputError,
     JitDisabledError,
+    MissingExtraError,
     SparsegenError,
     SpecError,
 )
-from .layout import density, visible_mask
-from .ops import get_kernel, paged_decode, prefill
-from .presets import get_pattern
-from .spec import HeadSpec, LayerSpec, ModelSpec
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it (relative to this package)
+_LAZY = {
+    "reference": ".reference",
+    "density": ".layout",
+    "visible_mask": ".layout",
+    "get_kernel": ".ops",
+    "paged_decode": ".ops",
+    "prefill": ".ops",
+    "get_pattern": ".presets",
+    "HeadSpec": ".spec",
+    "LayerSpec": ".spec",
+    "ModelSpec": ".spec",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'sparsegen' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name], __name__)
+    value = module if name == "reference" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "CacheError",
@@ -25,6 +58,7 @@ __all__ = [
     "InputError",
     "JitDisabledError",
     "LayerSpec",
+    "MissingExtraError",
     "ModelSpec",
     "SparsegenError",
     "SpecError",

@@ -27,3 +27,7 @@ class CompileError(SparsegenError, RuntimeError):
 
 class CacheError(SparsegenError, RuntimeError):
     """The kernel cache cannot be used (unsafe directory, unreadable entry...)."""
+
+
+class MissingExtraError(SparsegenError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra that brings it."""

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import click
 
-from ..errors import SparsegenError
+from .. import progress
+from ..log import get_logger
+
+log = get_logger(__name__)
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -165,10 +168,7 @@ def command(
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
         raise click.UsageError("give exactly one of --model DIR or --random tiny|7b")
-    try:
-        _generate(**locals())
-    except SparsegenError as exc:
-        raise click.UsageError(str(exc).splitlines()[0]) from None
+    _generate(**locals())  # sparsegen's errors become one line in cli.py (exit 2 or 1)
 
 
 def _generate(
@@ -205,12 +205,19 @@ def _generate(
     )
     if not no_warmup:
         seconds = engine.warmup()
-        click.echo(f"warm-up (kernel builds, first CUDA-graph capture): {seconds:.2f} s", err=True)
+        log.info(f"warm-up (kernel builds, first CUDA-graph capture): {seconds:.2f} s")
     live = stream and not as_json and len(prompts) == 1 and tokenizer is not None
     decode_piece = tokenizer.stream_decoder() if live else None
     eos = engine.eos_token_id
 
+    # Many prompts: a bar over the finished ones with the token rate (drawn on a terminal only).
+    bar = progress.bar(len(prompts), "generate", unit="prompt", as_json=as_json or live)
+    tokens = [0]
+
     def on_token(event):
+        tokens[0] += 1
+        if event.finish_reason is not None:
+            bar.update(1, postfix=f"{tokens[0] / max(time.perf_counter() - start, 1e-9):.1f} tok/s")
         if (
             live
             and event.finish_reason not in ("eos", "stop")
@@ -220,7 +227,8 @@ def _generate(
             sys.stdout.flush()
 
     start = time.perf_counter()
-    results = engine.generate(prompts, params, on_token=on_token)
+    with bar:
+        results = engine.generate(prompts, params, on_token=on_token)
     wall = time.perf_counter() - start
     if as_json:
         for res in results:
@@ -236,8 +244,7 @@ def _generate(
     ttft = sum(r.ttft_s for r in results) / len(results)
     decode = [r.decode_tokens_per_s for r in results if r.decode_tokens_per_s > 0]
     per_seq = sum(decode) / len(decode) if decode else 0.0
-    click.echo(
-        f"-- {len(results)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
-        f"{per_seq:.1f} tokens/s per sequence while decoding, time to first token {ttft:.3f} s (mean)",
-        err=False,
+    log.info(
+        f"{len(results)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
+        f"{per_seq:.1f} tokens/s per sequence while decoding, time to first token {ttft:.3f} s (mean)"
     )

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 
 import click
 import torch
 
+from ..errors import MissingExtraError
 from ..layout import block_mask, density
 from .options import load_pattern, pick_layer
 
 # The ASCII picture is at most this many cells wide; larger masks are pooled (any-visible).
 _PICTURE_CELLS = 64
+# What `--png FILE` may end in: formats matplotlib's Agg and vector backends write.
+IMAGE_FORMATS = frozenset({"png", "svg", "pdf", "jpg", "jpeg", "webp", "eps", "ps", "tif", "tiff"})
 
 
 def ascii_block_mask(mask: torch.Tensor) -> str:
@@ -44,6 +49,8 @@ def ascii_block_mask(mask: torch.Tensor) -> str:
 )
 def command(pattern: str, layer: int | None, seq_len: int, head: int, as_json: bool, png: str | None) -> None:
     """Show per-head density (visible pairs / causal pairs) and the block mask of one layer."""
+    if png:
+        png = _check_png(png)  # before anything is printed
     model = load_pattern(pattern)
     index = pick_layer(model, layer)
     spec = model.layers[index]
@@ -78,14 +85,29 @@ def command(pattern: str, layer: int | None, seq_len: int, head: int, as_json: b
             click.echo(f"wrote {png}")
 
 
-def _write_png(spec, seq_len: int, path: str, title: str) -> None:
-    try:
-        import matplotlib
+def _check_png(path: str) -> str:
+    """`path` once matplotlib is importable and can write it: MissingExtraError without matplotlib,
+    a usage error for a missing folder or a format matplotlib cannot write."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MissingExtraError("--png needs matplotlib: pip install 'sparsegen[plot]'")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"folder {folder} does not exist", param_hint="'--png'")
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in IMAGE_FORMATS:
+        raise click.BadParameter(
+            f"{path!r} has no image extension matplotlib writes ({', '.join(sorted(IMAGE_FORMATS))})",
+            param_hint="'--png'",
+        )
+    return path
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise click.UsageError("--png needs matplotlib: pip install 'sparsegen[plot]'") from None
+
+def _write_png(spec, seq_len: int, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     block = spec.heads[0].block_size
     length = min(seq_len, 256 * block)
     masks = block_mask(spec, length, block)

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import Any, TypeVar
 from filelock import FileLock
 
 from ..errors import CacheError, JitDisabledError
+from ..log import get_logger
 
 CACHE_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -188,8 +188,7 @@ def _write_entry(path: Path, key: KernelKey, files: dict[str, bytes], meta: dict
 
 
 def _say(message: str) -> None:
-    if os.environ.get("SPARSEGEN_QUIET", "0") in ("", "0"):
-        print(f"sparsegen: {message}", file=sys.stderr, flush=True)
+    get_logger(__name__).info(message)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,113 @@
+"""sparsegen's messages: one `logging` tree under the "sparsegen" logger, never `print`.
+
+Modules log through `get_logger(__name__)`. The level comes from the environment:
+`SPARSEGEN_QUIET=1` keeps only errors; otherwise `SPARSEGEN_LOG_LEVEL` (a name such as
+`debug` or `warning`, or a number) and `INFO` by default, so a cold kernel build says what it
+compiles and how long it took.
+
+Where the messages go:
+- the CLI calls `install_cli_handler()`: one stderr handler that writes through tqdm, so a
+  message printed while a progress bar is drawn lands above the bar instead of inside it;
+- a library user who has configured logging (the root logger has a handler) gets the
+  messages through their own handlers;
+- otherwise the first `get_logger()` adds the same stderr handler, so a kernel build in a
+  plain script still says what it is doing rather than looking like a hang.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+
+ROOT = "sparsegen"
+FORMAT = "sparsegen: %(message)s"
+_SETUP = threading.Lock()
+
+
+class LogLevelError(ValueError):
+    """SPARSEGEN_LOG_LEVEL names no logging level."""
+
+
+def env_level() -> int:
+    """The level the environment asks for (ERROR under SPARSEGEN_QUIET=1, else LOG_LEVEL, else INFO)."""
+    if os.environ.get("SPARSEGEN_QUIET", "0") not in ("", "0"):
+        return logging.ERROR
+    raw = os.environ.get("SPARSEGEN_LOG_LEVEL", "").strip()
+    if not raw:
+        return logging.INFO
+    if raw.isdigit():
+        return int(raw)
+    level = logging.getLevelName(raw.upper())
+    if not isinstance(level, int):
+        raise LogLevelError(
+            f"SPARSEGEN_LOG_LEVEL={raw!r} is not a logging level (debug, info, warning, error, critical)"
+        )
+    return level
+
+
+class StderrHandler(logging.Handler):
+    """Writes each record as one line to the *current* sys.stderr (looked up per record, so
+    click's CliRunner and pytest's capture see it), through tqdm.write when tqdm is loaded so
+    that an active progress bar is cleared and redrawn below the message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+            tqdm = sys.modules.get("tqdm")
+            if tqdm is not None:
+                tqdm.tqdm.write(line, file=sys.stderr)
+            else:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - logging must never raise into the caller
+            self.handleError(record)
+
+
+def _install(level: int) -> None:
+    root = logging.getLogger(ROOT)
+    for handler in list(root.handlers):
+        if isinstance(handler, StderrHandler):
+            root.removeHandler(handler)
+    handler = StderrHandler()
+    handler.setFormatter(logging.Formatter(FORMAT))
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+
+
+def install_cli_handler() -> None:
+    """The CLI's handler on the "sparsegen" logger, at the environment's level (replaces any earlier
+    one, so a test that invokes the CLI twice gets one handler). Raises LogLevelError."""
+    with _SETUP:
+        _install(env_level())
+
+
+@functools.cache
+def _default_setup() -> None:
+    """Done once per process: the level from the environment, and our stderr handler unless the
+    user's own logging set-up (a handler on the root or the "sparsegen" logger) is in place."""
+    with _SETUP:
+        root = logging.getLogger(ROOT)
+        try:
+            level = env_level()
+        except LogLevelError as exc:
+            level = logging.INFO
+            root.warning("%s; using info", exc)
+        if not root.handlers and not logging.getLogger().handlers:
+            _install(level)
+        elif root.level == logging.NOTSET:
+            root.setLevel(level)
+
+
+def get_logger(name: str = ROOT) -> logging.Logger:
+    """logging.getLogger(name) for a module under "sparsegen", with the default set-up done once."""
+    _default_setup()
+    return logging.getLogger(name)
+
+
+def enabled(level: int = logging.INFO) -> bool:
+    """Whether a message at `level` from sparsegen would be shown."""
+    return logging.getLogger(ROOT).isEnabledFor(level)
