@@ -10,14 +10,20 @@ from __future__ import annotations
 import importlib
 
 from .errors import (
+    ArchError,
     CacheError,
+    CacheOutOfMemory,
+    CheckpointError,
     CompileError,
+    EngineError,
+    EnvError,
     ImplUnavailableError,
     InputError,
     JitDisabledError,
     MissingExtraError,
     SparsegenError,
     SpecError,
+    TokenizerError,
 )
 
 __version__ = "0.1.0"
@@ -51,8 +57,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ArchError",
     "CacheError",
+    "CacheOutOfMemory",
+    "CheckpointError",
     "CompileError",
+    "EngineError",
+    "EnvError",
     "HeadSpec",
     "ImplUnavailableError",
     "InputError",
@@ -62,6 +73,7 @@ __all__ = [
     "ModelSpec",
     "SparsegenError",
     "SpecError",
+    "TokenizerError",
     "density",
     "get_kernel",
     "get_pattern",

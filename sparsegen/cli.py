@@ -118,12 +118,9 @@ class _LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="sparsegen")
 def cli() -> None:
     """sparsegen: block-sparse attention kernels, JIT-compiled from per-head sparsity specs."""
-    from .log import LogLevelError, install_cli_handler
+    from .log import install_cli_handler
 
-    try:
-        install_cli_handler()
-    except LogLevelError as exc:
-        raise click.UsageError(first_line(exc)) from None
+    install_cli_handler()  # an unreadable SPARSEGEN_QUIET / SPARSEGEN_LOG_LEVEL: EnvError, exit 2
 
 
 def main() -> None:

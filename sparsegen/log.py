@@ -18,34 +18,24 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import threading
+
+from .errors import EnvError
 
 ROOT = "sparsegen"
 FORMAT = "sparsegen: %(message)s"
 _SETUP = threading.Lock()
 
 
-class LogLevelError(ValueError):
-    """SPARSEGEN_LOG_LEVEL names no logging level."""
-
-
 def env_level() -> int:
-    """The level the environment asks for (ERROR under SPARSEGEN_QUIET=1, else LOG_LEVEL, else INFO)."""
-    if os.environ.get("SPARSEGEN_QUIET", "0") not in ("", "0"):
+    """The level the environment asks for: ERROR under SPARSEGEN_QUIET=1, else SPARSEGEN_LOG_LEVEL,
+    else INFO. A value env.py cannot read is an EnvError naming the variable."""
+    from . import env
+
+    if env.flag("SPARSEGEN_QUIET"):
         return logging.ERROR
-    raw = os.environ.get("SPARSEGEN_LOG_LEVEL", "").strip()
-    if not raw:
-        return logging.INFO
-    if raw.isdigit():
-        return int(raw)
-    level = logging.getLevelName(raw.upper())
-    if not isinstance(level, int):
-        raise LogLevelError(
-            f"SPARSEGEN_LOG_LEVEL={raw!r} is not a logging level (debug, info, warning, error, critical)"
-        )
-    return level
+    return getattr(logging, env.log_level())
 
 
 class StderrHandler(logging.Handler):
@@ -80,7 +70,7 @@ def _install(level: int) -> None:
 
 def install_cli_handler() -> None:
     """The CLI's handler on the "sparsegen" logger, at the environment's level (replaces any earlier
-    one, so a test that invokes the CLI twice gets one handler). Raises LogLevelError."""
+    one, so a test that invokes the CLI twice gets one handler). Raises EnvError."""
     with _SETUP:
         _install(env_level())
 
@@ -93,7 +83,7 @@ def _default_setup() -> None:
         root = logging.getLogger(ROOT)
         try:
             level = env_level()
-        except LogLevelError as exc:
+        except EnvError as exc:
             level = logging.INFO
             root.warning("%s; using info", exc)
         if not root.handlers and not logging.getLogger().handlers:
