@@ -33,9 +33,8 @@ def env_level() -> int:
     else INFO. A value env.py cannot read is an EnvError naming the variable."""
     from . import env
 
-    if env.flag("SPARSEGEN_QUIET"):
-        return logging.ERROR
-    return getattr(logging, env.log_level())
+    level = getattr(logging, env.log_level())  # both read, so a bad value is never ignored
+    return logging.ERROR if env.flag("SPARSEGEN_QUIET") else level
 
 
 class StderrHandler(logging.Handler):

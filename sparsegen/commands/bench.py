@@ -7,6 +7,7 @@ import json
 import click
 import torch
 
+from ..errors import ImplUnavailableError
 from ..presets import get_pattern
 from ..spec import ModelSpec
 
@@ -67,7 +68,7 @@ def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, o
     measured first, in the same run.
     """
     if not torch.cuda.is_available():
-        raise click.UsageError("sparsegen bench needs a CUDA GPU")
+        raise ImplUnavailableError("sparsegen bench needs a CUDA GPU; torch sees none")
     from ..bench import decode, prefill
     from ..bench.common import format_table, measure_ceilings
 

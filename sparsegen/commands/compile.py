@@ -19,8 +19,9 @@ import click
 
 from .. import dtypes, env, progress
 from ..bench.common import format_table
+from ..kernels.decode import PAGE_SIZES
 from ..log import get_logger
-from .options import load_pattern
+from .options import check_arch, load_pattern
 
 DTYPES = {name: dtypes.resolve(name).torch for name in dtypes.CLI_NAMES}
 NO_GPU_ARCH = "sm_90"
@@ -56,7 +57,7 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
         from .. import ops
 
         with lock:
-            building[n] = f"{kind} {layer.kinds}"
+            building[n] = f"{kind} {'/'.join(layer.kinds)}"  # e.g. "decode local+vert"
             bar.note(building_now())
         start = time.perf_counter()
         extra = {"page_size": page_size} if kind == "decode" else {}
@@ -108,7 +109,12 @@ def _quiet_cache_log(quiet: bool):
 
 @click.command(name="compile")
 @click.option("--pattern", required=True, help="Preset name, sparsegen JSON spec or HF config.json.")
-@click.option("--arch", default=None, help="Target, e.g. sm_90 (default: this GPU; sm_90 without one).")
+@click.option(
+    "--arch",
+    default=None,
+    callback=check_arch,
+    help="Target, e.g. sm_90 (default: this GPU; sm_90 without one).",
+)
 @click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="bf16", show_default=True)
 @click.option("--kind", type=click.Choice(["prefill", "decode", "all"]), default="all", show_default=True)
 @click.option("--page-size", type=int, default=16, show_default=True, help="Decode kernels' page size.")
@@ -116,8 +122,13 @@ def _quiet_cache_log(quiet: bool):
 def command(pattern, arch, dtype, kind, page_size, as_json):
     """Compile (or fetch from the cache) every distinct kernel of a pattern."""
     model = load_pattern(pattern)
-    arch = arch or default_arch()
+    arch = default_arch() if arch is None else arch  # '' is refused by check_arch, not defaulted
     kinds = ["prefill", "decode"] if kind == "all" else [kind]
+    if "decode" in kinds and page_size not in PAGE_SIZES:  # before any kernel is built
+        raise click.BadParameter(
+            f"decode page size must be in {PAGE_SIZES.start}..{PAGE_SIZES.stop - 1}, got {page_size}",
+            param_hint="'--page-size'",
+        )
     start = time.perf_counter()
     records = build_all(model, kinds, DTYPES[dtype], arch, page_size, as_json=as_json)
     total = time.perf_counter() - start

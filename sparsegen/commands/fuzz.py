@@ -18,7 +18,9 @@ import click
 import torch
 
 from .. import env, progress
+from ..errors import ImplUnavailableError
 from ..log import get_logger
+from .options import SEED
 
 log = get_logger(__name__)
 
@@ -120,14 +122,14 @@ def _precompile(specs: list, kernels: list[str], page_sizes: list[int]) -> None:
 @click.option(
     "--max-len", type=click.IntRange(1), default=None, help="Longest sequence (default 2048 GPU, 200 CPU)."
 )
-@click.option("--seed", type=int, default=None, help="Seed for the specs and shapes (default: a fresh one).")
+@click.option("--seed", type=SEED, default=None, help="Seed for the specs and shapes (default: a fresh one).")
 def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     """Fuzz the generated kernels against the reference on this device."""
     if bool(pattern) == random_specs:
         raise click.UsageError("give exactly one of --pattern P or --random")
     on_gpu = env.gpu_capable()
     if kernel == "decode" and not on_gpu:
-        raise click.UsageError("the CUDA paged-decode kernel needs an sm_80+ GPU; this machine has none")
+        raise ImplUnavailableError("the CUDA paged-decode kernel needs an sm_80+ GPU; this machine has none")
     kernels = [k for k in KERNELS if kernel in (k, "all") and (k == "prefill" or on_gpu)]
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel is fetched

@@ -15,6 +15,7 @@ import click
 
 from .. import dtypes, progress
 from ..log import get_logger
+from .options import SEED, finite, torch_device
 
 log = get_logger(__name__)
 
@@ -36,18 +37,6 @@ def parse_prompt_ids(text: str, vocab_size: int) -> list[int]:
             f"token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}", param_hint="'--prompt-ids'"
         )
     return ids
-
-
-def _pick_device(device: str | None) -> str:
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise click.BadParameter(
-            f"{device!r} was asked for, but torch sees no CUDA GPU", param_hint="'--device'"
-        )
-    return device
 
 
 def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
@@ -127,11 +116,22 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) ->
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option(
-    "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 is greedy."
+    "--temperature",
+    type=click.FloatRange(min=0),
+    callback=finite,
+    default=0.0,
+    show_default=True,
+    help="0 is greedy.",
 )
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
+@click.option(
+    "--top-p",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    callback=finite,
+    default=1.0,
+    show_default=True,
+)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 is off.")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=SEED, default=None)
 @click.option("--ignore-eos", is_flag=True, help="Keep going past EOS (for benchmarks).")
 @click.option("--device", default=None, help="cuda or cpu (default: cuda when available).")
 @click.option(
@@ -180,13 +180,7 @@ def _generate(
 
     from ..engine import LLMEngine, SamplingParams
 
-    device = _pick_device(device)
-    dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
-    model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
-    vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
-    prompts = _collect_prompts(
-        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size)
-    )
+    # Everything that can be checked without the model first: building it takes a while.
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -194,6 +188,13 @@ def _generate(
         top_p=top_p,
         seed=seed,
         ignore_eos=ignore_eos,
+    )
+    device = torch_device(device)
+    dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
+    model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
+    vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
+    prompts = _collect_prompts(
+        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size)
     )
     engine = LLMEngine(
         model,
