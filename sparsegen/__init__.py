@@ -3,10 +3,12 @@
 from . import reference
 from .errors import (
     CacheError,
+    CacheOutOfMemory,
     CompileError,
     ImplUnavailableError,
     InputError,
     JitDisabledError,
+    MemoryLimitError,
     SparsegenError,
     SpecError,
 )
@@ -19,12 +21,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CacheError",
+    "CacheOutOfMemory",
     "CompileError",
     "HeadSpec",
     "ImplUnavailableError",
     "InputError",
     "JitDisabledError",
     "LayerSpec",
+    "MemoryLimitError",
     "ModelSpec",
     "SparsegenError",
     "SpecError",

@@ -27,3 +27,12 @@ class CompileError(SparsegenError, RuntimeError):
 
 class CacheError(SparsegenError, RuntimeError):
     """The kernel cache cannot be used (unsafe directory, unreadable entry...)."""
+
+
+class CacheOutOfMemory(SparsegenError, RuntimeError):
+    """The KV cache has too few free pages for what was asked; the message gives the numbers."""
+
+
+class MemoryLimitError(SparsegenError, RuntimeError):
+    """What was asked (model weights, KV cache) would not fit in the memory the device has;
+    raised from an estimate before anything is allocated. The message gives the numbers."""

@@ -13,11 +13,9 @@ from collections import deque
 
 import torch
 
-from ..errors import SparsegenError
+from ..errors import CacheOutOfMemory
 
-
-class CacheOutOfMemory(SparsegenError, RuntimeError):
-    """The KV cache has too few free pages for what was asked; the message gives the numbers."""
+__all__ = ["CacheOutOfMemory", "KVCache", "PageAllocator", "pages_for"]
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:

@@ -35,7 +35,12 @@ class SamplingParams:
             raise InputError(f"SamplingParams.top_k must be an int >= 0, got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise InputError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        stops = self.stop_token_ids
+        if not isinstance(stops, (tuple, list)) or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in stops
+        ):
+            raise InputError(f"SamplingParams.stop_token_ids must be a tuple of int token ids, got {stops!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(stops))
 
     @property
     def greedy(self) -> bool:
