@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError
+from ..errors import EngineError, InputError
 from ..models.batch import ForwardBatch
 from ..models.memory import check_fits
 from ..models.phi3small import Phi3SmallForCausalLM
@@ -342,7 +342,7 @@ class LLMEngine:
         CUDA-graph capture happen before any timed request; returns the seconds it took. The
         engine is left as it was (no request pending, every page free)."""
         if self.has_unfinished:
-            raise RuntimeError("warmup() needs an idle engine: requests are pending")
+            raise EngineError("warmup() needs an idle engine: requests are pending")
         start = time.perf_counter()
         self.generate([[0]], SamplingParams(max_tokens=2, ignore_eos=True))
         return time.perf_counter() - start
