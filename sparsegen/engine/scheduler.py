@@ -19,8 +19,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from ..errors import InputError
 from .kv_cache import CacheOutOfMemory, KVCache, pages_for
 from .sampling import SamplingParams
@@ -35,7 +33,6 @@ class Sequence:
     pages: list[int] = field(default_factory=list)
     num_cached: int = 0  # tokens whose K/V are in the cache
     finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
-    generator: torch.Generator | None = None
     t_submit: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None
     t_last_token: float | None = None
