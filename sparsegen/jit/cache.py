@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .. import env
 from ..errors import CacheError, JitDisabledError
 from . import trusted_fs as tfs
 from .trusted_fs import MISSING, QUARANTINE_PREFIX
@@ -84,14 +85,13 @@ def _check_root(root: Path, st: os.stat_result) -> None:
 
 
 def cache_dir() -> Path:
-    """SPARSEGEN_CACHE_DIR, or ~/.cache/sparsegen; created private, and refused if unsafe.
+    """`env.cache_dir()` (SPARSEGEN_CACHE_DIR, XDG_CACHE_HOME, ~/.cache); created private, refused if unsafe.
 
     Entries hold code (rendered Python, cubins), so the directory must belong to this user
     and be writable by nobody else. The root itself may be a link the user made; nothing
     below it may be.
     """
-    root = Path(os.environ.get("SPARSEGEN_CACHE_DIR") or Path.home() / ".cache" / "sparsegen")
-    root = root.expanduser()
+    root = env.cache_dir()
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = root.stat()
@@ -117,7 +117,7 @@ def _open_root() -> Iterator[tuple[Path, int]]:
 
 
 def jit_disabled() -> bool:
-    return os.environ.get("SPARSEGEN_DISABLE_JIT", "0") not in ("", "0")
+    return env.flag("SPARSEGEN_DISABLE_JIT")
 
 
 @functools.lru_cache(maxsize=1)
@@ -431,7 +431,7 @@ def _write_entry(
 
 
 def _say(message: str) -> None:
-    if os.environ.get("SPARSEGEN_QUIET", "0") in ("", "0"):
+    if not env.flag("SPARSEGEN_QUIET"):
         print(f"sparsegen: {message}", file=sys.stderr, flush=True)
 
 
