@@ -284,7 +284,8 @@ def get_gluon_prefill_kernel(layer: LayerSpec, *, dtype, **overrides) -> GluonPr
             return dict(files)  # built ahead of time: the files only
         return _load_compiled(files, layer, dname, cfg)
 
-    found = cache.load_or_build(key, build, load, label=f"{key.name} for {ARCH}")
+    required = (SOURCE_FILE, f"{KERNEL_FN}.cubin", f"{KERNEL_FN}.json", f"{KERNEL_FN}.ptx")
+    found = cache.load_or_build(key, build, load, required=required, label=f"{key.name} for {ARCH}")
     status = "cached" if found.status == "memory" else found.status
     kernel = GluonPrefillKernel(
         layer, dtype, key.name, key.key, found.path, status, found.seconds, cfg, ARCH, found.value
