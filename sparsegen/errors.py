@@ -53,5 +53,10 @@ class EngineError(SparsegenError, RuntimeError):
     """The engine was asked for something its current state forbids (e.g. warmup while busy)."""
 
 
+class MemoryLimitError(SparsegenError, RuntimeError):
+    """What was asked (model weights, KV cache) would not fit in the memory the device has;
+    raised from an estimate before anything is allocated. The message gives the numbers."""
+
+
 class MissingExtraError(SparsegenError, ImportError):
     """An optional dependency is not installed; the message names the pip extra that brings it."""
