@@ -77,6 +77,8 @@ class _LazyGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.exceptions.Exit as exc:  # ctx.exit(n) in a command: main() below would drop n
+            sys.exit(exc.exit_code)
         except SparsegenError as exc:
             if is_usage_error(exc):
                 raise click.UsageError(first_line(exc)) from None

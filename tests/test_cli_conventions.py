@@ -86,3 +86,31 @@ def test_quiet_and_log_level(fresh_cache, monkeypatch):
     monkeypatch.setenv("SPARSEGEN_LOG_LEVEL", "chatty")
     bad = CliRunner().invoke(cli, args)
     assert bad.exit_code == 2 and "SPARSEGEN_LOG_LEVEL" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+class _Stream:
+    def __init__(self, tty: bool):
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_bars_only_on_a_terminal_without_json_and_not_quiet(monkeypatch):
+    from sparsegen import log, progress
+
+    monkeypatch.delenv("SPARSEGEN_QUIET", raising=False)
+    log.install_cli_handler()
+    assert progress.bars_wanted(stream=_Stream(True))
+    assert not progress.bars_wanted(stream=_Stream(False))
+    assert not progress.bars_wanted(as_json=True, stream=_Stream(True))
+    monkeypatch.setenv("SPARSEGEN_QUIET", "1")
+    log.install_cli_handler()
+    assert not progress.bars_wanted(stream=_Stream(True))
+    off = progress.bar(3, "x")  # pytest's stderr is no terminal: a stand-in that draws nothing
+    assert not off.drawn
+    off.update(1, postfix="a")
+    off.note("b")
+    off.close()
+    monkeypatch.delenv("SPARSEGEN_QUIET")
+    log.install_cli_handler()  # leave the logger as the environment says, for later tests
