@@ -1,17 +1,18 @@
 """sparsegen's messages: one `logging` tree under the "sparsegen" logger, never `print`.
 
 Modules log through `get_logger(__name__)`. The level comes from the environment:
-`SPARSEGEN_QUIET=1` keeps only errors; otherwise `SPARSEGEN_LOG_LEVEL` (a name such as
-`debug` or `warning`, or a number) and `INFO` by default, so a cold kernel build says what it
-compiles and how long it took.
+`SPARSEGEN_QUIET=1` keeps only errors; otherwise `SPARSEGEN_LOG_LEVEL` (`debug`, `info`,
+`warning`, `error`, `critical`) and `INFO` by default, so a cold kernel build says what it
+compiles and how long it took. Both are read through `sparsegen.env` (EnvError on a bad value).
 
 Where the messages go:
 - the CLI calls `install_cli_handler()`: one stderr handler that writes through tqdm, so a
   message printed while a progress bar is drawn lands above the bar instead of inside it;
 - a library user who has configured logging (the root logger has a handler) gets the
-  messages through their own handlers;
+  messages through their own handlers (records always propagate to the root logger);
 - otherwise the first `get_logger()` adds the same stderr handler, so a kernel build in a
-  plain script still says what it is doing rather than looking like a hang.
+  plain script still says what it is doing rather than looking like a hang; it falls silent
+  as soon as the root logger gets a handler, so nothing is printed twice.
 """
 
 from __future__ import annotations
@@ -40,9 +41,19 @@ def env_level() -> int:
 class StderrHandler(logging.Handler):
     """Writes each record as one line to the *current* sys.stderr (looked up per record, so
     click's CliRunner and pytest's capture see it), through tqdm.write when tqdm is loaded so
-    that an active progress bar is cleared and redrawn below the message."""
+    that an active progress bar is cleared and redrawn below the message.
+
+    Records still propagate to the root logger (pytest's caplog, a user's handlers). The
+    library's default handler (`defer_to_root`) stays silent once the root logger has handlers
+    of its own, so a user who configures logging later never sees a line twice."""
+
+    def __init__(self, defer_to_root: bool = False):
+        super().__init__()
+        self.defer_to_root = defer_to_root
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.defer_to_root and logging.getLogger().handlers:
+            return
         try:
             line = self.format(record)
             tqdm = sys.modules.get("tqdm")
@@ -55,23 +66,22 @@ class StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-def _install(level: int) -> None:
+def _install(level: int, *, defer_to_root: bool) -> None:
     root = logging.getLogger(ROOT)
     for handler in list(root.handlers):
         if isinstance(handler, StderrHandler):
             root.removeHandler(handler)
-    handler = StderrHandler()
+    handler = StderrHandler(defer_to_root)
     handler.setFormatter(logging.Formatter(FORMAT))
     root.addHandler(handler)
     root.setLevel(level)
-    root.propagate = False
 
 
 def install_cli_handler() -> None:
     """The CLI's handler on the "sparsegen" logger, at the environment's level (replaces any earlier
     one, so a test that invokes the CLI twice gets one handler). Raises EnvError."""
     with _SETUP:
-        _install(env_level())
+        _install(env_level(), defer_to_root=False)
 
 
 @functools.cache
@@ -86,7 +96,7 @@ def _default_setup() -> None:
             level = logging.INFO
             root.warning("%s; using info", exc)
         if not root.handlers and not logging.getLogger().handlers:
-            _install(level)
+            _install(level, defer_to_root=True)
         elif root.level == logging.NOTSET:
             root.setLevel(level)
 

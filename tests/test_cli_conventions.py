@@ -114,3 +114,16 @@ def test_bars_only_on_a_terminal_without_json_and_not_quiet(monkeypatch):
     off.close()
     monkeypatch.delenv("SPARSEGEN_QUIET")
     log.install_cli_handler()  # leave the logger as the environment says, for later tests
+
+
+def test_missing_extras_name_the_extra(monkeypatch):
+    import sparsegen as sg
+    from sparsegen import tokenizer
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken -> ImportError
+    with pytest.raises(sg.MissingExtraError, match=r"sparsegen\[model\]"):
+        tokenizer.TiktokenTokenizer({b"a": 0}, {})
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    monkeypatch.delitem(sys.modules, "sparsegen.testing", raising=False)
+    with pytest.raises(sg.MissingExtraError, match=r"sparsegen\[fuzz\]"):
+        import sparsegen.testing  # noqa: F401

@@ -114,6 +114,7 @@ def test_compile_bar_on_a_terminal_only(tmp_path, json_flag):
     cache.mkdir(mode=0o700)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARSEGEN_CACHE_DIR": str(cache)}
     env.pop("SPARSEGEN_QUIET", None)
+    env.pop("TRITON_INTERPRET", None)  # `sparsegen fuzz` in-process sets it for this process
     argv = [sys.executable, "-m", "sparsegen", "compile", "--pattern", "phi3small", "--kind", "prefill",
             "--arch", "sm_80"] + (["--json"] if json_flag else [])  # fmt: skip
     rc, out, terminal = _run_on_pty(argv, env)
