@@ -13,6 +13,7 @@ runs the real prefill interpreter path, one the real sm_90 AOT entry (cubin + me
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import importlib.util
@@ -584,6 +585,23 @@ def test_bad_build_output_is_one_line_and_leaves_nothing(root, what, build, word
 def test_bad_required_list_is_a_cache_error(required):
     with pytest.raises(CacheError, match="required"):
         _get(required=required)
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS])
+@pytest.mark.parametrize("where", ["write_file", "rename", "mkdir"])
+def test_failed_write_is_one_line_and_leaves_nothing(root, monkeypatch, err, where):
+    def fail(*args, **kwargs):
+        raise OSError(err, os.strerror(err))
+
+    target = trusted_fs if where == "write_file" else cache.os
+    with monkeypatch.context() as patch:
+        patch.setattr(target, where, fail)
+        with pytest.raises(CacheError, match=f"cannot write the cache entry .*{os.strerror(err)}") as caught:
+            _get()
+    assert "\n" not in str(caught.value) and _lock_free(root)
+    assert [n for n in os.listdir(root) if not n.endswith(".lock")] == []
+    build = Builds()
+    _assert_rebuilt(_get(build=build), build)  # the next try works
 
 
 def test_build_that_raises_leaves_no_tmp_and_frees_the_lock(root):
