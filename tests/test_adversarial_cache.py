@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sparsegen import CacheError, HeadSpec, JitDisabledError, LayerSpec
 from sparsegen.cli import cli
@@ -524,6 +526,68 @@ def test_manifest_of_wrong_shape_is_rebuilt(root, case):
 
 def test_manifest_case_count():
     assert len(_manifest_cases(_key())) == 34  # the parametrize above covers every case
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=80),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS = st.sampled_from(["key", "digest", "files", "required", "meta", "created", None])
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)
+@given(field=FIELDS, value=JSON)
+def test_fuzzed_manifest_never_crashes_and_is_never_half_trusted(root, field, value):
+    """Any JSON in any manifest field (or as the whole manifest): never a traceback, never the
+    planted kernel.py. A change to what gates loading (key, digest, files, the whole manifest)
+    rebuilds; the informational fields (meta, required, created) may change if well typed."""
+    cache.clear()
+    _get()
+    path = _entry(root) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    before = dict(manifest)
+    if field is None:
+        manifest = value
+    else:
+        manifest[field] = value
+    if field == "files":  # a planted file the new 'files' might list
+        (_entry(root) / "kernel.py").write_text("TAG = 'planted'\n")
+    path.write_text(json.dumps(manifest))
+    build = Builds()
+    found = _get(build=build)
+    assert found.value[0] == "good"
+    if isinstance(manifest, dict) and manifest == before:
+        assert found.status == "cached"
+    elif field in (None, "key", "digest", "files"):
+        assert found.status == "compiled"
+    else:
+        well_typed = {"meta": isinstance(value, dict), "required": isinstance(value, list)
+                      and all(isinstance(x, str) for x in value), "created": True}[field]  # fmt: skip
+        assert found.status == ("cached" if well_typed else "compiled")
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)
+@given(
+    name=st.sampled_from(["kernel.py", "kernel.bin", "manifest.json"]),
+    cut=st.integers(0, 4000),
+    flip=st.one_of(st.none(), st.integers(0, 4000)),
+)
+def test_fuzzed_truncation_or_bit_flip_is_rebuilt(root, name, cut, flip):
+    cache.clear()
+    _get()
+    path = _entry(root) / name
+    data = bytearray(path.read_bytes())
+    edited = bytearray(data[:cut])
+    if flip is not None and edited and name != "manifest.json":  # a manifest flip may hit 'created'
+        edited[flip % len(edited)] ^= 0x01
+    path.write_bytes(bytes(edited))
+    build = Builds()
+    found = _get(build=build)
+    changed = bytes(edited) != bytes(data)
+    assert found.value[0] == "good" and found.status == ("compiled" if changed else "cached")
+    verdicts = cache.verify_entries()
+    assert [v["ok"] for v in verdicts] == [True]
 
 
 @pytest.mark.parametrize("kind", ["dir", "link", "fifo", "missing"])
