@@ -39,7 +39,9 @@ DTYPE_NAMES = {
     "float": torch.float32,
 }
 RANDOM_SIZES = ("tiny", "7b")
-ENGINE_OPTIONS = tuple(p for p in inspect.signature(LLMEngine.__init__).parameters if p not in ("self", "model"))
+ENGINE_OPTIONS = tuple(
+    p for p in inspect.signature(LLMEngine.__init__).parameters if p not in ("self", "model")
+)
 
 
 def resolve_device(device) -> torch.device:
@@ -81,7 +83,9 @@ def build_model(model_dir, random, tokenizer_path, device, dtype, force_dense=Fa
         tokenizer = load_tokenizer(model_dir)
     if model_dir is not None:
         dummies = tokenizer.dummy_token_indices if tokenizer is not None else ()
-        model = load_checkpoint(model_dir, device=device, dtype=dtype, force_dense=force_dense, dummy_token_indices=dummies)
+        model = load_checkpoint(
+            model_dir, device=device, dtype=dtype, force_dense=force_dense, dummy_token_indices=dummies
+        )
         return model, tokenizer
     config = named_config(random)
     if tokenizer is None:
@@ -142,7 +146,9 @@ class LLM:
             raise InputError(f"model={str(model)!r} is not a folder")
         unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
         if unknown:
-            raise InputError(f"unknown LLM option {unknown[0]!r}; engine options are {', '.join(ENGINE_OPTIONS)}")
+            raise InputError(
+                f"unknown LLM option {unknown[0]!r}; engine options are {', '.join(ENGINE_OPTIONS)}"
+            )
         if "tokenizer" in engine_options:
             raise InputError("pass the tokenizer as a path with tokenizer=")
         dev = resolve_device(device)
@@ -185,7 +191,9 @@ class LLM:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
                 raise InputError(f"{where} token {pos} is {t!r}, not a token id in 0..{self.vocab_size - 1}")
         if len(ids) >= self.max_model_len:
-            raise InputError(f"{where} has {len(ids)} tokens; the model takes at most {self.max_model_len - 1}")
+            raise InputError(
+                f"{where} has {len(ids)} tokens; the model takes at most {self.max_model_len - 1}"
+            )
         return ids
 
     def render_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
@@ -200,7 +208,9 @@ class LLM:
             raise InputError(f"{where}.stop needs a tokenizer, and this checkpoint has none")
         bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad:
-            raise InputError(f"{where}.stop_token_ids holds {bad[0]}, outside the vocabulary 0..{self.vocab_size - 1}")
+            raise InputError(
+                f"{where}.stop_token_ids holds {bad[0]}, outside the vocabulary 0..{self.vocab_size - 1}"
+            )
         return params
 
     def trackers(self, params: SamplingParams) -> tuple[list[SamplingParams], list[CompletionTracker]]:

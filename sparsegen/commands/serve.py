@@ -30,12 +30,21 @@ def _log_to_stderr() -> None:
 
 @click.command("serve")
 @click.option(
-    "--model", "model_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), help="HF checkpoint folder."
+    "--model",
+    "model_dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="HF checkpoint folder.",
 )
-@click.option("--random", "random_size", type=click.Choice(["tiny", "7b"]), help="Random weights of a named size.")
-@click.option("--tokenizer", "tokenizer_path", type=click.Path(exists=True), help="A .tiktoken file (or folder).")
+@click.option(
+    "--random", "random_size", type=click.Choice(["tiny", "7b"]), help="Random weights of a named size."
+)
+@click.option(
+    "--tokenizer", "tokenizer_path", type=click.Path(exists=True), help="A .tiktoken file (or folder)."
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port."
+)
 @click.option(
     "--max-queue",
     type=click.IntRange(min=0),
@@ -43,12 +52,29 @@ def _log_to_stderr() -> None:
     show_default=True,
     help="Sequences that may wait beyond the running batch; more get HTTP 503.",
 )
-@click.option("--served-model-name", default=None, help="The model id clients send (default: the path or random-NAME).")
+@click.option(
+    "--served-model-name", default=None, help="The model id clients send (default: the path or random-NAME)."
+)
 @click.option("--device", default=None, help="cuda or cpu (default: cuda when available).")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None, help="Default: bf16 on GPU, fp32 on CPU.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=32, show_default=True, help="Sequences at once.")
-@click.option("--max-model-len", type=click.IntRange(min=2), default=None, help="Context limit (default: the model's).")
-@click.option("--chunk-size", type=click.IntRange(min=1), default=8192, show_default=True, help="Prefill tokens per step.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp32"]),
+    default=None,
+    help="Default: bf16 on GPU, fp32 on CPU.",
+)
+@click.option(
+    "--max-num-seqs", type=click.IntRange(min=1), default=32, show_default=True, help="Sequences at once."
+)
+@click.option(
+    "--max-model-len", type=click.IntRange(min=2), default=None, help="Context limit (default: the model's)."
+)
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    default=8192,
+    show_default=True,
+    help="Prefill tokens per step.",
+)
 @click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up request before listening.")
@@ -66,7 +92,9 @@ def command(
     try:
         from ..serve.server import serve
     except ImportError as exc:
-        raise click.UsageError(f"sparsegen serve needs the [serve] extra (pip install 'sparsegen[serve]'): {exc}")
+        raise click.UsageError(
+            f"sparsegen serve needs the [serve] extra (pip install 'sparsegen[serve]'): {exc}"
+        ) from None
     _log_to_stderr()
     from ..llm import LLM
 
@@ -85,7 +113,9 @@ def command(
         )
         if not no_warmup:
             seconds = llm.engine.warmup()
-            logging.getLogger("sparsegen").info("warm-up (kernel builds, first CUDA-graph capture): %.2f s", seconds)
+            logging.getLogger("sparsegen").info(
+                "warm-up (kernel builds, first CUDA-graph capture): %.2f s", seconds
+            )
     except SparsegenError as exc:
         raise click.UsageError(str(exc).splitlines()[0]) from None
     try:

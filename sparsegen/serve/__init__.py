@@ -5,4 +5,10 @@ with the `[serve]` extra and are imported only by `app`, `metrics` and `server`.
 from .chat import PHI3SMALL_CHAT_TEMPLATE, ChatTemplate
 from .outputs import CompletionOutput, CompletionTracker, RequestOutput
 
-__all__ = ["PHI3SMALL_CHAT_TEMPLATE", "ChatTemplate", "CompletionOutput", "CompletionTracker", "RequestOutput"]
+__all__ = [
+    "PHI3SMALL_CHAT_TEMPLATE",
+    "ChatTemplate",
+    "CompletionOutput",
+    "CompletionTracker",
+    "RequestOutput",
+]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
@@ -33,7 +34,6 @@ from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError
 
 MAX_BODY_BYTES = 8 << 20
-DISCONNECT_POLL_S = 0.25
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -83,9 +83,12 @@ def _validation_error(exc: ValidationError) -> JSONResponse:
         return error_json(400, f"the body is not valid JSON: {first['msg']}", "body", "invalid_json")
     if first["type"] == "model_type":
         return error_json(400, "the body must be a JSON object", "body")
-    param = _param(tuple(first["loc"]))
+    loc = tuple(first["loc"])
     if first["type"] == "extra_forbidden":
-        return error_json(400, f"unknown field {param or '.'.join(map(str, first['loc']))!r}", param)
+        parent = _param(loc[:-1])
+        param = f"{parent}.{loc[-1]}" if parent else str(loc[-1])
+        return error_json(400, f"unknown field {param!r}", param)
+    param = _param(loc)
     msg = first["msg"]
     if len(errors) > 1 and all(_param(tuple(e["loc"])) == param for e in errors):
         msg = "; ".join(dict.fromkeys(e["msg"] for e in errors[:4]))
@@ -93,6 +96,33 @@ def _validation_error(exc: ValidationError) -> JSONResponse:
 
 
 _FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+)")
+
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+class _CountRequests:
+    """Plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client disconnects from
+    the handlers): counts requests by route and status code."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [0]
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope["path"] if scope["path"] in ROUTES else "other"
+            self.metrics.requests.labels(route, str(status[0])).inc()
 
 
 class _Refused(Exception):
@@ -124,18 +154,12 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     async def _request_error(request: Request, exc: RequestValidationError):
         return error_json(400, str(exc))
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        try:
-            response = await call_next(request)
-        except Exception:  # never a bare 500 page: the error JSON, and the traceback in the log
-            import logging
+    @app.exception_handler(Exception)
+    async def _unhandled(request: Request, exc: Exception):  # never a bare 500 page
+        logging.getLogger("sparsegen").error("unhandled error in %s", request.url.path, exc_info=exc)
+        return error_json(500, "internal server error")
 
-            logging.getLogger("sparsegen").exception("unhandled error in %s", request.url.path)
-            response = error_json(500, "internal server error")
-        if request.url.path.startswith("/v1/"):
-            metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-        return response
+    app.add_middleware(_CountRequests, metrics=metrics)
 
     async def parse(request: Request, model: type[BaseModel]):
         body = await request.body()
@@ -149,7 +173,14 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
         except RequestError as exc:
             raise _Refused(error_json(400, str(exc), exc.param, exc.code)) from None
         if req.model != name:
-            raise _Refused(error_json(400, f"the model {req.model!r} is not served here; it is {name!r}", "model", "model_not_found"))
+            raise _Refused(
+                error_json(
+                    400,
+                    f"the model {req.model!r} is not served here; it is {name!r}",
+                    "model",
+                    "model_not_found",
+                )
+            )
         return req
 
     def fit(prompt_ids: list[list[int]], max_tokens: int | None, default: int | None, where: str) -> int:
@@ -222,13 +253,15 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
             try:
                 ids = [llm.encode(p, "prompt") for p in req.prompts()]
             except SparsegenError as exc:
-                return error_json(400, str(exc), "prompt", "context_length_exceeded" if "at most" in str(exc) else None)
+                return error_json(
+                    400, str(exc), "prompt", "context_length_exceeded" if "at most" in str(exc) else None
+                )
             max_tokens = fit(ids, req.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
             params = params_of(req, max_tokens, req.logprobs)
             stream = submit(ids, params, "cmpl")
         except _Refused as r:
             return r.response
-        fmt = _Formatter(llm, stream, name, chat=False)
+        fmt = _Formatter(llm, stream, name, chat=False, token_ids=req.return_token_ids)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _sse(engine, stream, fmt, include_usage)
@@ -241,13 +274,15 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
             try:
                 ids = [llm.render_chat(req.conversation(), req.add_generation_prompt)]
             except SparsegenError as exc:
-                return error_json(400, str(exc), "messages", "context_length_exceeded" if "at most" in str(exc) else None)
+                return error_json(
+                    400, str(exc), "messages", "context_length_exceeded" if "at most" in str(exc) else None
+                )
             max_tokens = fit(ids, req.requested_max_tokens, None, "conversation")
             params = params_of(req, max_tokens, req.logprobs_k)
             stream = submit(ids, params, "chatcmpl")
         except _Refused as r:
             return r.response
-        fmt = _Formatter(llm, stream, name, chat=True)
+        fmt = _Formatter(llm, stream, name, chat=True, token_ids=req.return_token_ids)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _sse(engine, stream, fmt, include_usage)
@@ -260,18 +295,27 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
 class _Formatter:
     """Builds OpenAI's JSON for one request (whole responses and stream chunks)."""
 
-    def __init__(self, llm: LLM, stream: RequestStream, model: str, chat: bool):
-        self.llm, self.stream, self.model, self.chat = llm, stream, model, chat
+    def __init__(self, llm: LLM, stream: RequestStream, model: str, chat: bool, token_ids: bool = False):
+        self.llm, self.stream, self.model, self.chat, self.token_ids = llm, stream, model, chat, token_ids
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self._offsets = [0] * len(stream.trackers)
 
-    def _token(self, token_id: int) -> str:
+    def _bytes(self, token_id: int) -> bytes:
         tok = self.llm.tokenizer
-        if tok is None:
+        return tok.token_bytes(token_id) if tok is not None else b""
+
+    def _token(self, token_id: int) -> str:
+        """The token's text; a token that is not whole UTF-8 is spelled `bytes:\\xNN...` (as
+        OpenAI does), and without a tokenizer `token_id:N`."""
+        if self.llm.tokenizer is None:
             return f"token_id:{token_id}"
-        return tok.token_bytes(token_id).decode("utf-8", errors="replace")
+        raw = self._bytes(token_id)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
     def logprobs(self, index: int, items) -> dict | None:
         if self.stream.trackers[index].params.logprobs is None:
@@ -279,14 +323,14 @@ class _Formatter:
         if self.chat:
             content = []
             for lp in items:
-                tok = self._token(lp.token_id)
                 content.append(
                     {
-                        "token": tok,
+                        "token": self._token(lp.token_id),
                         "logprob": lp.logprob,
-                        "bytes": list(tok.encode()),
+                        "bytes": list(self._bytes(lp.token_id)),
                         "top_logprobs": [
-                            {"token": (t := self._token(i)), "logprob": x, "bytes": list(t.encode())} for i, x in lp.top
+                            {"token": self._token(i), "logprob": x, "bytes": list(self._bytes(i))}
+                            for i, x in lp.top
                         ],
                     }
                 )
@@ -318,6 +362,8 @@ class _Formatter:
             else:
                 choice = {"index": t.index, "text": out.text}
             choice.update({"logprobs": lp, "finish_reason": reason, "stop_reason": out.stop_reason})
+            if self.token_ids:
+                choice["token_ids"] = out.token_ids
             choices.append(choice)
         return {
             "id": self.id,
@@ -347,46 +393,75 @@ class _Formatter:
         else:
             d = {"index": u.index, "text": u.text}
         d.update({"logprobs": lp, "finish_reason": u.finish_reason})
+        if self.token_ids:
+            d["token_ids"] = list(u.token_ids)
         if u.finish_reason is not None:
             d["stop_reason"] = u.stop_reason
         return d
 
 
+async def _until_disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body has been read: only a disconnect can come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _drain(stream: RequestStream) -> None:
+    while await stream.queue.get() is not None:
+        pass
+
+
 async def _whole(engine: AsyncEngine, stream: RequestStream, fmt: _Formatter, request: Request):
-    """Wait for the whole result, polling for a client that went away (then cancel)."""
+    """Wait for the whole result, or for the client to leave (then cancel the request)."""
+    done = asyncio.ensure_future(_drain(stream))
+    gone = asyncio.ensure_future(_until_disconnect(request))
     try:
-        while True:
-            try:
-                item = await asyncio.wait_for(stream.queue.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    return Response(status_code=499)  # nobody reads it; the finally cancels
-                continue
-            if item is None:
-                break
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            return Response(status_code=499)  # nobody reads it; the finally cancels the request
         if stream.error is not None:
             exc = stream.error
             status = 400 if isinstance(exc, SparsegenError) else 500
             return error_json(status, f"generation failed: {type(exc).__name__}: {exc}")
         return JSONResponse(fmt.whole())
     finally:
+        done.cancel()
+        gone.cancel()
         engine.cancel(stream)
 
 
-def _sse(engine: AsyncEngine, stream: RequestStream, fmt: _Formatter, include_usage: bool) -> StreamingResponse:
+def _sse(
+    engine: AsyncEngine, stream: RequestStream, fmt: _Formatter, include_usage: bool
+) -> StreamingResponse:
     async def events():
         try:
             if fmt.chat:
                 for t in stream.trackers:
-                    yield fmt.chunk([{"index": t.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+                    yield fmt.chunk(
+                        [
+                            {
+                                "index": t.index,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
             async for u in stream.updates():
-                if not u.text and u.finish_reason is None and not u.logprobs:
+                if not u.text and u.finish_reason is None and not u.logprobs and not fmt.token_ids:
                     continue
                 yield fmt.chunk([fmt.delta(u)])
             if include_usage:
                 yield fmt.chunk([], usage=fmt.usage())
         except Exception as exc:  # the engine failed this request after the headers went out
-            err = {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "param": None, "code": None}}
+            err = {
+                "error": {
+                    "message": f"{type(exc).__name__}: {exc}",
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
             yield f"data: {json.dumps(err)}\n\n"
         finally:
             engine.cancel(stream)  # a no-op once finished; on a disconnect, frees the pages now

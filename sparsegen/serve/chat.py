@@ -52,7 +52,9 @@ def _token_text(value, path: Path, field: str) -> str | None:
 
 
 class ChatTemplate:
-    def __init__(self, source: str, bos_token: str = "<|endoftext|>", eos_token: str = "<|endoftext|>", origin="?"):
+    def __init__(
+        self, source: str, bos_token: str = "<|endoftext|>", eos_token: str = "<|endoftext|>", origin="?"
+    ):
         if not isinstance(source, str):
             raise InputError(f"{origin}: chat_template must be a string, got {type(source).__name__}")
         self.source, self.origin = source, origin
@@ -118,17 +120,23 @@ def message_text(content, where: str) -> str:
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            if not (
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            ):
                 raise InputError(f"{where}.content[{j}] must be {{'type': 'text', 'text': string}}")
             parts.append(part["text"])
         return "".join(parts)
-    raise InputError(f"{where}.content must be a string or a list of text parts, got {type(content).__name__}")
+    raise InputError(
+        f"{where}.content must be a string or a list of text parts, got {type(content).__name__}"
+    )
 
 
 def check_messages(messages) -> list[dict]:
     """A non-empty list of {"role": system|user|assistant, "content": text}; returns plain copies."""
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise InputError(f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.80}")
+        raise InputError(
+            f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.80}"
+        )
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"

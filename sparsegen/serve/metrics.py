@@ -11,9 +11,14 @@ class Metrics:
     def __init__(self):
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
-            "sparsegen_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r
+            "sparsegen_requests",
+            "HTTP requests by endpoint and status code",
+            ["endpoint", "status"],
+            registry=r,
         )
-        self.prompt_tokens = Counter("sparsegen_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.prompt_tokens = Counter(
+            "sparsegen_prompt_tokens", "Prompt tokens of finished requests", registry=r
+        )
         self.generation_tokens = Counter(
             "sparsegen_generation_tokens", "Generated tokens of finished requests", registry=r
         )
@@ -21,9 +26,14 @@ class Metrics:
             "sparsegen_request_latency_seconds", "Submit to last token", buckets=LATENCY_BUCKETS, registry=r
         )
         self.ttft = Histogram(
-            "sparsegen_time_to_first_token_seconds", "Submit to first token", buckets=LATENCY_BUCKETS, registry=r
+            "sparsegen_time_to_first_token_seconds",
+            "Submit to first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
-        self.queue_depth = Gauge("sparsegen_queue_depth", "Requests waiting for a seat in the batch", registry=r)
+        self.queue_depth = Gauge(
+            "sparsegen_queue_depth", "Requests waiting for a seat in the batch", registry=r
+        )
         self.running = Gauge("sparsegen_requests_running", "Sequences in the running batch", registry=r)
         self.kv_pages_used = Gauge("sparsegen_kv_pages_used", "KV-cache pages held by sequences", registry=r)
         self.kv_pages_total = Gauge("sparsegen_kv_pages_total", "Usable KV-cache pages", registry=r)

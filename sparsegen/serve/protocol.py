@@ -61,6 +61,7 @@ class _SamplingFields(_Strict):
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     ignore_eos: bool = False
+    return_token_ids: bool = False  # sparsegen (and recent vLLM): each choice also lists its token ids
 
     def _refuse_unsupported(self) -> None:
         if self.logit_bias:
@@ -70,7 +71,9 @@ class _SamplingFields(_Strict):
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         if self.min_tokens > max_tokens:
-            raise RequestError(f"min_tokens ({self.min_tokens}) is larger than max_tokens ({max_tokens})", "min_tokens")
+            raise RequestError(
+                f"min_tokens ({self.min_tokens}) is larger than max_tokens ({max_tokens})", "min_tokens"
+            )
         return SamplingParams(
             n=self.n,
             max_tokens=max_tokens,
@@ -94,7 +97,9 @@ Prompt = (
     Annotated[str, Field(min_length=1)]
     | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
     | Annotated[list[TokenId], Field(min_length=1)]
-    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+    | Annotated[
+        list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)
+    ]
 )
 
 

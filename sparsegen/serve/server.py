@@ -59,7 +59,9 @@ def serve(
     server = _server(llm, max_queue, drain_timeout, model_name)
     sock = bind(host, port)
     actual = sock.getsockname()[1]
-    log.info("serving %s on http://%s:%d (max queue %d)", model_name or llm.model_name, host, actual, max_queue)
+    log.info(
+        "serving %s on http://%s:%d (max queue %d)", model_name or llm.model_name, host, actual, max_queue
+    )
 
     def after_shutdown(sig, frame):
         log.info("stopped on %s", signal.Signals(sig).name)
@@ -78,7 +80,13 @@ class ServerThread:
     127.0.0.1, in a daemon thread; leaving the block shuts it down (draining for `drain_timeout`)."""
 
     def __init__(
-        self, llm: LLM, *, host: str = "127.0.0.1", port: int = 0, max_queue: int = 256, drain_timeout: float = 5.0
+        self,
+        llm: LLM,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_queue: int = 256,
+        drain_timeout: float = 5.0,
     ):
         self.server = _server(llm, max_queue, drain_timeout, None)
         self.sock = bind(host, port)
