@@ -105,6 +105,18 @@ def build_model(model_dir, random, tokenizer_path, device, dtype, force_dense=Fa
     return model, tokenizer
 
 
+def turn_end_ids(folder: Path | None, tokenizer, eos_token_id: int, vocab_size: int) -> tuple[int, ...]:
+    """The engine's EOS first, then `generation_config.json`'s eos_token_id list; for random
+    weights (no folder), `<|end|>` too, as Phi-3-Small-instruct's generation_config has it."""
+    eos = eos_token_ids(folder, vocab_size)
+    if eos is None:
+        eos = ()
+        end = tokenizer.special_tokens.get("<|end|>") if tokenizer is not None and folder is None else None
+        if end is not None:
+            eos = (end,)
+    return tuple(dict.fromkeys((eos_token_id, *eos)))
+
+
 def child_params(params: SamplingParams, extra_stop_ids: tuple[int, ...]) -> list[SamplingParams]:
     """The n single-sequence SamplingParams of one request: seeds `seed + i`, and the turn-ending
     tokens added to `stop_token_ids` (unless `ignore_eos`)."""
@@ -160,13 +172,7 @@ class LLM:
         self.vocab_size = vocab
         folder = Path(model) if model is not None else None
         self.chat_template = ChatTemplate.from_folder(folder)
-        eos = eos_token_ids(folder, vocab)
-        if eos is None:
-            eos = (self.engine.eos_token_id,)
-            end = tok.special_tokens.get("<|end|>") if tok is not None and random is not None else None
-            if end is not None:
-                eos += (end,)
-        self.eos_token_ids = tuple(dict.fromkeys((self.engine.eos_token_id, *eos)))
+        self.eos_token_ids = turn_end_ids(folder, tok, self.engine.eos_token_id, vocab)
         self.special_ids = frozenset(tok.special_tokens.values()) if tok is not None else frozenset()
         self._ids = itertools.count()
 

@@ -241,16 +241,16 @@ class AsyncEngine:
 
     def _dispatch(self, events, out) -> None:
         for ev in events:
-            entry = self._live.get(ev.index)
+            entry = self._live.get(ev.request_id)
             if entry is None:
                 continue
             stream, choice = entry
             t = stream.trackers[choice]
             text = t.add(ev.token_id, ev.finish_reason, ev.logprobs)
             if t.finished:
-                del self._live[ev.index]
+                del self._live[ev.request_id]
                 if ev.finish_reason is None:
-                    self.engine.abort(ev.index)  # a stop string ended it
+                    self.engine.abort(ev.request_id)  # a stop string ended it
             out.append(
                 (
                     stream,

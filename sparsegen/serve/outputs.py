@@ -14,6 +14,7 @@ Finish reasons follow vLLM and OpenAI: "stop" (EOS, a stop token or a stop strin
 from __future__ import annotations
 
 import codecs
+import dataclasses
 from dataclasses import dataclass
 
 from ..engine.sampling import SamplingParams, TokenLogprobs
@@ -149,3 +150,36 @@ class CompletionTracker:
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             cumulative_logprob=cum,
         )
+
+
+class StopStrings:
+    """Stop strings for callers of `LLMEngine.generate` (the `generate` command): pass it as
+    `on_token`; it aborts a sequence whose text reached a stop string, returns the text each
+    token adds (held back near a possible stop string), and `apply()` fixes up the results."""
+
+    def __init__(self, engine, tokenizer, params: list[SamplingParams], eos_token_ids: frozenset[int]):
+        special = frozenset(tokenizer.special_tokens.values())
+        self.engine = engine
+        self.trackers = [
+            CompletionTracker(i, p, tokenizer, eos_token_ids, special) for i, p in enumerate(params)
+        ]
+
+    def __call__(self, event) -> str:
+        t = self.trackers[event.index]
+        if t.finished:
+            return ""
+        piece = t.add(event.token_id, event.finish_reason, event.logprobs)
+        if t.finished and event.finish_reason is None:
+            self.engine.abort(event.request_id)
+        return piece
+
+    def apply(self, results: list) -> list:
+        """GenerationResults with the stop-string cut: text and output_ids end there, reason "stop"."""
+        out = []
+        for res, t in zip(results, self.trackers, strict=True):
+            if isinstance(t.stop_reason, str):
+                res = dataclasses.replace(
+                    res, output_ids=list(t.token_ids), text=t.text, finish_reason="stop"
+                )
+            out.append(res)
+        return out
