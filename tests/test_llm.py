@@ -173,3 +173,15 @@ def test_sandboxed_template_cannot_reach_python():
         ChatTemplate("{% for %}")
     with pytest.raises(InputError, match="failed"):
         ChatTemplate("{{ raise_exception('no system role') }}").render([{"role": "user", "content": "x"}])
+
+
+def test_penalties_min_p_and_top_k_run_through_the_engine(llm):
+    prompt = [list(b"aaaa")]
+    plain = llm.generate(prompt, SamplingParams(max_tokens=24, ignore_eos=True), use_tqdm=False)[0].token_ids
+    rep = SamplingParams(max_tokens=24, ignore_eos=True, repetition_penalty=5.0, frequency_penalty=2.0)
+    penalised = llm.generate(prompt, rep, use_tqdm=False)[0].token_ids
+    assert len(set(penalised)) > len(set(plain))  # fewer repeats
+    hot = SamplingParams(max_tokens=8, temperature=1.0, top_k=-1, min_p=0.5, seed=3, ignore_eos=True)
+    a = llm.generate(prompt, hot, use_tqdm=False)[0].token_ids
+    assert a == llm.generate(prompt, hot, use_tqdm=False)[0].token_ids
+    assert llm.engine.cache.allocator.num_free == llm.engine.cache.allocator.capacity
