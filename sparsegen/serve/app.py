@@ -27,11 +27,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.kv_cache import pages_for
-from ..errors import SparsegenError
+from ..errors import RequestError, ServerOverloaded, SparsegenError
 from ..llm import LLM
-from .loop import AsyncEngine, Overloaded, RequestStream, Update
+from .loop import AsyncEngine, RequestStream, Update
 from .metrics import Metrics
-from .protocol import ChatCompletionRequest, CompletionRequest, RequestError
+from .protocol import ChatCompletionRequest, CompletionRequest
 
 MAX_BODY_BYTES = 8 << 20
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -76,23 +76,23 @@ def _param(loc: tuple) -> str | None:
     return out or None
 
 
-def _validation_error(exc: ValidationError) -> JSONResponse:
+def _validation_error(exc: ValidationError) -> RequestError:
     errors = exc.errors(include_url=False)
     first = errors[0]
     if first["type"] == "json_invalid":
-        return error_json(400, f"the body is not valid JSON: {first['msg']}", "body", "invalid_json")
+        return RequestError(f"the body is not valid JSON: {first['msg']}", "body", "invalid_json")
     if first["type"] == "model_type":
-        return error_json(400, "the body must be a JSON object", "body")
+        return RequestError("the body must be a JSON object", "body")
     loc = tuple(first["loc"])
     if first["type"] == "extra_forbidden":
         parent = _param(loc[:-1])
         param = f"{parent}.{loc[-1]}" if parent else str(loc[-1])
-        return error_json(400, f"unknown field {param!r}", param)
+        return RequestError(f"unknown field {param!r}", param)
     param = _param(loc)
     msg = first["msg"]
     if len(errors) > 1 and all(_param(tuple(e["loc"])) == param for e in errors):
         msg = "; ".join(dict.fromkeys(e["msg"] for e in errors[:4]))
-    return error_json(400, f"{param or 'body'}: {msg}", param)
+    return RequestError(f"{param or 'body'}: {msg}", param)
 
 
 _FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+)")
@@ -123,11 +123,6 @@ class _CountRequests:
         finally:
             route = scope["path"] if scope["path"] in ROUTES else "other"
             self.metrics.requests.labels(route, str(status[0])).inc()
-
-
-class _Refused(Exception):
-    def __init__(self, response: JSONResponse):
-        self.response = response
 
 
 def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None) -> FastAPI:
@@ -164,22 +159,15 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     async def parse(request: Request, model: type[BaseModel]):
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
-            raise _Refused(error_json(413, f"the body is over {MAX_BODY_BYTES} bytes", "body"))
+            raise RequestError(f"the body is over {MAX_BODY_BYTES} bytes", "body", status=413)
         try:
             req = model.model_validate_json(body)
             req.check()
         except ValidationError as exc:
-            raise _Refused(_validation_error(exc)) from None
-        except RequestError as exc:
-            raise _Refused(error_json(400, str(exc), exc.param, exc.code)) from None
+            raise _validation_error(exc) from None
         if req.model != name:
-            raise _Refused(
-                error_json(
-                    400,
-                    f"the model {req.model!r} is not served here; it is {name!r}",
-                    "model",
-                    "model_not_found",
-                )
+            raise RequestError(
+                f"the model {req.model!r} is not served here; it is {name!r}", "model", "model_not_found"
             )
         return req
 
@@ -193,41 +181,60 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
             max_tokens = default if default is not None else min(limit, room) - longest
             max_tokens = max(1, min(max_tokens, min(limit, room) - longest))
         if longest + max_tokens > limit:
-            raise _Refused(
-                error_json(
-                    400,
-                    f"this model's context is {limit} tokens; the {where} has {longest} and max_tokens asks for "
-                    f"{max_tokens} more",
-                    "max_tokens",
-                    "context_length_exceeded",
-                )
+            raise RequestError(
+                f"this model's context is {limit} tokens; the {where} has {longest} and max_tokens asks for "
+                f"{max_tokens} more",
+                "max_tokens",
+                "context_length_exceeded",
             )
         if pages_for(longest + max_tokens, cache.page_size) > cache.allocator.capacity:
-            raise _Refused(
-                error_json(
-                    400,
-                    f"{longest} + {max_tokens} tokens do not fit in the KV cache ({room} tokens)",
-                    "max_tokens",
-                    "context_length_exceeded",
-                )
+            raise RequestError(
+                f"{longest} + {max_tokens} tokens do not fit in the KV cache ({room} tokens)",
+                "max_tokens",
+                "context_length_exceeded",
             )
         return max_tokens
 
     def params_of(req, max_tokens: int, logprobs: int | None):
         try:
-            params = req.sampling_params(max_tokens, logprobs)
-            return llm.check_params(params, "request")
-        except RequestError as exc:
-            raise _Refused(error_json(400, str(exc), exc.param)) from None
-        except SparsegenError as exc:
+            return llm.check_params(req.sampling_params(max_tokens, logprobs), "request")
+        except RequestError:
+            raise
+        except SparsegenError as exc:  # SamplingParams' own checks name the field in the message
             m = _FIELD_IN_MESSAGE.search(str(exc)) or re.search(r"request\.(\w+)", str(exc))
-            raise _Refused(error_json(400, str(exc), m.group(1) if m else None)) from None
+            raise RequestError(str(exc), m.group(1) if m else None) from None
 
-    def submit(prompts, params, kind) -> RequestStream:
+    def prompt_ids(make, param: str) -> list[list[int]]:
         try:
-            return engine.submit(prompts, params, kind)
-        except Overloaded as exc:
-            raise _Refused(error_json(503, str(exc), None, "overloaded")) from None
+            return make()
+        except SparsegenError as exc:  # not text, out of the vocabulary, or over the context
+            raise RequestError(
+                str(exc), param, "context_length_exceeded" if "at most" in str(exc) else None
+            ) from None
+
+    async def respond(request: Request, model: type[BaseModel], chat: bool):
+        try:
+            req = await parse(request, model)
+            if chat:
+                ids = prompt_ids(
+                    lambda: [llm.render_chat(req.conversation(), req.add_generation_prompt)], "messages"
+                )
+                max_tokens = fit(ids, req.requested_max_tokens, None, "conversation")
+                params = params_of(req, max_tokens, req.logprobs_k)
+            else:
+                ids = prompt_ids(lambda: [llm.encode(p, "prompt") for p in req.prompts()], "prompt")
+                max_tokens = fit(ids, req.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
+                params = params_of(req, max_tokens, req.logprobs)
+            stream = engine.submit(ids, params, "chatcmpl" if chat else "cmpl")
+        except RequestError as exc:
+            return error_json(exc.status, str(exc), exc.param, exc.code)
+        except ServerOverloaded as exc:
+            return error_json(503, str(exc), None, "overloaded")
+        fmt = _Formatter(llm, stream, name, chat=chat, token_ids=req.return_token_ids)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _sse(engine, stream, fmt, include_usage)
+        return await _whole(engine, stream, fmt, request)
 
     # -- routes ------------------------------------------------------------------------------------
     @app.get("/health")
@@ -248,45 +255,11 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        try:
-            req = await parse(request, CompletionRequest)
-            try:
-                ids = [llm.encode(p, "prompt") for p in req.prompts()]
-            except SparsegenError as exc:
-                return error_json(
-                    400, str(exc), "prompt", "context_length_exceeded" if "at most" in str(exc) else None
-                )
-            max_tokens = fit(ids, req.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
-            params = params_of(req, max_tokens, req.logprobs)
-            stream = submit(ids, params, "cmpl")
-        except _Refused as r:
-            return r.response
-        fmt = _Formatter(llm, stream, name, chat=False, token_ids=req.return_token_ids)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(engine, stream, fmt, include_usage)
-        return await _whole(engine, stream, fmt, request)
+        return await respond(request, CompletionRequest, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        try:
-            req = await parse(request, ChatCompletionRequest)
-            try:
-                ids = [llm.render_chat(req.conversation(), req.add_generation_prompt)]
-            except SparsegenError as exc:
-                return error_json(
-                    400, str(exc), "messages", "context_length_exceeded" if "at most" in str(exc) else None
-                )
-            max_tokens = fit(ids, req.requested_max_tokens, None, "conversation")
-            params = params_of(req, max_tokens, req.logprobs_k)
-            stream = submit(ids, params, "chatcmpl")
-        except _Refused as r:
-            return r.response
-        fmt = _Formatter(llm, stream, name, chat=True, token_ids=req.return_token_ids)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(engine, stream, fmt, include_usage)
-        return await _whole(engine, stream, fmt, request)
+        return await respond(request, ChatCompletionRequest, chat=True)
 
     return app
 

@@ -19,15 +19,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..engine.sampling import SamplingParams, TokenLogprobs
-from ..errors import SparsegenError
+from ..errors import ServerOverloaded
 from ..llm import LLM
 from .outputs import CompletionTracker
 
 log = logging.getLogger("sparsegen")
-
-
-class Overloaded(SparsegenError, RuntimeError):
-    """The server's queue is full (or it is shutting down); the client should retry later."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +104,9 @@ class AsyncEngine:
         per_prompt = params.n
         want = len(prompts) * per_prompt
         if not self.accepting:
-            raise Overloaded("the server is shutting down")
+            raise ServerOverloaded("the server is shutting down")
         if self.inflight + want > self.capacity:
-            raise Overloaded(
+            raise ServerOverloaded(
                 f"the queue is full ({self.inflight} sequences in flight, room for {self.capacity}); retry later"
             )
         choices, trackers = [], []

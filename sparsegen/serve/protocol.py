@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling import MAX_LOGPROBS, SEED_LIMIT, SamplingParams
+from ..errors import RequestError
 
 MAX_N = 16  # completions per request
 MAX_STOP = 16  # stop strings per request
@@ -23,14 +24,6 @@ MAX_PROMPTS = 256  # prompts in one /v1/completions request
 
 StopStr = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]
 TokenId = Annotated[int, Field(ge=0)]
-
-
-class RequestError(ValueError):
-    """A request the server refuses with a 400; `param` names the field."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.param, self.code = param, code
 
 
 class _Strict(BaseModel):
