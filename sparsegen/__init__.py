@@ -22,6 +22,8 @@ from .errors import (
     JitDisabledError,
     MemoryLimitError,
     MissingExtraError,
+    RequestError,
+    ServerOverloaded,
     SparsegenError,
     SpecError,
     TokenizerError,
@@ -41,6 +43,9 @@ _LAZY = {
     "HeadSpec": ".spec",
     "LayerSpec": ".spec",
     "ModelSpec": ".spec",
+    # the serving API loads the model code and jinja2's sandbox: only when first asked for
+    "LLM": ".llm",
+    "SamplingParams": ".engine.sampling",
 }
 
 
@@ -69,10 +74,14 @@ __all__ = [
     "ImplUnavailableError",
     "InputError",
     "JitDisabledError",
+    "LLM",
     "LayerSpec",
     "MemoryLimitError",
     "MissingExtraError",
     "ModelSpec",
+    "RequestError",
+    "SamplingParams",
+    "ServerOverloaded",
     "SparsegenError",
     "SpecError",
     "TokenizerError",

@@ -29,7 +29,7 @@ COMMANDS = {
     "cache": "Inspect or clear the kernel cache.",
     "fuzz": "Fuzz the generated kernels against the reference.",
     "generate": "Generate text with Phi-3-Small through sparsegen's kernels.",
-    "serve": "Serve a model over the OpenAI API.",
+    "serve": "Serve the OpenAI API over HTTP (needs the [serve] extra).",
     "bench": "Benchmark kernels against dense SDPA, FlexAttention and the ceilings.",
     "env": "Report versions, the GPU, the cache and every SPARSEGEN_* variable (for bug reports).",
 }
