@@ -52,7 +52,7 @@ def _check_schedule(head: HeadSpec, q_len: int, k_len: int, block_m: int, block_
     head=head_specs(),
     k_len=st.integers(1, 900),
     q_frac=st.floats(0.0, 1.0),
-    tile=st.sampled_from([(128, 64), (64, 32), (32, 16)]),
+    tile=st.sampled_from([(128, 64), (128, 128), (64, 32), (32, 16)]),
 )
 @example(
     head=HeadSpec(block_size=64, local_blocks=16, vert_stride=8, vert_offset=7),
