@@ -12,7 +12,7 @@ import math
 import torch
 
 from .errors import InputError
-from .spec import LayerSpec
+from .spec import MAX_SEQ_LEN, LayerSpec
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 REFERENCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -96,6 +96,8 @@ def check_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total
         lq, lk = vals_q[b + 1] - vals_q[b], vals_k[b + 1] - vals_k[b]
         if lq > lk:
             raise InputError(f"sequence {b} has q_len {lq} > k_len {lk}; queries must be the last keys")
+        if lk > MAX_SEQ_LEN:  # specs are normalised up to this length only (sparsegen.spec)
+            raise InputError(f"sequence {b} has k_len {lk}; at most {MAX_SEQ_LEN} tokens per sequence")
 
 
 def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cpu: bool) -> None:
