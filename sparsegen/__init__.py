@@ -2,13 +2,19 @@
 
 from . import reference
 from .errors import (
+    ArchError,
     CacheError,
+    CacheOutOfMemory,
+    CheckpointError,
     CompileError,
+    EngineError,
+    EnvError,
     ImplUnavailableError,
     InputError,
     JitDisabledError,
     SparsegenError,
     SpecError,
+    TokenizerError,
 )
 from .layout import density, visible_mask
 from .ops import get_kernel, paged_decode, prefill
@@ -18,8 +24,13 @@ from .spec import HeadSpec, LayerSpec, ModelSpec
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArchError",
     "CacheError",
+    "CacheOutOfMemory",
+    "CheckpointError",
     "CompileError",
+    "EngineError",
+    "EnvError",
     "HeadSpec",
     "ImplUnavailableError",
     "InputError",
@@ -28,6 +39,7 @@ __all__ = [
     "ModelSpec",
     "SparsegenError",
     "SpecError",
+    "TokenizerError",
     "density",
     "get_kernel",
     "get_pattern",

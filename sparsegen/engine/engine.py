@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError
+from ..errors import EngineError, InputError
 from ..models.batch import ForwardBatch
 from ..models.phi3small import Phi3SmallForCausalLM
 from .kv_cache import KVCache
@@ -250,7 +250,7 @@ class LLMEngine:
         CUDA-graph capture happen before any timed request; returns the seconds it took. The
         engine is left as it was (no request pending, every page free)."""
         if self.has_unfinished:
-            raise RuntimeError("warmup() needs an idle engine: requests are pending")
+            raise EngineError("warmup() needs an idle engine: requests are pending")
         start = time.perf_counter()
         self.generate([[0]], SamplingParams(max_tokens=2, ignore_eos=True))
         return time.perf_counter() - start
@@ -268,7 +268,7 @@ class LLMEngine:
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+            raise InputError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         return [
             self.add_request(p, sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
         ]
