@@ -78,7 +78,9 @@ def get_float(
     try:
         value = float(value)
     except OverflowError:  # an int too large for a float
-        raise error(f"{source}: field {key!r} must be a finite number, got an int of {value.bit_length()} bits") from None
+        raise error(
+            f"{source}: field {key!r} must be a finite number, got an int of {value.bit_length()} bits"
+        ) from None
     if not math.isfinite(value):
         raise error(f"{source}: field {key!r} must be a finite number, got {value}")
     if positive and value <= 0.0:
@@ -154,7 +156,9 @@ def attention_shape(cfg: dict[str, Any], source: str, error: type[Exception]) ->
     num_kv = num_heads if num_kv is None else get_int(cfg, "num_key_value_heads", minimum=1, **kw)
     num_layers = get_int(cfg, "num_hidden_layers", minimum=1, maximum=100_000, **kw)
     if num_heads % num_kv:
-        raise error(f"{source}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv}")
+        raise error(
+            f"{source}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv}"
+        )
     if _value(cfg, "head_dim", None) is not None:
         head_dim = get_int(cfg, "head_dim", minimum=1, **kw)
     else:
@@ -186,7 +190,9 @@ def layer_kinds(cfg: dict[str, Any], num_layers: int, source: str) -> list[int |
     types = _value(cfg, "layer_types", None)
     if types is not None:
         if not isinstance(types, list) or len(types) != num_layers:
-            raise SpecError(f"{source}: field 'layer_types' must be a list of {num_layers} strings, got {types!r:.80}")
+            raise SpecError(
+                f"{source}: field 'layer_types' must be a list of {num_layers} strings, got {types!r:.80}"
+            )
         for i, t in enumerate(types):
             if t not in LAYER_TYPES:
                 raise SpecError(
@@ -206,7 +212,9 @@ def layer_kinds(cfg: dict[str, Any], num_layers: int, source: str) -> list[int |
     return [window] * num_layers
 
 
-def model_spec_from_hf(cfg: dict[str, Any], name: str = "hf-config", source: str = "config.json") -> ModelSpec:
+def model_spec_from_hf(
+    cfg: dict[str, Any], name: str = "hf-config", source: str = "config.json"
+) -> ModelSpec:
     """Each layer's LayerSpec from an HF config dict; every error is a SpecError naming `source`."""
     if not isinstance(cfg, dict):
         raise SpecError(f"{source} must hold a JSON object, got {type(cfg).__name__}")

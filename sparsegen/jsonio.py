@@ -33,15 +33,11 @@ def nesting_depth(text: str) -> int:
     return max(itertools.accumulate(_STEP[c] for c in brackets), default=0)
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj: dict[str, Any] = {}
     for key, value in pairs:
         if key in obj:
-            raise _DuplicateKey(key)
+            raise ValueError(f"key {key!r} appears twice in one JSON object")
         obj[key] = value
     return obj
 
@@ -55,12 +51,10 @@ def loads(text: str, source: str, error: type[Exception]) -> Any:
         raise error(f"{source}: JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
     try:
         return json.loads(text, object_pairs_hook=_unique_object)
-    except _DuplicateKey as exc:
-        raise error(f"{source}: key {exc.args[0]!r} appears twice in one JSON object") from None
     except json.JSONDecodeError as exc:
-        raise error(f"{source} is not valid JSON: {exc}") from None
-    except (ValueError, RecursionError) as exc:  # e.g. an int of more than 4300 digits
-        raise error(f"{source} is not usable JSON: {exc}") from None
+        raise error(f"cannot read {source}: not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # a duplicate key, an int of more than 4300 digits
+        raise error(f"cannot read {source}: not usable JSON: {exc}") from None
 
 
 def read_json_file(path: str | Path, error: type[Exception]) -> Any:

@@ -25,7 +25,9 @@ def _tally(kind: str, what: str) -> None:
             f.write(f"{kind}\t{what[:120]!r}\n")
 
 
-def refused(error: type[SparsegenError], match: str, fn: Callable[..., Any], *args, **kwargs) -> SparsegenError:
+def refused(
+    error: type[SparsegenError], match: str, fn: Callable[..., Any], *args, **kwargs
+) -> SparsegenError:
     """fn(*args, **kwargs) raises `error` (a SparsegenError) whose message matches `match`."""
     what = f"{getattr(fn, '__name__', fn)}{args!r:.60}{kwargs!r:.40}"
     try:

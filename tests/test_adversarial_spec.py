@@ -57,7 +57,12 @@ def must_refuse(f: dict) -> bool:
         return True
     if f["vert_stride"] > MAX // bs:
         return True
-    if f["vert_stride"] == 0 and f["vert_offset"] or f["vert_stride"] and f["vert_offset"] >= f["vert_stride"]:
+    if (
+        f["vert_stride"] == 0
+        and f["vert_offset"]
+        or f["vert_stride"]
+        and f["vert_offset"] >= f["vert_stride"]
+    ):
         return True
     return not (f["dense"] or f["local_blocks"] or f["sliding_window"])
 
@@ -220,7 +225,9 @@ def test_prefill_refuses_sequences_beyond_the_limit():
 
 
 def test_layer_bounds():
-    refused(SpecError, "num_heads", LayerSpec, MAX_HEADS + 1, 1, 64, (HeadSpec(dense=True),) * (MAX_HEADS + 1))
+    refused(
+        SpecError, "num_heads", LayerSpec, MAX_HEADS + 1, 1, 64, (HeadSpec(dense=True),) * (MAX_HEADS + 1)
+    )
     for n in (0, -1, 2**70):
         refused(SpecError, "num_heads", LayerSpec, n, 1, 64, ())
     for d in (0, 80, 256, 2**64):
@@ -242,7 +249,9 @@ except ImportError:  # numpy is optional
     np = None
 
 
-@pytest.mark.parametrize("field", ["block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window"])
+@pytest.mark.parametrize(
+    "field", ["block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window"]
+)
 def test_head_int_fields_take_exact_ints(field):
     base = dict(block_size=64, local_blocks=2, vert_stride=4, vert_offset=1, sliding_window=8)
     for bad in NOT_INTS:
@@ -322,7 +331,12 @@ def _deep(depth: int, kind: str) -> str:
     if kind == "dict":
         return '{"a":' * depth + "1" + "}" * depth
     if kind == "in-spec":  # a valid spec whose name is a deep list
-        return json.dumps({"format": "sparsegen.spec/1", "layers": []})[:-1] + ', "name": ' + _deep(depth, "list") + "}"
+        return (
+            json.dumps({"format": "sparsegen.spec/1", "layers": []})[:-1]
+            + ', "name": '
+            + _deep(depth, "list")
+            + "}"
+        )
     if kind == "in-config":
         return json.dumps(PHI3_SMALL_8K)[:-1] + ', "rope_scaling": ' + _deep(depth, "dict") + "}"
     raise AssertionError(kind)
@@ -338,7 +352,12 @@ def test_deep_json_is_a_spec_error_naming_the_file(tmp_path, depth, kind):
     text = _deep(depth, kind)
     path = tmp_path / "deep.json"
     path.write_text(text)
-    refused(SpecError, f"{path}.*nested {depth + (kind in ('in-spec', 'in-config'))} levels", sg.get_pattern, str(path))
+    refused(
+        SpecError,
+        f"{path}.*nested {depth + (kind in ('in-spec', 'in-config'))} levels",
+        sg.get_pattern,
+        str(path),
+    )
     refused(SpecError, "nested", ModelSpec.from_json, text)
     refused(SpecError, "nested", LayerSpec.from_json, text)
     folder = tmp_path / "model"

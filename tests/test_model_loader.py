@@ -69,7 +69,7 @@ def test_malformed_config(tmp_path):
     _expect(r"cannot read .*config\.json", folder)
     cfg = dict(TINY_HF_CONFIG, hidden_size="big")
     folder = write_checkpoint(tmp_path / "b", cfg=cfg, tensors={})
-    _expect(r"config\.json: field 'hidden_size' must be int, got 'big'", folder)
+    _expect(r"config\.json: field 'hidden_size' must be an int, got 'big'", folder)
 
 
 def test_missing_tensor_names_it(tmp_path):
