@@ -237,7 +237,15 @@ def _model_spec(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
                 "(sliding_window/layer_types/max_window_layers); sparsegen cannot tell how they combine"
             )
         fields = blocksparse_fields(cfg, source, SpecError)
-        sparse = LayerSpec(h, hkv, d, phi3small_heads(h, fields))
+        try:
+            heads = phi3small_heads(h, fields)
+        except SpecError as exc:
+            raise SpecError(
+                f"{source}: blocksparse_block_size={fields.block_size}, blocksparse_num_local_blocks="
+                f"{fields.local_blocks}, blocksparse_vert_stride={fields.vert_stride} give heads "
+                f"sparsegen cannot serve: {exc}"
+            ) from None
+        sparse = LayerSpec(h, hkv, d, heads)
         every = fields.dense_every
         layers = [dense if every and (i + 1) % every == 0 else sparse for i in range(shape.num_layers)]
         return ModelSpec(name, tuple(layers))
