@@ -51,3 +51,8 @@ class CacheOutOfMemory(SparsegenError, RuntimeError):
 
 class EngineError(SparsegenError, RuntimeError):
     """The engine was asked for something its current state forbids (e.g. warmup while busy)."""
+
+
+class MemoryLimitError(SparsegenError, RuntimeError):
+    """What was asked (model weights, KV cache) would not fit in the memory the device has;
+    raised from an estimate before anything is allocated. The message gives the numbers."""
