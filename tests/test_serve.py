@@ -213,6 +213,8 @@ def test_full_queue_gets_503(single_thread):  # noqa: F811
             assert err["code"] == "overloaded" and "queue is full" in err["message"]
             r = c.post("/v1/completions", json={**body, "n": 2})
             assert r.status_code == 503
+            r = c.post("/v1/completions", json={**body, "n": 3})  # more than the server ever takes
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n"
         assert all_pages_free(srv)
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and json.loads(r.text)["usage"]["completion_tokens"] <= 2

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..engine.sampling import SamplingParams, TokenLogprobs
-from ..errors import ServerOverloaded
+from ..errors import RequestError, ServerOverloaded
 from ..llm import LLM
 from .outputs import CompletionTracker
 
@@ -106,6 +106,12 @@ class AsyncEngine:
         if not self.accepting or not self.alive:
             raise ServerOverloaded(
                 "the server is shutting down" if not self.accepting else "the engine stopped"
+            )
+        if want > self.capacity:
+            raise RequestError(
+                f"the request asks for {want} sequences ({len(prompts)} prompts x n={per_prompt}); this server "
+                f"takes at most {self.capacity} at once",
+                "n" if per_prompt > 1 else "prompt",
             )
         if self.inflight + want > self.capacity:
             raise ServerOverloaded(
