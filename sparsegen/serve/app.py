@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.kv_cache import pages_for
 from ..errors import RequestError, ServerOverloaded, SparsegenError
 from ..llm import LLM
 from .loop import AsyncEngine, RequestStream, Update
@@ -174,8 +173,7 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     def fit(prompt_ids: list[list[int]], max_tokens: int | None, default: int | None, where: str) -> int:
         """The request's max_tokens, checked against the context limit and the KV cache."""
         limit = llm.max_model_len
-        cache = llm.engine.cache
-        room = cache.allocator.capacity * cache.page_size
+        _, room = llm.engine.kv_capacity  # tokens the KV cache holds for sequences (whole pages)
         longest = max(len(p) for p in prompt_ids)
         if max_tokens is None:
             max_tokens = default if default is not None else min(limit, room) - longest
@@ -187,7 +185,7 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
                 "max_tokens",
                 "context_length_exceeded",
             )
-        if pages_for(longest + max_tokens, cache.page_size) > cache.allocator.capacity:
+        if longest + max_tokens > room:
             raise RequestError(
                 f"{longest} + {max_tokens} tokens do not fit in the KV cache ({room} tokens)",
                 "max_tokens",
