@@ -17,7 +17,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -156,9 +155,13 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     app.add_middleware(_CountRequests, metrics=metrics)
 
     async def parse(request: Request, model: type[BaseModel]):
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise RequestError(f"the body is over {MAX_BODY_BYTES} bytes", "body", status=413)
+        chunks, size = [], 0
+        async for chunk in request.stream():  # read at most MAX_BODY_BYTES, whatever the client sends
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise RequestError(f"the body is over {MAX_BODY_BYTES} bytes", "body", status=413)
+            chunks.append(chunk)
+        body = b"".join(chunks)
         try:
             req = model.model_validate_json(body)
             req.check()
@@ -268,7 +271,7 @@ class _Formatter:
 
     def __init__(self, llm: LLM, stream: RequestStream, model: str, chat: bool, token_ids: bool = False):
         self.llm, self.stream, self.model, self.chat, self.token_ids = llm, stream, model, chat, token_ids
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = stream.request_id
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self._offsets = [0] * len(stream.trackers)
