@@ -517,6 +517,23 @@ def _is_entry_name(name: str) -> bool:
     return not name.startswith(".") and not name.endswith(LOCK_SUFFIX)
 
 
+def _disk_bytes(root_fd: int, name: str) -> int:
+    """Bytes a (bad) entry takes: its own size, plus its children's if it is a real directory."""
+    try:
+        st = os.lstat(name, dir_fd=root_fd)
+        if not stat.S_ISDIR(st.st_mode):
+            return st.st_size
+        dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+    except OSError:
+        return 0
+    try:
+        return sum(os.lstat(child, dir_fd=dfd).st_size for child in os.listdir(dfd))
+    except OSError:
+        return 0
+    finally:
+        os.close(dfd)
+
+
 def verify_entries() -> list[dict[str, Any]]:
     """Every entry on disk, re-checked and re-hashed: key, path, ok, problem, bytes, meta.
 
@@ -531,13 +548,14 @@ def verify_entries() -> list[dict[str, Any]]:
                 continue
             found = _inspect(root, rfd, name, None, ())
             meta = found.meta if isinstance(found.meta, dict) else {}
+            nbytes = found.nbytes if found.ok else _disk_bytes(rfd, name)
             out.append(
                 {
                     "key": name,
                     "path": str(root / name),
                     "ok": found.ok,
                     "problem": found.problem,
-                    "bytes": found.nbytes,
+                    "bytes": nbytes,
                     "meta": meta,
                 }
             )
