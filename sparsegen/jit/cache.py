@@ -32,7 +32,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 import os
 import re
 import secrets
@@ -60,8 +59,6 @@ WAIT_NOTICE_SECONDS = 1.0  # a waiter on another process's build says so after t
 # File and kernel names: one path component, no leading dot (dot-names are the cache's own).
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
-
-_log = logging.getLogger("sparsegen")
 
 T = TypeVar("T")
 
@@ -581,7 +578,9 @@ def clear() -> int:
             if tfs.remove_if_ours(rfd, name):
                 removed += _is_entry_name(name)
             else:
-                _log.warning("left %s in the kernel cache: it is not owned by this user", name)
+                get_logger(__name__).warning(
+                    "left %s in the kernel cache: it is not owned by this user", name
+                )
     _MEMORY.clear()
     return removed
 
