@@ -4,6 +4,7 @@ from . import reference
 from .errors import (
     CacheError,
     CompileError,
+    DistributedError,
     ImplUnavailableError,
     InputError,
     JitDisabledError,
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CacheError",
     "CompileError",
+    "DistributedError",
     "HeadSpec",
     "ImplUnavailableError",
     "InputError",

@@ -27,3 +27,7 @@ class CompileError(SparsegenError, RuntimeError):
 
 class CacheError(SparsegenError, RuntimeError):
     """The kernel cache cannot be used (unsafe directory, unreadable entry...)."""
+
+
+class DistributedError(SparsegenError, RuntimeError):
+    """A tensor-parallel rank died, timed out in a collective, or could not start; names the rank."""

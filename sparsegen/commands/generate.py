@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import SparsegenError
+from ..errors import DistributedError, InputError, SparsegenError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -47,17 +47,29 @@ def _pick_device(device: str | None) -> str:
     return device
 
 
-def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
-    """(model, tokenizer or None) for the CLI's options."""
-    from ..models import load_checkpoint, named_config, random_model
+def _build_tokenizer(model_dir, random_size, tokenizer_path):
+    """The tokenizer for the CLI's options (None: a checkpoint without one, and no --tokenizer)."""
+    from ..models import named_config
     from ..models.config import TINY_SPECIAL_TOKENS
     from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
 
-    tokenizer = None
     if tokenizer_path is not None:
-        tokenizer = load_tokenizer(tokenizer_path)
-    elif model_dir is not None and find_tiktoken_file(model_dir) is not None:
-        tokenizer = load_tokenizer(model_dir)
+        return load_tokenizer(tokenizer_path)
+    if model_dir is not None:
+        return load_tokenizer(model_dir) if find_tiktoken_file(model_dir) is not None else None
+    config = named_config(random_size)
+    if random_size == "tiny":
+        return ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
+    # bytes plus Phi-3-Small's named special tokens; every other id is masked out
+    named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
+    return ByteTokenizer(named, config.vocab_size)
+
+
+def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
+    """(model, tokenizer or None) for the CLI's options."""
+    from ..models import load_checkpoint, named_config, random_model
+
+    tokenizer = _build_tokenizer(model_dir, random_size, tokenizer_path)
     if model_dir is not None:
         dummies = tokenizer.dummy_token_indices if tokenizer is not None else ()
         model = load_checkpoint(
@@ -65,12 +77,6 @@ def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
         )
         return model, tokenizer
     config = named_config(random_size)
-    if tokenizer is None:
-        if random_size == "tiny":
-            tokenizer = ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
-        else:  # bytes plus Phi-3-Small's named special tokens; every other id is masked out
-            named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
-            tokenizer = ByteTokenizer(named, config.vocab_size)
     model = random_model(
         config,
         device=device,
@@ -157,24 +163,51 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) ->
 @click.option(
     "--no-warmup", is_flag=True, help="Skip the warm-up request (timings then include kernel builds)."
 )
+@click.option(
+    "--tp",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tensor-parallel size: this many processes (one GPU each), each holding whole KV groups.",
+)
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup,
+    no_cuda_graphs, no_warmup, tp,
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
         raise click.UsageError("give exactly one of --model DIR or --random tiny|7b")
     try:
         _generate(**locals())
+    except DistributedError as exc:  # a rank failed at run time: exit 1, one line
+        raise click.ClickException(str(exc).splitlines()[0]) from None
     except SparsegenError as exc:
         raise click.UsageError(str(exc).splitlines()[0]) from None
+
+
+def _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense, engine_kwargs, warmup):
+    """A TPEngine for --tp N, its --tp checked against the model and the GPUs before any rank starts."""
+    from ..tp_engine import ModelSource, TPEngine
+
+    try:
+        tokenizer = _build_tokenizer(model_dir, random_size, tokenizer_path)
+        source = ModelSource(
+            model_dir=str(model_dir) if model_dir is not None else None,
+            random=random_size,
+            dtype=str(dtype).removeprefix("torch."),
+            force_dense=force_dense,
+            dummy_token_indices=tokenizer.dummy_token_indices if tokenizer is not None else (),
+        )
+        return TPEngine(source, tp, device=device, tokenizer=tokenizer, warmup=warmup, **engine_kwargs)
+    except InputError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tp'") from None
 
 
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup,
+    no_cuda_graphs, no_warmup, tp,
 ):  # fmt: skip
     import torch
 
@@ -182,11 +215,21 @@ def _generate(
 
     device = _pick_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
-    model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
-    vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
-    prompts = _collect_prompts(
-        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size)
+    engine_kwargs = dict(
+        page_size=page_size,
+        max_num_seqs=max_batch,
+        max_num_batched_tokens=chunk_size,
+        use_cuda_graphs=not no_cuda_graphs,
     )
+    if tp > 1:  # ranks are separate processes; this one drives them
+        engine = _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense,
+                            engine_kwargs, warmup=not no_warmup)  # fmt: skip
+        tokenizer, config = engine.tokenizer, engine.config
+    else:
+        model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
+        engine, config = LLMEngine(model, tokenizer=tokenizer, **engine_kwargs), model.config
+    vocab = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
+    prompts = _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, min(vocab, config.vocab_size))
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -194,14 +237,6 @@ def _generate(
         top_p=top_p,
         seed=seed,
         ignore_eos=ignore_eos,
-    )
-    engine = LLMEngine(
-        model,
-        tokenizer=tokenizer,
-        page_size=page_size,
-        max_num_seqs=max_batch,
-        max_num_batched_tokens=chunk_size,
-        use_cuda_graphs=not no_cuda_graphs,
     )
     if not no_warmup:
         seconds = engine.warmup()
@@ -222,6 +257,8 @@ def _generate(
     start = time.perf_counter()
     results = engine.generate(prompts, params, on_token=on_token)
     wall = time.perf_counter() - start
+    if tp > 1:
+        engine.close()  # on an error, the TPEngine's finalizer stops the ranks
     if as_json:
         for res in results:
             click.echo(json.dumps(res.to_json_dict()))

@@ -64,7 +64,7 @@ class GenerationResult:
 def _default_num_pages(model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None) -> int:
     cfg = model.config
     per_page = KVCache.bytes_per_page(
-        cfg.num_hidden_layers, page_size, cfg.num_key_value_heads, cfg.head_dim, model.dtype
+        cfg.num_hidden_layers, page_size, model.local_num_kv_heads, cfg.head_dim, model.dtype
     )
     if kv_cache_bytes is None:
         if model.device.type == "cuda":
@@ -98,7 +98,7 @@ class LLMEngine:
             num_layers=cfg.num_hidden_layers,
             num_pages=num_pages or _default_num_pages(model, page_size, kv_cache_bytes),
             page_size=page_size,
-            num_kv_heads=cfg.num_key_value_heads,
+            num_kv_heads=model.local_num_kv_heads,  # a tensor-parallel rank holds its own groups only
             head_dim=cfg.head_dim,
             dtype=model.dtype,
             device=model.device,
