@@ -2,14 +2,20 @@
 
 from . import reference
 from .errors import (
+    ArchError,
     CacheError,
+    CacheOutOfMemory,
+    CheckpointError,
     CompileError,
     DistributedError,
+    EngineError,
+    EnvError,
     ImplUnavailableError,
     InputError,
     JitDisabledError,
     SparsegenError,
     SpecError,
+    TokenizerError,
 )
 from .layout import density, visible_mask
 from .ops import get_kernel, paged_decode, prefill
@@ -19,9 +25,14 @@ from .spec import HeadSpec, LayerSpec, ModelSpec
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArchError",
     "CacheError",
+    "CacheOutOfMemory",
+    "CheckpointError",
     "CompileError",
     "DistributedError",
+    "EngineError",
+    "EnvError",
     "HeadSpec",
     "ImplUnavailableError",
     "InputError",
@@ -30,6 +41,7 @@ __all__ = [
     "ModelSpec",
     "SparsegenError",
     "SpecError",
+    "TokenizerError",
     "density",
     "get_kernel",
     "get_pattern",

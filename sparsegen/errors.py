@@ -29,5 +29,29 @@ class CacheError(SparsegenError, RuntimeError):
     """The kernel cache cannot be used (unsafe directory, unreadable entry...)."""
 
 
+class ArchError(InputError):
+    """A GPU arch that is not a known `sm_XY` string of sm_80 or newer (e.g. 90, '', 'sm_90aa')."""
+
+
+class EnvError(SparsegenError, ValueError):
+    """An environment variable sparsegen reads holds a value it cannot interpret; names it."""
+
+
+class CheckpointError(SparsegenError, ValueError):
+    """A checkpoint folder, its config.json or its tensors cannot be used; names the file."""
+
+
+class TokenizerError(SparsegenError, ValueError):
+    """A tokenizer file is missing or malformed, or ids are out of range; names the file or id."""
+
+
+class CacheOutOfMemory(SparsegenError, RuntimeError):
+    """The KV cache has too few free pages for what was asked; the message gives the numbers."""
+
+
+class EngineError(SparsegenError, RuntimeError):
+    """The engine was asked for something its current state forbids (e.g. warmup while busy)."""
+
+
 class DistributedError(SparsegenError, RuntimeError):
     """A tensor-parallel rank died, timed out in a collective, or could not start; names the rank."""

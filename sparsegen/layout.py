@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .errors import InputError
 from .spec import HeadSpec, LayerSpec
 
 
@@ -47,7 +48,7 @@ def visible_mask(layer: LayerSpec, n_q: int, n_k: int | None = None) -> torch.Te
     """[H, n_q, n_k] bool mask; the queries are the last n_q of n_k positions."""
     n_k = n_q if n_k is None else n_k
     if not 0 <= n_q <= n_k:
-        raise ValueError(f"visible_mask needs 0 <= n_q <= n_k, got n_q={n_q}, n_k={n_k}")
+        raise InputError(f"visible_mask needs 0 <= n_q <= n_k, got n_q={n_q}, n_k={n_k}")
     q_pos = torch.arange(n_k - n_q, n_k)
     return layer_visible(layer, q_pos, torch.arange(n_k))
 
@@ -95,7 +96,7 @@ def visible_counts(layer: LayerSpec, positions: torch.Tensor) -> torch.Tensor:
 def density(layer: LayerSpec, seq_len: int) -> torch.Tensor:
     """[H] float64: visible (query, key) pairs over causal pairs for one sequence."""
     if seq_len < 1:
-        raise ValueError(f"density needs seq_len >= 1, got {seq_len}")
+        raise InputError(f"density needs seq_len >= 1, got {seq_len}")
     pos = torch.arange(seq_len, dtype=torch.int64)
     causal = seq_len * (seq_len + 1) // 2
     return visible_counts(layer, pos).sum(dim=1).to(torch.float64) / causal

@@ -6,11 +6,9 @@ An explicit `impl` never falls back: if it cannot run here, `ImplUnavailableErro
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from . import reference
+from . import env, reference
 from .errors import ImplUnavailableError, InputError
 from .spec import LayerSpec
 
@@ -18,7 +16,7 @@ KINDS = ("prefill", "decode")
 
 
 def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return env.interpreting()
 
 
 def interpreter_usable() -> bool:
@@ -32,11 +30,7 @@ def interpreter_usable() -> bool:
     return isinstance(standard.sigmoid, InterpretedFunction)
 
 
-def gpu_capable(device: torch.device) -> bool:
-    """A CUDA device of compute capability 8.0 or newer."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+gpu_capable = env.gpu_capable
 
 
 def _check_impl(impl: str | None, allowed: tuple[str, ...]) -> None:
@@ -91,7 +85,7 @@ def paged_decode(
         where = q.device if isinstance(q, torch.Tensor) else "no tensor"
         raise ImplUnavailableError(f"impl='cuda' needs q on a CUDA GPU of sm_80 or newer (q is on {where})")
     if check is None:
-        check = os.environ.get("SPARSEGEN_DEBUG", "0") not in ("", "0")
+        check = env.flag("SPARSEGEN_DEBUG")
     from .kernels.decode import cuda_paged_decode
 
     return cuda_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, check=check)

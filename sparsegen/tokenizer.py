@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from .errors import SparsegenError
+from .errors import TokenizerError
 
 # GPT-4's cl100k pre-tokenisation pattern.
 CL100K_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
@@ -44,10 +44,6 @@ def _phi3small_special_tokens() -> dict[str, int]:
 PHI3SMALL_SPECIAL_TOKENS = _phi3small_special_tokens()
 # Special tokens Phi-3-Small never produces; with the dummies they are masked out of the logits.
 UNUSED_SPECIAL_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|endofprompt|>")
-
-
-class TokenizerError(SparsegenError, ValueError):
-    """A tokenizer file is missing or malformed, or ids are out of range; names the file or id."""
 
 
 class _BytesVocabTokenizer:

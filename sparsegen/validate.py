@@ -11,11 +11,12 @@ import math
 
 import torch
 
+from . import dtypes
 from .errors import InputError
 from .spec import LayerSpec
 
-KERNEL_DTYPES = (torch.float16, torch.bfloat16)
-REFERENCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+KERNEL_DTYPES = dtypes.KERNEL_DTYPES
+REFERENCE_DTYPES = dtypes.REFERENCE_DTYPES
 
 
 def softmax_scale(scale: object, head_dim: int) -> float:

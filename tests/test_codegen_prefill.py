@@ -63,6 +63,6 @@ def test_free_strings_never_reach_the_template():
 
 
 def test_arch_spelling_is_checked():
-    with pytest.raises(CompileError, match="arch"):
-        triton_build.arch_cc("hopper")
-    assert triton_build.arch_cc("sm_90a") == 90
+    with pytest.raises(sparsegen.ArchError, match="arch"):
+        triton_build.pick_config("bf16", 128, "hopper")
+    assert triton_build.pick_config("bf16", 128, "sm_90a") == triton_build.pick_config("bf16", 128, "sm_90")

@@ -181,7 +181,7 @@ def test_bad_arguments():
         dec.get_decode_kernel(PHI3, dtype=torch.float16, arch="sm_90", page_size=4)
     with pytest.raises(InputError, match="dtype"):
         dec.get_decode_kernel(PHI3, dtype=torch.float32, arch="sm_90")
-    with pytest.raises(CompileError, match="arch"):
+    with pytest.raises(sparsegen.ArchError, match="arch"):
         dec.get_decode_kernel(PHI3, dtype=torch.float16, arch="sm_70")
 
 

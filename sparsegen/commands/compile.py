@@ -14,20 +14,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import click
-import torch
 
+from .. import dtypes, env
 from ..bench.common import format_table
 from .options import load_pattern
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {name: dtypes.resolve(name).torch for name in dtypes.CLI_NAMES}
 NO_GPU_ARCH = "sm_90"
 
 
 def default_arch() -> str:
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}"
-    return NO_GPU_ARCH
+    return env.current_arch() or NO_GPU_ARCH
 
 
 def build_all(model, kinds, dtype, arch: str, page_size: int, progress=None) -> list[dict]:

@@ -17,6 +17,8 @@ import random
 import click
 import torch
 
+from .. import env
+
 KERNELS = ("prefill", "decode")
 
 
@@ -115,7 +117,7 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     """Fuzz the generated kernels against the reference on this device."""
     if bool(pattern) == random_specs:
         raise click.UsageError("give exactly one of --pattern P or --random")
-    on_gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+    on_gpu = env.gpu_capable()
     if kernel == "decode" and not on_gpu:
         raise click.UsageError("the CUDA paged-decode kernel needs an sm_80+ GPU; this machine has none")
     kernels = [k for k in KERNELS if kernel in (k, "all") and (k == "prefill" or on_gpu)]

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import click
 
+from .. import dtypes
 from ..errors import DistributedError, InputError, SparsegenError
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPES = {d.name: d.torch_name for d in dtypes.TABLE}  # bf16 -> bfloat16, ...
 
 
 def parse_prompt_ids(text: str, vocab_size: int) -> list[int]:

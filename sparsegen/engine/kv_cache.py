@@ -13,11 +13,7 @@ from collections import deque
 
 import torch
 
-from ..errors import SparsegenError
-
-
-class CacheOutOfMemory(SparsegenError, RuntimeError):
-    """The KV cache has too few free pages for what was asked; the message gives the numbers."""
+from ..errors import CacheOutOfMemory
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:

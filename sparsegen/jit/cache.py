@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from filelock import FileLock
 
+from .. import env
 from ..errors import CacheError, JitDisabledError
 
 CACHE_FORMAT_VERSION = 1
@@ -40,13 +41,12 @@ _MEMORY: dict[str, Any] = {}
 
 
 def cache_dir() -> Path:
-    """SPARSEGEN_CACHE_DIR, or ~/.cache/sparsegen; created private, and refused if unsafe.
+    """`env.cache_dir()` (SPARSEGEN_CACHE_DIR, XDG_CACHE_HOME, ~/.cache); created private, refused if unsafe.
 
     Entries hold code (rendered Python, cubins), so the directory must belong to this user
     and be writable by nobody else.
     """
-    root = Path(os.environ.get("SPARSEGEN_CACHE_DIR") or Path.home() / ".cache" / "sparsegen")
-    root = root.expanduser()
+    root = env.cache_dir()
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = root.stat()
@@ -65,7 +65,7 @@ def cache_dir() -> Path:
 
 
 def jit_disabled() -> bool:
-    return os.environ.get("SPARSEGEN_DISABLE_JIT", "0") not in ("", "0")
+    return env.flag("SPARSEGEN_DISABLE_JIT")
 
 
 @functools.lru_cache(maxsize=1)
@@ -188,7 +188,7 @@ def _write_entry(path: Path, key: KernelKey, files: dict[str, bytes], meta: dict
 
 
 def _say(message: str) -> None:
-    if os.environ.get("SPARSEGEN_QUIET", "0") in ("", "0"):
+    if not env.flag("SPARSEGEN_QUIET"):
         print(f"sparsegen: {message}", file=sys.stderr, flush=True)
 
 

@@ -15,6 +15,8 @@ import os
 import threading
 from pathlib import Path
 
+from .. import env
+from ..env import parse_arch
 from ..errors import CompileError
 
 _HEADERS = ("cuda_fp16.h", "cuda_bf16.h")
@@ -26,9 +28,9 @@ def _has_headers(path: str | os.PathLike | None) -> bool:
 
 def _candidate_include_dirs() -> list[str]:
     out: list[str] = []
-    env = os.environ.get("SPARSEGEN_CUDA_INCLUDE")
-    if env:
-        out.append(env)
+    explicit = env.path("SPARSEGEN_CUDA_INCLUDE")
+    if explicit is not None:
+        out.append(str(explicit))
     try:  # cuda-pathfinder knows the pip wheels (nvidia-cuda-runtime...) and conda layouts
         from cuda.pathfinder import find_nvidia_header_directory
 
@@ -89,19 +91,9 @@ def _core():
     return core
 
 
-def check_arch(arch: str) -> int:
-    """'sm_90' -> 90; CompileError for anything else below sm_80."""
-    if not isinstance(arch, str) or not arch.startswith("sm_") or not arch[3:].rstrip("a").isdigit():
-        raise CompileError(f"arch must look like 'sm_90', got {arch!r}")
-    cc = int(arch[3:].rstrip("a"))
-    if cc < 80:
-        raise CompileError(f"the decode kernel needs sm_80 or newer, got arch {arch!r}")
-    return cc
-
-
 def compile_cubin(source: str, arch: str, *, name: str = "sparsegen") -> tuple[bytes, str]:
     """Compile CUDA C++ to a cubin for `arch`; returns (cubin, compile log)."""
-    check_arch(arch)
+    parse_arch(arch)
     core = _core()
     include = cuda_include_dir()
     options = core.ProgramOptions(
@@ -122,16 +114,6 @@ def compile_cubin(source: str, arch: str, *, name: str = "sparsegen") -> tuple[b
     except Exception as exc:  # noqa: BLE001 - NVRTC errors come as several exception types
         raise CompileError(f"NVRTC failed to compile {name} for {arch}: {exc}\n{log.text}") from None
     return bytes(obj.code), log.text
-
-
-def current_arch() -> str:
-    """The current CUDA device's arch, e.g. 'sm_90'."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise CompileError("no CUDA GPU here: pass arch='sm_90' (or another) to compile ahead of time")
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}"
 
 
 class CubinModule:

@@ -19,6 +19,8 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from ..codegen import render
+from ..dtypes import resolve as resolve_dtype
+from ..env import parse_arch
 from ..errors import CompileError
 from ..spec import HeadSpec, LayerSpec
 
@@ -41,22 +43,13 @@ STRIDES = (
 ARG_NAMES = ("Q", "K", "V", "O", "cu_seqlens_q", "cu_seqlens_k", "qk_scale", *STRIDES, "n_tiles")
 # Arguments compiled as divisible by 16 (pointers: 16-byte aligned; strides: multiples of 16).
 ALIGNED_ARGS = ("Q", "K", "V", "O", *STRIDES)
-POINTER_TYPES = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
-
-
-def arch_cc(arch: str) -> int:
-    """'sm_90' / 'sm_90a' -> 90."""
-    digits = arch.removeprefix("sm_").rstrip("a")
-    if not arch.startswith("sm_") or not digits.isdigit() or int(digits) < 80:
-        raise CompileError(f"arch must look like 'sm_80' or 'sm_90' (sm_80 or newer), got {arch!r}")
-    return int(digits)
 
 
 def pick_config(dtype: str, head_dim: int, arch: str) -> dict[str, int]:
     """Tile sizes and launch shape, chosen by rule (never autotuned, so the key pins them)."""
     if arch == INTERPRETER_ARCH:  # small tiles keep the interpreter quick
         return {"block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 1}
-    cc = arch_cc(arch)
+    cc = parse_arch(arch)
     if cc >= 90 or cc == 80:
         return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3 if cc >= 90 else 2}
     return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}  # sm_86/89: ~100 KB smem
@@ -151,7 +144,7 @@ def import_module(path: Path, name: str) -> ModuleType:
 
 
 def signature(dtype: str) -> dict[str, str]:
-    ptr = POINTER_TYPES[dtype]
+    ptr = resolve_dtype(dtype).triton_pointer
     types = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
     types["qk_scale"] = "fp32"
     types.update({s: "i32" for s in STRIDES})
@@ -179,7 +172,9 @@ def aot_compile(
             if "maxnreg" in config:  # a register cap lets more programs share a multiprocessor
                 options["maxnreg"] = config["maxnreg"]
             try:
-                compiled = triton.compile(src, target=GPUTarget("cuda", arch_cc(arch), 32), options=options)
+                compiled = triton.compile(
+                    src, target=GPUTarget("cuda", parse_arch(arch), 32), options=options
+                )
             except Exception as exc:
                 raise CompileError(f"Triton failed to compile the prefill kernel for {arch}: {exc}") from exc
         finally:

@@ -24,7 +24,7 @@ import types
 import numpy as np
 import torch
 
-from .. import codegen
+from .. import codegen, dtypes, env
 from ..errors import CompileError, ImplUnavailableError, InputError
 from ..jit import cache
 from ..jit import nvrtc_build as nb
@@ -38,15 +38,10 @@ MAX_SPLITS = 256  # as in the template's reduce kernel
 BLOCKS_PER_SM = 4  # resident blocks of the default build (128 registers x 4 warps)
 MAX_CONTEXT = 2**23  # tokens per sequence: keeps the template's split arithmetic within 32 bits
 PAGE_SIZES = range(8, 129)
-DTYPES = {torch.float16: ("fp16", "__half"), torch.bfloat16: ("bf16", "__nv_bfloat16")}
 
 
 def _dtype_name(dtype) -> str:
-    if dtype in DTYPES:
-        return DTYPES[dtype][0]
-    if dtype in ("fp16", "bf16"):
-        return dtype
-    raise InputError(f"decode kernels support dtype float16 or bfloat16, got {dtype!r}")
+    return dtypes.resolve(dtype, kernel=True).name
 
 
 def _check_page_size(page_size: object) -> int:
@@ -154,8 +149,7 @@ def compile_variant(layer: LayerSpec, *, dtype, page_size: int = 16, arch: str |
     """A kernel built with non-default template knobs, uncached (for benchmarks and tests)."""
     dtype_name = _dtype_name(dtype)
     page_size = _check_page_size(page_size)
-    arch = nb.current_arch() if arch is None else arch
-    nb.check_arch(arch)
+    arch = env.resolve_arch(arch)
     name = kernel_name(layer, dtype_name, page_size) + "".join(f"_{k}{v}" for k, v in sorted(knobs.items()))
     source = render_source(layer, dtype_name, page_size, **knobs)
     cubin, _ = nb.compile_cubin(source, arch, name=f"{name}.cu")
@@ -189,8 +183,7 @@ def get_decode_kernel(
         raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
     dtype_name = _dtype_name(dtype)
     page_size = _check_page_size(page_size)
-    arch = nb.current_arch() if arch is None else arch
-    nb.check_arch(arch)
+    arch = env.resolve_arch(arch)
     spec_key = (layer, dtype_name, arch, page_size)
     kernel = _BY_SPEC.get(spec_key)
     if kernel is None:
@@ -277,7 +270,7 @@ def cuda_paged_decode(
     check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     if kernel is None:
         kernel = get_decode_kernel(layer, dtype=q.dtype, page_size=k_cache.shape[1])
-    elif DTYPES[q.dtype][0] != kernel.dtype_name or k_cache.shape[1] != kernel.page_size:
+    elif dtypes.name(q.dtype) != kernel.dtype_name or k_cache.shape[1] != kernel.page_size:
         raise InputError(
             f"kernel {kernel.name} is for {kernel.dtype_name} with page_size {kernel.page_size}; "
             f"got {q.dtype} with page_size {k_cache.shape[1]}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from .. import codegen
+from .. import codegen, dtypes
 from ..errors import InputError
 from ..spec import HeadSpec, LayerSpec
 
@@ -80,7 +80,7 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
     if unknown:
         raise InputError(f"unknown decode template knobs {sorted(unknown)}")
     knobs = {**DEFAULT_KNOBS, **knobs}
-    ctype = {"fp16": "__half", "bf16": "__nv_bfloat16"}[dtype_name]
+    ctype = dtypes.resolve(dtype_name, kernel=True).ctype
     hpb = heads_per_block(layer)
     classes: list[tuple[HeadSpec, ...]] = []
     group_class = []

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import triton
 
+from .. import dtypes, env
 from ..codegen import template_bytes
 from ..errors import ImplUnavailableError, InputError
 from ..jit import cache, triton_build
@@ -25,7 +26,7 @@ from ..spec import LayerSpec
 from ..validate import check_prefill_inputs, softmax_scale
 
 LOG2E = 1.4426950408889634
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+DTYPE_NAMES = {d.torch: d.name for d in dtypes.TABLE}  # torch.bfloat16 -> "bf16"
 
 # Per-process memo: (id(layer), dtype, arch) -> (layer, kernel); the layer is kept alive and
 # compared by identity, so a repeated get_kernel costs a dict lookup.
@@ -33,20 +34,13 @@ _MEMO: dict[tuple, tuple[LayerSpec, PrefillKernel]] = {}
 _MEMO_BY_VALUE: dict[tuple, PrefillKernel] = {}
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_interpreting = env.interpreting
+current_arch = env.current_arch
 
 
 def _poisoning() -> bool:
     """SPARSEGEN_POISON_OUTPUT=1 fills outputs with NaN before launch (tests catch unwritten rows)."""
-    return os.environ.get("SPARSEGEN_POISON_OUTPUT", "0") not in ("", "0")
-
-
-def current_arch() -> str | None:
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}"
-    return None
+    return env.flag("SPARSEGEN_POISON_OUTPUT")
 
 
 def kernel_name(layer: LayerSpec, dtype: str) -> str:
@@ -240,7 +234,7 @@ def get_prefill_kernel(layer: LayerSpec, *, dtype, arch: str | None = None) -> P
         if resolved is None:
             raise ImplUnavailableError("no CUDA GPU here: pass arch= (e.g. 'sm_90') to compile ahead of time")
     else:
-        triton_build.arch_cc(resolved)  # validates the spelling
+        env.parse_arch(resolved)
     value_key = (layer, dtype, resolved)
     kernel = _MEMO_BY_VALUE.get(value_key)
     if kernel is None:
@@ -276,8 +270,11 @@ def precompile(layers, dtypes, *, arch: str, workers: int | None = None) -> list
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    names = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-    jobs = [(layer.to_json(), names[dt], arch) for layer in dict.fromkeys(layers) for dt in dtypes]
+    jobs = [
+        (layer.to_json(), dtypes.resolve(dt).torch_name, arch)
+        for layer in dict.fromkeys(layers)
+        for dt in dtypes
+    ]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
         return list(pool.map(_precompile_one, jobs))

@@ -13,11 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import SparsegenError
-
-
-class CheckpointError(SparsegenError, ValueError):
-    """A checkpoint folder, its config.json or its tensors cannot be used; names the file."""
+from ..errors import CheckpointError
 
 
 @dataclass(frozen=True)

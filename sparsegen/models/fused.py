@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..errors import InputError
+
 
 @triton.jit
 def _gegelu_kernel(X, Y, n_out, limit, BLOCK: tl.constexpr):
@@ -97,7 +99,7 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     write = cache is not None
     if write and not (cache[0].is_contiguous() and cache[1].is_contiguous()):
-        raise ValueError("the KV cache tensors must be contiguous")
+        raise InputError("the KV cache tensors must be contiguous")
     kc, vc = cache if write else (k, v)
     slot_ptr = slots if write else cos
     _rotary_qkv_kernel[(t, hkv)](

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import ops
+from ..errors import InputError
 from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
@@ -121,7 +122,7 @@ class Attention(nn.Module):
                 write[1].view(-1, hkv, d).index_copy_(0, batch.slot_mapping, v)
         if batch.is_decode:
             if kv_cache is None:
-                raise ValueError("a decode step needs a KV cache")
+                raise InputError("a decode step needs a KV cache")
             out = ops.paged_decode(
                 q,
                 kv_cache[0],
@@ -202,7 +203,7 @@ class Phi3SmallForCausalLM(nn.Module):
     ):
         super().__init__()
         if attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl must be one of {tuple(ATTN_IMPLS)}, got {attn_impl!r}")
+            raise InputError(f"attn_impl must be one of {tuple(ATTN_IMPLS)}, got {attn_impl!r}")
         self.config = config
         self.spec = model_spec(config, force_dense)
         self.attn_impl = attn_impl

@@ -1,0 +1,60 @@
+"""One table of the floating-point dtypes sparsegen knows: torch dtype <-> short name <-> C type
+<-> Triton type. Everything that needs a dtype's other spelling looks it up here.
+
+    dtypes.resolve(torch.bfloat16).name     # "bf16"
+    dtypes.resolve("bf16").ctype            # "__nv_bfloat16" (CUDA C++)
+    dtypes.resolve("bfloat16").triton       # "bf16" (Triton's type; "*bf16" is its pointer)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class DType:
+    torch: torch.dtype
+    name: str  # short name: keys, kernel names, CLI options ("bf16")
+    torch_name: str  # torch's attribute name ("bfloat16")
+    ctype: str  # CUDA C++ type
+    triton: str  # Triton's scalar type; its pointer type is "*" + triton
+    kernel: bool  # compiled kernels (prefill and decode) support it; fp32 runs in the interpreter only
+
+    @property
+    def triton_pointer(self) -> str:
+        return "*" + self.triton
+
+
+TABLE: tuple[DType, ...] = (
+    DType(torch.float16, "fp16", "float16", "__half", "fp16", True),
+    DType(torch.bfloat16, "bf16", "bfloat16", "__nv_bfloat16", "bf16", True),
+    DType(torch.float32, "fp32", "float32", "float", "fp32", False),
+)
+BY_TORCH = {d.torch: d for d in TABLE}
+BY_NAME = {**{d.name: d for d in TABLE}, **{d.torch_name: d for d in TABLE}}
+KERNEL_DTYPES = tuple(d.torch for d in TABLE if d.kernel)  # (torch.float16, torch.bfloat16)
+REFERENCE_DTYPES = (*(d.torch for d in TABLE), torch.float64)  # the oracle also takes float64
+CLI_NAMES = tuple(d.name for d in TABLE if d.kernel)  # ("fp16", "bf16")
+
+
+def resolve(dtype: object, *, kernel: bool = False, what: str = "dtype") -> DType:
+    """The table row for a torch dtype or a name ("bf16" / "bfloat16"); InputError otherwise.
+    `kernel=True` also refuses dtypes the compiled kernels do not support (fp32)."""
+    row = None
+    if isinstance(dtype, torch.dtype):
+        row = BY_TORCH.get(dtype)
+    elif isinstance(dtype, str):
+        row = BY_NAME.get(dtype)
+    if row is None or (kernel and not row.kernel):
+        allowed = [d.name for d in TABLE if d.kernel or not kernel]
+        raise InputError(f"{what} must be one of {allowed} (or the torch dtypes), got {dtype!r}")
+    return row
+
+
+def name(dtype: object) -> str:
+    """'bf16' for torch.bfloat16 or 'bfloat16'; InputError for anything not in the table."""
+    return resolve(dtype).name
