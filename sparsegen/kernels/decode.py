@@ -221,7 +221,9 @@ def _build_or_load(layer: LayerSpec, dtype_name: str, arch: str, page_size: int)
             raise CompileError(f"cache entry {name} is missing a file: {exc}") from None
         return DecodeKernel(layer, dtype_name, page_size, arch, key, source, cubin)
 
-    found = cache.load_or_build(key, build, load, label=f"{name} ({arch})")
+    found = cache.load_or_build(
+        key, build, load, required=("kernel.cu", "kernel.cubin"), label=f"{name} ({arch})"
+    )
     kernel = found.value
     kernel.path = str(found.path)
     kernel.status = "compiled" if found.status == "compiled" else "cached"

@@ -203,7 +203,11 @@ def _lookup(layer: LayerSpec, dtype: torch.dtype, arch: str) -> PrefillKernel:
             return dict(files)  # compiled ahead of time for another arch: keep the files only
         return triton_build.load_compiled(files, dname)
 
-    found = cache.load_or_build(key, build, load, label=f"{name} for {arch}")
+    fn = triton_build.KERNEL_FN
+    required = (
+        (triton_build.SOURCE_FILE,) if interp else (triton_build.SOURCE_FILE, f"{fn}.cubin", f"{fn}.json")
+    )
+    found = cache.load_or_build(key, build, load, required=required, label=f"{name} for {arch}")
     status = "cached" if found.status == "memory" else found.status
     return PrefillKernel(
         layer, dtype, arch, config, name, key.key, found.path, status, found.seconds, found.value
