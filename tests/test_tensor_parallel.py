@@ -7,6 +7,9 @@ every engine here is started once and asked several things.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -146,3 +149,31 @@ def test_cli_generate_tp2_prints_the_tokens_of_tp1():
     rows = [[json.loads(line) for line in r.stdout.splitlines()] for r in (one, two)]
     assert [x["output_ids"] for x in rows[0]] == [x["output_ids"] for x in rows[1]]
     assert len(rows[1]) == 2 and all(len(x["output_ids"]) == 6 for x in rows[1])
+
+
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
+def test_ranks_exit_when_their_driver_is_killed():
+    driver = (
+        "import os\n"
+        "from sparsegen.tp_engine import ModelSource, TPEngine\n"
+        "engine = TPEngine(ModelSource(random='tiny'), 2)\n"
+        "print(' '.join(str(p.pid) for p in engine._procs), flush=True)\n"
+        "os._exit(9)\n"  # like a SIGKILL: no finalizer stops the ranks
+    )
+    res = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120,
+                         env={**os.environ})  # fmt: skip
+    assert res.returncode == 9, res.stderr
+    pids = [int(p) for p in res.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not all(_exited(p) for p in pids):
+        time.sleep(0.2)
+    assert all(_exited(p) for p in pids), "ranks outlived their driver"
