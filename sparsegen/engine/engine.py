@@ -13,6 +13,7 @@ turns that off).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
@@ -22,7 +23,10 @@ import torch
 
 from ..errors import EngineError, InputError
 from ..models.batch import ForwardBatch
+from ..models.memory import check_fits
 from ..models.phi3small import Phi3SmallForCausalLM
+from .checks import check_params, check_prompt, expand_params
+from .config import KERNEL_PAGE_SIZES, EngineConfig
 from .kv_cache import KVCache
 from .sampling import SamplingParams, TokenLogprobs, sample
 from .scheduler import Chunk, Plan, Scheduler, Sequence
@@ -40,6 +44,7 @@ class TokenEvent:
     token_id: int
     finish_reason: str | None  # set on the request's last token
     logprobs: TokenLogprobs | None = None  # when the request's SamplingParams.logprobs is set
+    request_id: int = -1  # the Sequence's seq_id: what `LLMEngine.abort` takes
 
 
 @dataclass(frozen=True)
@@ -73,10 +78,27 @@ def _default_num_pages(model: Phi3SmallForCausalLM, page_size: int, kv_cache_byt
             kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - GPU_HEADROOM_BYTES, 2 * per_page)
         else:
             kv_cache_bytes = CPU_KV_CACHE_BYTES
-    return max(2, kv_cache_bytes // per_page)
+    pages = kv_cache_bytes // per_page
+    if pages < 2:
+        raise InputError(
+            f"kv_cache_bytes={kv_cache_bytes} holds {pages} pages of {per_page} bytes; the cache needs at least 2"
+        )
+    return pages
 
 
 class LLMEngine:
+    """Continuous batching over a paged KV cache for one model. Not thread-safe: call every
+    method from the thread that runs `step()` (a server hands requests to that thread).
+
+    Submitting: `submit(prompts, params)` checks every prompt and parameter first and then
+    queues them all (or none); it returns one `Sequence` per prompt, whose `seq_id` is the
+    request id. `add_request(prompt, params)` does the same for one prompt.
+    Running: `step()` runs one forward pass and returns the `TokenEvent`s it produced (each
+    carries `request_id`); `stream()` and `generate()` drive `step()` until their own requests
+    are done. Aborting: `abort(request_id)` drops a request and frees its pages at once; an
+    exception (or a closed generator) out of `generate()`/`stream()` aborts that call's requests.
+    """
+
     def __init__(
         self,
         model: Phi3SmallForCausalLM,
@@ -90,14 +112,42 @@ class LLMEngine:
         max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
     ):
+        config = EngineConfig(
+            page_size=page_size,
+            num_pages=num_pages,
+            kv_cache_bytes=kv_cache_bytes,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            use_cuda_graphs=use_cuda_graphs,
+        )
+        if not isinstance(model, Phi3SmallForCausalLM):
+            raise InputError(f"model must be a Phi3SmallForCausalLM, got {type(model).__name__}")
         cfg = model.config
+        if max_model_len is not None and max_model_len > cfg.max_position_embeddings:
+            raise InputError(
+                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings "
+                f"({cfg.max_position_embeddings})"
+            )
+        kernel_decode = model.device.type == "cuda" and model.attn_impl != "reference"
+        if kernel_decode and page_size not in KERNEL_PAGE_SIZES:
+            raise InputError(
+                f"page_size must be in {KERNEL_PAGE_SIZES.start}..{KERNEL_PAGE_SIZES.stop - 1} for the compiled "
+                f"decode kernel, got {page_size}"
+            )
+        self.config = config
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id
-        self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.max_model_len = max_model_len or cfg.max_position_embeddings
+        pages = num_pages or _default_num_pages(model, page_size, kv_cache_bytes)
+        per_page = KVCache.bytes_per_page(
+            cfg.num_hidden_layers, page_size, model.local_num_kv_heads, cfg.head_dim, model.dtype
+        )
+        check_fits(pages * per_page, model.device, f"a KV cache of {pages} pages of {page_size} tokens")
         self.cache = KVCache(
             num_layers=cfg.num_hidden_layers,
-            num_pages=num_pages or _default_num_pages(model, page_size, kv_cache_bytes),
+            num_pages=pages,
             page_size=page_size,
             num_kv_heads=model.local_num_kv_heads,  # a tensor-parallel rank holds its own groups only
             head_dim=cfg.head_dim,
@@ -113,6 +163,8 @@ class LLMEngine:
         rs = cfg.rope_scaling
         self._long_rope_after = rs.original_max_position_embeddings if rs is not None else None
         self._index: dict[int, int] = {}  # seq_id -> request index
+        self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
+        self._ids = itertools.count()
         self.graphs = None
         if use_cuda_graphs and model.device.type == "cuda":
             from .cuda_graphs import DecodeGraphs
@@ -120,16 +172,53 @@ class LLMEngine:
             self.graphs = DecodeGraphs(model, self.cache, max_num_seqs, self.max_model_len)
 
     # -- requests -------------------------------------------------------------------------
+    def _checked(self, prompt: object, params: object, where: str) -> tuple[list[int], SamplingParams]:
+        vocab = self.model.config.vocab_size
+        ids = check_prompt(prompt, vocab, where)
+        params = check_params(params, vocab, f"params of {where}")
+        self.scheduler.check(len(ids), params.max_tokens, where)
+        return ids, params
+
+    def _enqueue(self, ids: list[int], params: SamplingParams, index: int | None) -> Sequence:
+        seq = Sequence(next(self._ids), ids, params)
+        self._index[seq.seq_id] = seq.seq_id if index is None else index
+        self._live[seq.seq_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
     def add_request(
         self, prompt_ids: list[int], params: SamplingParams, index: int | None = None
     ) -> Sequence:
-        vocab = self.model.config.vocab_size
-        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
-        if bad:
-            raise InputError(f"prompt token {bad[0]!r} is not an id of the vocabulary 0..{vocab - 1}")
-        seq = self.scheduler.add(list(prompt_ids), params)
-        self._index[seq.seq_id] = seq.seq_id if index is None else index
-        return seq
+        """Check and queue one request; its events carry `index` (default: its seq_id)."""
+        ids, params = self._checked(prompt_ids, params, "prompt")
+        return self._enqueue(ids, params, index)
+
+    def submit(self, prompts: Seq[list[int]], params: SamplingParams | Seq[SamplingParams]) -> list[Sequence]:
+        """Check every prompt and parameter, then queue them all (index = position in `prompts`).
+        Raises before queueing anything if any one is bad."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Seq):
+            raise InputError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+        if not prompts:
+            raise InputError("prompts is empty")
+        checked = [
+            self._checked(p, sp, f"prompt {i}")
+            for i, (p, sp) in enumerate(zip(prompts, expand_params(params, len(prompts)), strict=True))
+        ]
+        return [self._enqueue(ids, sp, index=i) for i, (ids, sp) in enumerate(checked)]
+
+    def abort(self, request_id: int) -> bool:
+        """Drop an unfinished request (queued or running) and free its pages now. Returns False
+        if there is no such unfinished request (unknown, finished or already aborted)."""
+        seq = self._live.pop(request_id, None) if isinstance(request_id, int) else None
+        if seq is None:
+            return False
+        self._index.pop(request_id, None)
+        return self.scheduler.abort(seq)
+
+    def _abort_unfinished(self, seqs: Seq[Sequence]) -> None:
+        for seq in seqs:
+            if seq.finish_reason is None:
+                self.abort(seq.seq_id)
 
     @property
     def has_unfinished(self) -> bool:
@@ -246,10 +335,13 @@ class LLMEngine:
                 seq.t_first_token = now
             seq.t_last_token = now
             reason = self._finish_reason(seq, token)
-            events.append(TokenEvent(self._index[seq.seq_id], token, reason, logprobs=logprobs))
+            events.append(
+                TokenEvent(self._index[seq.seq_id], token, reason, logprobs=logprobs, request_id=seq.seq_id)
+            )
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 del self._index[seq.seq_id]
+                del self._live[seq.seq_id]
         return events
 
     def warmup(self) -> float:
@@ -266,19 +358,19 @@ class LLMEngine:
     def stream(
         self, prompts: Seq[list[int]], params: SamplingParams | Seq[SamplingParams]
     ) -> Iterator[TokenEvent]:
-        """Add the prompts (indexed in order) and yield every new token until all are done."""
-        self.submit(prompts, params)
-        while self.has_unfinished:
-            yield from self.step()
-
-    def submit(self, prompts: Seq[list[int]], params: SamplingParams | Seq[SamplingParams]) -> list[Sequence]:
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise InputError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        return [
-            self.add_request(p, sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
-        ]
+        """Submit the prompts (indexed in order) and yield each of their new tokens until all are
+        done. Other requests in the engine advance too, but their events are not yielded. If the
+        caller stops early (closes the generator) or anything raises, this call's unfinished
+        requests are aborted and their pages freed."""
+        seqs = self.submit(prompts, params)
+        mine = {s.seq_id for s in seqs}
+        try:
+            while self.has_unfinished and any(s.finish_reason is None for s in seqs):
+                for event in self.step():
+                    if event.request_id in mine:
+                        yield event
+        finally:
+            self._abort_unfinished(seqs)
 
     def generate(
         self,
@@ -286,12 +378,20 @@ class LLMEngine:
         params: SamplingParams | Seq[SamplingParams],
         on_token: Callable[[TokenEvent], None] | None = None,
     ) -> list[GenerationResult]:
-        """Run prompts to completion; results in input order. `on_token` sees every new token."""
+        """Run prompts to completion; results in input order. `on_token` sees each of their new
+        tokens. Any exception (from the model or from `on_token`) aborts this call's requests,
+        frees their pages, and propagates."""
+        if on_token is not None and not callable(on_token):
+            raise InputError(f"on_token must be callable, got {type(on_token).__name__}")
         seqs = self.submit(prompts, params)
-        while self.has_unfinished:
-            for event in self.step():
-                if on_token is not None:
-                    on_token(event)
+        mine = {s.seq_id for s in seqs}
+        try:
+            while self.has_unfinished and any(s.finish_reason is None for s in seqs):
+                for event in self.step():
+                    if on_token is not None and event.request_id in mine:
+                        on_token(event)
+        finally:
+            self._abort_unfinished(seqs)
         return [self.result(s) for s in seqs]
 
     def result(self, seq: Sequence) -> GenerationResult:

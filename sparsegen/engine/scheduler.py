@@ -15,7 +15,6 @@ whole cache is refused when it is added, so the loop never waits for pages that 
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
     num_cached: int = 0  # tokens whose K/V are in the cache
-    finish_reason: str | None = None  # "eos" | "stop" | "length"
+    finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
     t_submit: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None
     t_last_token: float | None = None
@@ -80,26 +79,37 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._ids = itertools.count()
 
-    def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        if not prompt_ids:
-            raise InputError("a prompt needs at least one token")
-        if len(prompt_ids) >= self.max_model_len:
+    def check(self, prompt_len: int, max_tokens: int, where: str = "prompt") -> None:
+        """Raise if a request of this size could never run (too long, or the whole cache is too small)."""
+        if prompt_len >= self.max_model_len:
             raise InputError(
-                f"prompt has {len(prompt_ids)} tokens; the model takes at most {self.max_model_len - 1}"
+                f"{where} has {prompt_len} tokens; the model takes at most {self.max_model_len - 1}"
             )
-        most = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
+        most = min(prompt_len + max_tokens, self.max_model_len)
         need = pages_for(most, self.cache.page_size)
         if need > self.cache.allocator.capacity:
             raise CacheOutOfMemory(
-                f"a request of {len(prompt_ids)} prompt tokens + {params.max_tokens} new tokens needs {need} KV "
+                f"{where}: a request of {prompt_len} prompt tokens + {max_tokens} new tokens needs {need} KV "
                 f"pages of {self.cache.page_size} tokens, but the cache has {self.cache.allocator.capacity}; "
                 "give the cache more memory or ask for fewer tokens"
             )
-        seq = Sequence(next(self._ids), list(prompt_ids), params)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence that `check` accepted."""
         self.waiting.append(seq)
-        return seq
+
+    def abort(self, seq: Sequence) -> bool:
+        """Drop `seq` wherever it is and free its pages; False if it had already finished."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        else:
+            return False
+        self.cache.allocator.free(seq.pages)
+        seq.pages, seq.finish_reason = [], "abort"
+        return True
 
     @property
     def idle(self) -> bool:

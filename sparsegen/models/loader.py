@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .config import CheckpointError, Phi3SmallConfig, named_config
+from .memory import check_model_fits
 from .phi3small import Phi3SmallForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -30,7 +31,9 @@ def empty_model(
     attn_impl: str | None = None,
     dummy_token_indices: tuple[int, ...] = (),
 ) -> Phi3SmallForCausalLM:
-    """A model with allocated, uninitialised weights on `device` (no init cost)."""
+    """A model with allocated, uninitialised weights on `device` (no init cost). The weights'
+    size is checked against the device's free memory first (`MemoryLimitError`)."""
+    check_model_fits(config, dtype, device)
     model = Phi3SmallForCausalLM(
         config,
         force_dense=force_dense,
