@@ -5,7 +5,7 @@
 
 This process (the driver) spawns ranks 0..N-1 with torch.multiprocessing (each with torchrun's
 variables, see `sparsegen.distributed`), sends every rank the same commands over a queue, and
-gets results, streamed tokens and errors back from the ranks over another.
+gets rank 0's answers and any rank's errors back over another.
 
 **Scheduling: every rank runs the scheduler and the sampler itself, deterministically.** Each
 rank holds an `LLMEngine` over its shard of the model and its own KV cache (its KV groups only,
@@ -16,8 +16,11 @@ same on every rank (the gather copies, it does not add). Seeded requests draw fr
 generators; unseeded ones from the global generator, seeded identically on every rank. So no
 plan is broadcast each step: the per-step cost of tensor parallelism is the model's collectives
 only (two all-reduces per layer and one all-gather), which CUDA graphs capture. The price is
-that requests must reach every rank in the same order, which the driver guarantees by sending
-whole commands (`generate`, `call`) to all ranks.
+that every rank must see the same engine calls in the same order: the driver sends each call
+(`submit`, `step`, `abort`, `results`, `call`) to every rank's queue and takes rank 0's answer,
+so `TPEngine` offers `LLMEngine`'s surface (a request that one rank refuses, every rank refuses
+alike, and none is changed). Each `step()` costs one queue round trip besides the forward;
+`call(fn)` runs a whole loop on the ranks without it (the benchmarks use that).
 
 **Failures never hang.** The driver polls the ranks while it waits: a rank that exits (crash,
 kill, OOM) or reports an exception makes the driver stop the others and raise one error naming
@@ -111,11 +114,25 @@ class RankContext:
 
 
 @dataclass(frozen=True)
+class RequestHandle:
+    """What `TPEngine.submit` returns per prompt: the request id that `abort` takes."""
+
+    seq_id: int
+
+
+@dataclass(frozen=True)
 class _Failure:
     module: str
     name: str
     message: str
     traceback: str
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A request every rank refused alike (so every rank goes on)."""
+
+    failure: _Failure
 
 
 def _describe(exc: BaseException) -> _Failure:
@@ -135,6 +152,26 @@ def _engine_on_rank(model, info, tokenizer, engine_kwargs: dict):
     return LLMEngine(model, tokenizer=tokenizer, **kw)
 
 
+def _command(ctx: RankContext, seqs: dict, kind: str, payload):
+    """One engine call, the same on every rank and in the same order; rank 0's value is sent."""
+    engine = ctx.engine
+    if kind == "submit":  # checks everything before queueing: a bad request changes no rank
+        try:
+            new = engine.submit(*payload)
+        except SparsegenError as exc:
+            return _Refused(_describe(exc))
+        seqs.update((s.seq_id, s) for s in new)
+        return [s.seq_id for s in new]
+    if kind == "step":
+        return engine.step(), engine.has_unfinished
+    if kind == "abort":
+        return engine.abort(payload)
+    if kind == "results":
+        return [engine.result(seqs.pop(i)) for i in payload]
+    fn, args = payload  # "call"
+    return fn(ctx, *args)
+
+
 def _rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs, warmup, timeout_s,
                seed, cmds, out):  # fmt: skip
     os.environ.update(distributed.rank_env(rank, world, port))
@@ -150,17 +187,11 @@ def _rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs,
         model = source.build(TPShard(rank, world), info.device, group)
         engine = _engine_on_rank(model, info, tokenizer, engine_kwargs)
         seconds = engine.warmup() if warmup else 0.0
-        out.put(("ready", rank, seconds))
+        out.put(("ready", rank, {"warmup_s": seconds, "max_model_len": engine.max_model_len}))
         ctx = RankContext(info, model, engine)
+        seqs: dict[int, Any] = {}  # seq_id -> Sequence, until its result is taken
         while (cmd := cmds.get()) is not None:
-            kind, payload = cmd
-            if kind == "generate":
-                prompts, params, stream = payload
-                on_token = (lambda e: out.put(("token", 0, e))) if stream and rank == 0 else None
-                value = engine.generate(prompts, params, on_token=on_token)
-            else:  # "call"
-                fn, args = payload
-                value = fn(ctx, *args)
+            value = _command(ctx, seqs, *cmd)
             if rank == 0:
                 out.put(("done", 0, value))
     except BaseException as exc:  # report everything, even KeyboardInterrupt, then leave at once
@@ -236,17 +267,17 @@ class TPEngine:
         **engine_kwargs,
     ):
         device_type = torch.device(device).type
-        self.config = source.load_config()
+        config = self.model_config = source.load_config()
         self.world_size = distributed.check_tp_size(
-            tensor_parallel_size, self.config.num_key_value_heads, device_type
+            tensor_parallel_size, config.num_key_value_heads, device_type
         )
-        if self.config.ff_intermediate_size % self.world_size:
+        if config.ff_intermediate_size % self.world_size:
             raise InputError(
                 f"tensor_parallel_size {self.world_size} does not divide ff_intermediate_size "
-                f"{self.config.ff_intermediate_size}"
+                f"{config.ff_intermediate_size}"
             )
         self.tokenizer = tokenizer
-        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else self.config.eos_token_id
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else config.eos_token_id
         self.warmup_s = 0.0
         self._closed = False
         ctx = torch.multiprocessing.get_context("spawn")
@@ -262,11 +293,14 @@ class TPEngine:
             p.start()
         self._finalizer = weakref.finalize(self, _terminate, self._procs)
         ready = self._wait(want="ready")
-        self.warmup_s = ready
+        self.warmup_s = max(r["warmup_s"] for r in ready)
+        self.max_model_len = ready[0]["max_model_len"]
+        self.has_unfinished = False
+        self._aborted: set[int] = set()
 
     # -- waiting on the ranks -------------------------------------------------------------------
-    def _wait(self, want: str, on_token: Callable | None = None):
-        ready: dict[int, float] = {}
+    def _wait(self, want: str):
+        ready: dict[int, dict] = {}
         while True:
             try:
                 kind, rank, value = self._out.get(timeout=POLL_S)
@@ -277,17 +311,10 @@ class TPEngine:
                 continue
             if kind == "error":
                 self._fail({rank: value}, {})
-            elif kind == "token":
-                if on_token is not None:
-                    try:
-                        on_token(value)
-                    except BaseException:
-                        self.close(kill=True)
-                        raise
             elif kind == "ready" and want == "ready":
                 ready[rank] = value
                 if len(ready) == self.world_size:
-                    return max(ready.values())
+                    return [ready[r] for r in range(self.world_size)]
             elif kind == "done" and want == "done":
                 return value
 
@@ -321,35 +348,60 @@ class TPEngine:
         r = min(errors)
         raise _reraise(r, errors[r], "")
 
-    def _run(self, kind: str, payload, on_token=None):
+    def _run(self, kind: str, payload):
         if self._closed:
             raise DistributedError(
                 "this tensor-parallel engine is closed (a rank failed, or close() was called)"
             )
         for q in self._cmds:
             q.put((kind, payload))
-        return self._wait(want="done", on_token=on_token)
+        return self._wait(want="done")
 
     # -- the LLMEngine-like surface ---------------------------------------------------------------
-    def generate(self, prompts: Seq[list[int]], params, on_token: Callable | None = None):
-        """Every rank runs the requests; rank 0's `GenerationResult`s come back, in input order.
-        `on_token` sees every new `TokenEvent` as rank 0 produces it."""
-        from .engine import SamplingParams
+    def submit(self, prompts: Seq[list[int]], params) -> list[RequestHandle]:
+        """Queue the prompts on every rank (checked first there: all or none, as LLMEngine.submit)."""
+        value = self._run("submit", (prompts, params))
+        if isinstance(value, _Refused):
+            raise _reraise(0, value.failure, "")
+        return [RequestHandle(i) for i in value]
 
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        vocab = self.config.vocab_size
-        for p in prompts:  # caught here, so a bad request does not cost the ranks
-            bad = [t for t in p if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab)]
-            if bad or not p:
-                raise InputError(
-                    f"prompt token {bad[0]!r} is not an id of the vocabulary 0..{vocab - 1}"
-                    if bad
-                    else "a prompt needs at least one token"
-                )
-        return self._run(
-            "generate", ([list(p) for p in prompts], list(params), on_token is not None), on_token
-        )
+    def step(self) -> list:
+        """One forward pass on every rank; rank 0's TokenEvents."""
+        events, self.has_unfinished = self._run("step", None)
+        return events
+
+    def abort(self, request_id: int) -> bool:
+        """Drop an unfinished request on every rank (before the next step)."""
+        done = self._run("abort", request_id)
+        if done:
+            self._aborted.add(request_id)
+        return done
+
+    def results(self, handles: Seq[RequestHandle]) -> list:
+        """Rank 0's GenerationResult per handle (each can be taken once, when it is done)."""
+        return self._run("results", [h.seq_id for h in handles])
+
+    def generate(self, prompts: Seq[list[int]], params, on_token: Callable | None = None):
+        """LLMEngine.generate over the ranks: results in input order; `on_token` sees each of
+        these requests' TokenEvents (and may `abort` a request, as stop strings do)."""
+        handles = self.submit(prompts, params)
+        left = {h.seq_id for h in handles}
+        try:
+            while left:
+                for event in self.step():
+                    if event.request_id in left:
+                        if event.finish_reason is not None:
+                            left.discard(event.request_id)
+                        if on_token is not None:
+                            on_token(event)
+                left = {i for i in left if i not in self._aborted}
+                if left and not self.has_unfinished:
+                    raise DistributedError(f"requests {sorted(left)} are unfinished, but every rank is idle")
+        finally:
+            if not self._closed:
+                for i in left:
+                    self.abort(i)
+        return self.results(handles)
 
     def warmup(self) -> float:
         """Kernel builds and first graph captures ran when the ranks started (`warmup=True`);
@@ -381,6 +433,23 @@ class TPEngine:
 
     def __exit__(self, *exc) -> None:
         self.close(kill=exc[0] is not None)
+
+
+def tp_engine_for(model_dir, random, tokenizer_path, device, dtype, force_dense, seed, tp, engine_options):
+    """`LLM(..., tensor_parallel_size=tp)`'s engine: a TPEngine over the same weights and tokenizer
+    that `llm.build_model` would give one process."""
+    from .llm import build_tokenizer
+
+    tokenizer = build_tokenizer(model_dir, random, tokenizer_path)
+    source = ModelSource(
+        model_dir=str(model_dir) if model_dir is not None else None,
+        random=random,
+        seed=seed,
+        dtype=str(dtype).removeprefix("torch."),
+        force_dense=force_dense,
+        dummy_token_indices=tokenizer.dummy_token_indices if tokenizer is not None else (),
+    )
+    return TPEngine(source, tp, device=str(device), tokenizer=tokenizer, **engine_options)
 
 
 def _warmup(ctx: RankContext) -> float:

@@ -62,6 +62,25 @@ def test_tp2_greedy_and_seeded_tokens_equal_one_process(tp2, tiny_ckpt):
     assert [r.output_ids for r in tp2.generate(PROMPTS, SAMPLED)] == want_sampled
 
 
+def test_tp2_refused_requests_and_aborts_keep_the_ranks_in_step(tp2, tiny_ckpt):
+    from sparsegen import InputError
+
+    with pytest.raises(InputError, match="prompt 1 token 999"):  # every rank refuses it alike and goes on
+        tp2.submit([[1, 2], [5, 999]], GREEDY)
+    seen = []
+
+    def stop_second_after_three(event):  # as a stop string does: abort from the callback
+        if event.index == 1:
+            seen.append(event.token_id)
+            if len(seen) == 3:
+                assert tp2.abort(event.request_id)
+
+    got = [r.output_ids for r in tp2.generate(PROMPTS, GREEDY, on_token=stop_second_after_three)]
+    want = reference(tiny_ckpt, GREEDY)
+    assert got[1] == want[1][:3] and got[0] == want[0] and got[2] == want[2]
+    assert [r.output_ids for r in tp2.generate(PROMPTS, GREEDY)] == want  # still in step
+
+
 def test_tp2_logits_match_the_whole_model(tp2, tiny_ckpt):
     whole = load_checkpoint(tiny_ckpt, dtype=torch.float32)
     from sparsegen.models import ForwardBatch
@@ -177,3 +196,26 @@ def test_ranks_exit_when_their_driver_is_killed():
     while time.monotonic() < deadline and not all(_exited(p) for p in pids):
         time.sleep(0.2)
     assert all(_exited(p) for p in pids), "ranks outlived their driver"
+
+
+def test_llm_tensor_parallel_size_2_equals_one_process():
+    from sparsegen import LLM
+    from sparsegen.engine import SamplingParams as SP
+
+    prompts = ["the quick brown fox " * 4, [1, 2, 3]]
+    plain = SP(max_tokens=8, ignore_eos=True)
+    one = LLM(random="tiny", device="cpu")
+    want = [o.token_ids for o in one.generate(prompts, plain, use_tqdm=False)]
+    text = one.generate(prompts[:1], plain, use_tqdm=False)[0].text
+    stop = SP(max_tokens=8, ignore_eos=True, stop=[text[3:5]])  # a stop string inside the text
+    want_stop = one.generate(prompts[:1], stop, use_tqdm=False)[0]
+    two = LLM(random="tiny", device="cpu", tensor_parallel_size=2)
+    try:
+        assert [o.token_ids for o in two.generate(prompts, plain, use_tqdm=False)] == want
+        got = two.generate(prompts[:1], stop, use_tqdm=False)[0]  # the LLM aborts on the stop string
+        assert (
+            (got.text, got.finish_reason) == (want_stop.text, want_stop.finish_reason) == (text[:3], "stop")
+        )
+        assert [o.token_ids for o in two.generate(prompts, plain, use_tqdm=False)] == want
+    finally:
+        two.engine.close()

@@ -173,7 +173,9 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 @click.option(
     "--no-warmup", is_flag=True, help="Skip the warm-up request (timings then include kernel builds)."
 )
-<<<<<<< HEAD
+@click.option("--chat", is_flag=True, help="Send each text prompt as a user turn of the chat template.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
+@click.option("--stop-token-ids", default=None, help="Comma-separated token ids that end generation.")
 @click.option(
     "--tp",
     type=click.IntRange(min=1),
@@ -184,16 +186,7 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup, tp,
-=======
-@click.option("--chat", is_flag=True, help="Send each text prompt as a user turn of the chat template.")
-@click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
-@click.option("--stop-token-ids", default=None, help="Comma-separated token ids that end generation.")
-def command(
-    model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
-    top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids,
->>>>>>> main
+    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids, tp,
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
@@ -227,11 +220,7 @@ def _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-<<<<<<< HEAD
-    no_cuda_graphs, no_warmup, tp,
-=======
-    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids,
->>>>>>> main
+    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids, tp,
 ):  # fmt: skip
     import torch
 
@@ -239,7 +228,6 @@ def _generate(
 
     device = _pick_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
-<<<<<<< HEAD
     engine_kwargs = dict(
         page_size=page_size,
         max_num_seqs=max_batch,
@@ -249,31 +237,26 @@ def _generate(
     if tp > 1:  # ranks are separate processes; this one drives them
         engine = _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense,
                             engine_kwargs, warmup=not no_warmup)  # fmt: skip
-        tokenizer, config = engine.tokenizer, engine.config
+        tokenizer, config = engine.tokenizer, engine.model_config
     else:
         model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
         engine, config = LLMEngine(model, tokenizer=tokenizer, **engine_kwargs), model.config
     vocab = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
-    prompts = _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, min(vocab, config.vocab_size))
-=======
-    model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
-    vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
     if chat and prompt_ids:
         raise click.UsageError("--chat takes text prompts (--prompt, --prompts-file), not --prompt-ids")
     turn = _chat_wrapper(model_dir) if chat else None
     prompts = _collect_prompts(
-        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size), turn
+        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, config.vocab_size), turn
     )
     stop_ids = parse_prompt_ids(stop_token_ids, vocab, "'--stop-token-ids'") if stop_token_ids else []
     if (chat or model_dir is not None) and not ignore_eos:  # generation_config's turn-end tokens
         from ..llm import turn_end_ids
 
         stop_ids += turn_end_ids(
-            model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else model.config.eos_token_id, vocab
+            model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else config.eos_token_id, vocab
         )[1:]
     if stop and tokenizer is None:
         raise click.UsageError("--stop needs a tokenizer (this checkpoint has no .tiktoken file)")
->>>>>>> main
     params = SamplingParams(
         stop=tuple(stop),
         stop_token_ids=tuple(dict.fromkeys(stop_ids)),

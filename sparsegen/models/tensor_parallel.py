@@ -38,6 +38,7 @@ from ..errors import InputError
 from ..spec import LayerSpec, ModelSpec
 from .config import Phi3SmallConfig
 from .loader import init_random_
+from .memory import check_fits, weight_bytes
 from .phi3small import Linear, Phi3SmallForCausalLM, model_spec
 
 
@@ -210,6 +211,13 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
         """`group`: the torch.distributed group of the collectives (None: the default group)."""
         distributed.check_tp_size(shard.world_size, config.num_key_value_heads, "cpu")
         shard.span(config.ff_intermediate_size, "GeGeLU units")
+        w = shard.world_size
+        embed = config.vocab_size * config.hidden_size * torch.empty((), dtype=dtype).element_size()
+        check_fits(
+            (weight_bytes(config, dtype or torch.get_default_dtype()) - embed) // w + embed,
+            device if device is not None else "cpu",
+            f"rank {shard.rank}'s weights (1/{w} of the model; the embedding whole)",
+        )
         # The whole tree is built on the CPU first: parameters are allocated but never written
         # (phi3small._NoInit), so the unsharded matrices cost address space, not memory, and are
         # replaced below before anything touches them.
@@ -225,7 +233,7 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
         self.global_spec = self.spec
         self.spec = shard_model_spec(self.global_spec, shard)
         fk = {"device": device, "dtype": dtype}
-        w, hidden, d = shard.world_size, config.hidden_size, config.head_dim
+        hidden, d = config.hidden_size, config.head_dim
         k0, k1 = shard.span(config.num_key_value_heads, "KV heads")
         hkv, h = k1 - k0, (k1 - k0) * config.group_size
         f = config.ff_intermediate_size // w
