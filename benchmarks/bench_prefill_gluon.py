@@ -34,6 +34,11 @@ CASES = {
     "window": lambda: sparsegen.get_pattern("sliding-window").layers[0],
 }
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+CHECK_VARIANTS = (
+    {},
+    {"persistent": False},
+    {"persistent": True, "programs": 3},
+)  # the correctness sweep alternates these configs
 
 
 def check_specs(n: int) -> list:
@@ -57,9 +62,9 @@ def correctness(n_specs: int) -> list[dict]:
     for sid, layer in enumerate(check_specs(n_specs)):
         rng = random.Random(sid)
         for dtype in (torch.bfloat16, torch.float16):
-            g = get_gluon_prefill_kernel(layer, dtype=dtype)
             t = get_prefill_kernel(layer, dtype=dtype)
-            for case in range(4):
+            for case in range(8):
+                g = get_gluon_prefill_kernel(layer, dtype=dtype, **CHECK_VARIANTS[case % len(CHECK_VARIANTS)])
                 batch = rng.randint(1, 3)
                 k_lens = [
                     rng.choice([1, 63, 64, 65, 129, 777, 1000, 2049, rng.randint(1, 3000)])
@@ -95,6 +100,7 @@ def correctness(n_specs: int) -> list[dict]:
                         "dtype": str(dtype),
                         "q_lens": q_lens,
                         "k_lens": k_lens,
+                        "persistent": g.config["persistent"],
                         "rel_err": err,
                         "rel_err_vs_tl": err_tl,
                         "ok": ok,
@@ -136,6 +142,9 @@ def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
 
 VARIANTS = {
     "c2_n64_s3": {},
+    "c2_n64_s3_persist": {"persistent": True},
+    "c2_n64_s2_persist": {"stages": 2, "persistent": True},
+    "c2_n128_s2_persist": {"block_n": 128, "stages": 2, "persistent": True},
     "c1_n64_s3": {"consumers": 1},
     "c2_n64_s3_qsmem": {"q_smem": True},
     "c2_n64_s2": {"stages": 2},

@@ -142,12 +142,12 @@ def _describe(exc: BaseException) -> _Failure:
 
 def _engine_on_rank(model, info, tokenizer, engine_kwargs: dict):
     from .engine import LLMEngine
-    from .engine.engine import _default_num_pages
+    from .engine.model_runner import default_num_pages
 
     kw = dict(engine_kwargs)
     kv_bytes = kw.pop("kv_cache_bytes", None)
     if kw.get("num_pages") is None:  # the scheduler must see the same cache size on every rank
-        mine = _default_num_pages(model, kw.get("page_size", 16), kv_bytes)
+        mine = default_num_pages(model, kw.get("page_size", 16), kv_bytes)
         kw["num_pages"] = distributed.min_int(mine, info.device)
     return LLMEngine(model, tokenizer=tokenizer, **kw)
 

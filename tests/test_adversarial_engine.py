@@ -356,3 +356,41 @@ def test_generate_cli_7b_on_cpu_exits_with_one_line():
     )
     assert res.returncode in (1, 2), (res.returncode, res.stderr[-2000:])
     assert "GiB" in res.stderr and "Traceback" not in res.stderr
+
+
+# -- model options ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kw,field",
+    [({"device": "tpu"}, "device"), ({"device": ""}, "device"), ({"device": 3.5}, "device"),
+     ({"dtype": torch.int32}, "dtype"), ({"dtype": "bf16"}, "dtype"), ({"force_dense": 1}, "force_dense"),
+     ({"attn_impl": "cuda"}, "attn_impl"), ({"attn_impl": True}, "attn_impl"),
+     ({"dummy_token_indices": "abc"}, "dummy_token_indices"), ({"dummy_token_indices": (1.5,)}, "dummy_token_indices"),
+     ({"colour": "red"}, "colour")],
+)  # fmt: skip
+def test_bad_model_options_are_input_errors(kw, field):
+    from sparsegen.models import ModelOptions
+
+    with pytest.raises(InputError, match=field):
+        random_model("tiny", **kw)
+    if field != "colour":
+        with pytest.raises(InputError, match=field):
+            ModelOptions(**kw)
+
+
+def test_model_options_and_keywords_build_the_same_model():
+    from sparsegen.models import ModelOptions
+
+    opts = ModelOptions(attn_impl="reference", force_dense=True)
+    a, b = (
+        random_model("tiny", opts, seed=3),
+        random_model("tiny", seed=3, attn_impl="reference", force_dense=True),
+    )
+    assert a.options == b.options == opts
+    assert all(blk.self_attn.prefill_impl == "reference" for blk in a.model.layers)
+    ids = torch.tensor([1, 2, 3, 4])
+    from sparsegen.models import ForwardBatch
+
+    batch = ForwardBatch.whole_sequences([4])
+    assert torch.equal(a(ids, batch), b(ids, batch))
+    with pytest.raises(InputError, match="options must be a ModelOptions"):
+        random_model("tiny", {"attn_impl": "reference"})

@@ -5,10 +5,11 @@
         print(event.index, event.token_id, event.finish_reason)
     results = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=32))
 
-Each `step()` runs one prefill or one decode forward (see `scheduler.py`) and samples the rows
-that reached the end of their sequence. Requests may be added between steps: they join the
-batch as others finish. On a GPU, decode steps replay CUDA graphs (`use_cuda_graphs=False`
-turns that off).
+Each `step()` asks the `Scheduler` for a plan (one prefill or one decode forward), has the
+`ModelRunner` run it (on a GPU, decode steps replay CUDA graphs; `use_cuda_graphs=False` turns
+that off), samples the rows that reached the end of their sequence, and hands the tokens back
+to `Scheduler.postprocess`. Requests may be added between steps: they join the batch as others
+finish. The engine itself builds each `Sequence` and keeps the request index of each.
 """
 
 from __future__ import annotations
@@ -22,18 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import EngineError, InputError
-from ..models.batch import ForwardBatch
-from ..models.memory import check_fits
 from ..models.phi3small import Phi3SmallForCausalLM
 from .checks import check_params, check_prompt, expand_params
 from .config import KERNEL_PAGE_SIZES, EngineConfig
-from .kv_cache import KVCache
+from .model_runner import ModelRunner
 from .sampling import SamplingParams, TokenLogprobs, sample
-from .scheduler import Chunk, Plan, Scheduler, Sequence
-
-CPU_KV_CACHE_BYTES = 256 << 20
-GPU_MEMORY_FRACTION = 0.9
-GPU_HEADROOM_BYTES = 6 << 30  # activations of a prefill chunk, logits, graphs
+from .scheduler import Plan, Scheduler
+from .sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -65,25 +61,6 @@ class GenerationResult:
             "ttft_s": self.ttft_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
         }
-
-
-def _default_num_pages(model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None) -> int:
-    cfg = model.config
-    per_page = KVCache.bytes_per_page(
-        cfg.num_hidden_layers, page_size, model.local_num_kv_heads, cfg.head_dim, model.dtype
-    )
-    if kv_cache_bytes is None:
-        if model.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(model.device)
-            kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - GPU_HEADROOM_BYTES, 2 * per_page)
-        else:
-            kv_cache_bytes = CPU_KV_CACHE_BYTES
-    pages = kv_cache_bytes // per_page
-    if pages < 2:
-        raise InputError(
-            f"kv_cache_bytes={kv_cache_bytes} holds {pages} pages of {per_page} bytes; the cache needs at least 2"
-        )
-    return pages
 
 
 class LLMEngine:
@@ -138,38 +115,37 @@ class LLMEngine:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
-        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id
         self.max_model_len = max_model_len or cfg.max_position_embeddings
-        pages = num_pages or _default_num_pages(model, page_size, kv_cache_bytes)
-        per_page = KVCache.bytes_per_page(
-            cfg.num_hidden_layers, page_size, model.local_num_kv_heads, cfg.head_dim, model.dtype
-        )
-        check_fits(pages * per_page, model.device, f"a KV cache of {pages} pages of {page_size} tokens")
-        self.cache = KVCache(
-            num_layers=cfg.num_hidden_layers,
-            num_pages=pages,
-            page_size=page_size,
-            num_kv_heads=model.local_num_kv_heads,  # a tensor-parallel rank holds its own groups only
-            head_dim=cfg.head_dim,
-            dtype=model.dtype,
-            device=model.device,
-        )
+        self.runner = ModelRunner(model, config, max_model_len=self.max_model_len)
+        self.cache = self.runner.cache
         self.scheduler = Scheduler(
             self.cache,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            eos_token_id=tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id,
         )
-        rs = cfg.rope_scaling
-        self._long_rope_after = rs.original_max_position_embeddings if rs is not None else None
         self._index: dict[int, int] = {}  # seq_id -> request index
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ids = itertools.count()
-        self.graphs = None
-        if use_cuda_graphs and model.device.type == "cuda":
-            from .cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, self.cache, max_num_seqs, self.max_model_len)
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.scheduler.eos_token_id
+
+    @eos_token_id.setter
+    def eos_token_id(self, value: int | None) -> None:
+        self.scheduler.eos_token_id = value
+
+    @property
+    def graphs(self):
+        """The runner's CUDA graphs of decode steps (None on a CPU or with use_cuda_graphs=False)."""
+        return self.runner.graphs
+
+    @property
+    def kv_capacity(self) -> tuple[int, int]:
+        """(pages, tokens) of KV cache that sequences can hold at once."""
+        return self.runner.kv_capacity
 
     # -- requests -------------------------------------------------------------------------
     def _checked(self, prompt: object, params: object, where: str) -> tuple[list[int], SamplingParams]:
@@ -225,89 +201,8 @@ class LLMEngine:
         return not self.scheduler.idle
 
     # -- one step ---------------------------------------------------------------------------
-    def _use_long(self, seq: Sequence, start: int, stop: int) -> list[bool]:
-        """LongRoPE factor choice per position, as HF makes it: prompt tokens by the prompt's
-        length, each generated token by the length reached with it (chunking cannot change it)."""
-        limit = self._long_rope_after
-        n_prompt = len(seq.prompt_ids)
-        return [max(n_prompt, p + 1) > limit for p in range(start, stop)]
-
-    def _prefill_batch(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
-        dev = self.model.device
-        ids, positions, slots, gather, use_long, last_rows = [], [], [], [], [], []
-        cu_q, cu_k = [0], [0]
-        has_prefix = any(c.start > 0 for c in chunks)
-        for c in chunks:
-            ids += c.seq.tokens[c.start : c.stop]
-            positions.append(torch.arange(c.start, c.stop))
-            slots.append(self.cache.slots(c.seq.pages, c.start, c.stop))
-            if has_prefix:
-                gather.append(self.cache.slots(c.seq.pages, 0, c.stop))
-            if self._long_rope_after is not None:
-                use_long += self._use_long(c.seq, c.start, c.stop)
-            cu_q.append(cu_q[-1] + c.stop - c.start)
-            cu_k.append(cu_k[-1] + c.stop)
-            if c.completes:
-                last_rows.append(cu_q[-1] - 1)
-
-        def t(x, dtype=torch.long):
-            return torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)
-
-        batch = ForwardBatch(
-            is_decode=False,
-            positions=torch.cat(positions).to(dev),  # [T]
-            use_long_rope=t(use_long, torch.bool) if self._long_rope_after is not None else None,
-            logits_index=t(last_rows),  # [rows sampled]
-            cu_seqlens_q=t(cu_q, torch.int32),  # [B+1]
-            cu_seqlens_k=t(cu_k, torch.int32),  # [B+1]
-            kv_gather=torch.cat(gather).to(dev) if has_prefix else None,  # [Tk]
-            slot_mapping=torch.cat(slots).to(dev),  # [T]
-        )
-        return t(ids), batch
-
-    def _decode_batch(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
-        dev = self.model.device
-        seqs = [c.seq for c in chunks]
-        width = max(len(s.pages) for s in seqs)
-        tables = [s.pages + [self.cache.scratch_page] * (width - len(s.pages)) for s in seqs]
-        positions = [len(s) - 1 for s in seqs]
-        ps = self.cache.page_size
-        use_long = None
-        if self._long_rope_after is not None:
-            flags = [self._use_long(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)]
-            use_long = torch.tensor(flags, device=dev)
-        batch = ForwardBatch(
-            is_decode=True,
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),  # [B]
-            use_long_rope=use_long,
-            slot_mapping=torch.tensor(
-                [s.pages[p // ps] * ps + p % ps for s, p in zip(seqs, positions, strict=True)], device=dev
-            ),  # [B]
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),  # [B, max_pages]
-            seq_lens=torch.tensor([len(s) for s in seqs], dtype=torch.int32, device=dev),  # [B]
-        )
-        ids = torch.tensor([s.tokens[-1] for s in seqs], dtype=torch.long, device=dev)
-        return ids, batch
-
-    @torch.inference_mode()
-    def _forward(self, plan: Plan) -> torch.Tensor:  # [rows sampled, vocab] float32
-        if plan.is_decode:
-            ids, batch = self._decode_batch(plan.chunks)
-            if self.graphs is not None and self.graphs.fits(len(plan.chunks)):
-                return self.graphs.run(ids, batch)
-        else:
-            ids, batch = self._prefill_batch(plan.chunks)
-        return self.model(ids, batch, self.cache.layers)
-
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if token == self.eos_token_id and not p.ignore_eos:
-            return "eos"
-        if token in p.stop_token_ids:
-            return "stop"
-        if len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
-            return "length"
-        return None
+    def _forward(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
+        return self.runner.run(plan)
 
     def step(self) -> list[TokenEvent]:
         """Run one forward pass; returns the tokens it produced (possibly none)."""
@@ -315,31 +210,25 @@ class LLMEngine:
         if plan is None:
             return []
         logits = self._forward(plan)
-        for c in plan.chunks:
-            c.seq.num_cached = c.stop
-        sampled = [c.seq for c in plan.chunks if c.completes]
-        if not sampled:
-            return []
-        out = sample(
-            logits,
-            [s.params for s in sampled],
-            [s.output_ids for s in sampled],
-            [s.prompt_ids for s in sampled],
-            eos_token_id=self.eos_token_id,
-        )
-        now = time.perf_counter()
+        sampled = plan.sampled
+        if sampled:
+            out = sample(
+                logits,
+                [s.params for s in sampled],
+                [s.output_ids for s in sampled],
+                [s.prompt_ids for s in sampled],
+                eos_token_id=self.eos_token_id,
+            )
+            tokens, logprobs = out.token_ids, out.logprobs
+        else:
+            tokens, logprobs = [], []
+        reasons = self.scheduler.postprocess(plan, tokens, time.perf_counter())
         events = []
-        for seq, token, logprobs in zip(sampled, out.token_ids, out.logprobs, strict=True):
-            seq.output_ids.append(token)
-            if seq.t_first_token is None:
-                seq.t_first_token = now
-            seq.t_last_token = now
-            reason = self._finish_reason(seq, token)
+        for seq, token, lp, reason in zip(sampled, tokens, logprobs, reasons, strict=True):
             events.append(
-                TokenEvent(self._index[seq.seq_id], token, reason, logprobs=logprobs, request_id=seq.seq_id)
+                TokenEvent(self._index[seq.seq_id], token, reason, logprobs=lp, request_id=seq.seq_id)
             )
             if reason is not None:
-                self.scheduler.finish(seq, reason)
                 del self._index[seq.seq_id]
                 del self._live[seq.seq_id]
         return events

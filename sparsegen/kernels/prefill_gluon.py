@@ -11,6 +11,7 @@ descriptors over their [Tk, Hkv * D] view, made per call on the host.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sys
@@ -38,7 +39,7 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 POINTERS = {"fp16": "*fp16", "bf16": "*bf16"}
 ARG_NAMES = (
     "Q", "O", "k_desc", "v_desc", "cu_seqlens_q", "cu_seqlens_k", "qk_scale",
-    "stride_qt", "stride_qh", "stride_ot", "stride_oh", "n_tiles",
+    "stride_qt", "stride_qh", "stride_ot", "stride_oh", "bh_count", "n_q_tiles",
 )  # fmt: skip
 ALIGNED_ARGS = ("Q", "O", "stride_qt", "stride_qh", "stride_ot", "stride_oh")
 
@@ -54,7 +55,9 @@ def signature(layer: LayerSpec, dtype: str, cfg: dict[str, Any]) -> dict[str, st
     desc = gluon_api.descriptor_type(dtype, _kv_block(layer, cfg), layout)
     types = {"Q": POINTERS[dtype], "O": POINTERS[dtype], "k_desc": desc, "v_desc": desc}
     types.update({"cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "qk_scale": "fp32"})
-    types.update({s: "i32" for s in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "n_tiles")})
+    types.update(
+        {s: "i32" for s in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "bh_count", "n_q_tiles")}
+    )
     return types
 
 
@@ -190,16 +193,25 @@ class GluonPrefillKernel:
         layout = gluon_api.shared_layout(block, dname)
         k_desc = gluon_api.descriptor(_rows(k, tk, hkv, d), block, layout)
         v_desc = gluon_api.descriptor(_rows(v, tk, hkv, d), block, layout)
-        n_tiles = -(-tk // self.config["block_m"])
-        grid = ((cu_seqlens_q.shape[0] - 1) * self.layer.num_heads, n_tiles, 1)
+        # Tk bounds every sequence's k_len: no device sync; items past a sequence's end exit at once.
+        n_q_tiles = -(-tk // self.config["block_m"])
+        bh_count = (cu_seqlens_q.shape[0] - 1) * self.layer.num_heads
+        n_items = bh_count * n_q_tiles
+        programs = self.config["persistent"] and (self.config["programs"] or _sm_count(q.device))
+        grid = (min(n_items, programs) if programs else n_items, 1, 1)
         args = (
             q, out, k_desc, v_desc, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), n_tiles,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), bh_count, n_q_tiles,
         )  # fmt: skip
         with torch.cuda.device(q.device):
             stream = torch.cuda.current_stream(q.device).cuda_stream
             self._entry[grid](*args, stream=stream)
         return out
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _poisoning() -> bool:
