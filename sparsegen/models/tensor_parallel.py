@@ -27,6 +27,7 @@ h0..h1-1, and each rank compiles kernels for its own head range.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -245,9 +246,9 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
             block.mlp.up_proj = Linear(hidden, 2 * f, bias=True, **fk)
             block.mlp.down_proj = RowParallelLinear(f, hidden, w, group, **fk)
         self.lm_head = VocabParallelLMHead(hidden, config.vocab_size, shard, group, **fk)
-        self.to(
-            device if device is not None else "cpu"
-        )  # the replicated parts (embedding, LayerNorms, rotary, dummy ids)
+        target = torch.device(device if device is not None else "cpu")
+        self.to(target)  # the replicated parts: embedding, LayerNorms, rotary, dummy ids
+        self.options = dataclasses.replace(self.options, device=target)  # it was built on the CPU
         self.eval().requires_grad_(False)
 
     @property
