@@ -84,7 +84,12 @@ class ModelSource:
         from .models import Phi3SmallConfig, named_config
 
         if self.model_dir is not None:
-            return Phi3SmallConfig.from_file(Path(self.model_dir) / "config.json")
+            from .models.loader import contained_file
+
+            folder = Path(self.model_dir)
+            return Phi3SmallConfig.from_file(
+                contained_file(folder, "config.json", f"checkpoint {folder} has")
+            )
         return named_config(self.random) if self.random is not None else self.config
 
     def build(self, shard, device: torch.device, group=None):

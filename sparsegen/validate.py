@@ -13,7 +13,7 @@ import torch
 
 from . import dtypes
 from .errors import InputError
-from .spec import LayerSpec
+from .spec import MAX_SEQ_LEN, LayerSpec
 
 KERNEL_DTYPES = dtypes.KERNEL_DTYPES
 REFERENCE_DTYPES = dtypes.REFERENCE_DTYPES
@@ -97,6 +97,8 @@ def check_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total
         lq, lk = vals_q[b + 1] - vals_q[b], vals_k[b + 1] - vals_k[b]
         if lq > lk:
             raise InputError(f"sequence {b} has q_len {lq} > k_len {lk}; queries must be the last keys")
+        if lk > MAX_SEQ_LEN:  # specs are normalised up to this length only (sparsegen.spec)
+            raise InputError(f"sequence {b} has k_len {lk}; at most {MAX_SEQ_LEN} tokens per sequence")
 
 
 def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cpu: bool) -> None:

@@ -28,7 +28,7 @@ from .. import codegen, dtypes, env
 from ..errors import CompileError, ImplUnavailableError, InputError
 from ..jit import cache
 from ..jit import nvrtc_build as nb
-from ..spec import LayerSpec
+from ..spec import MAX_SEQ_LEN, LayerSpec
 from ..validate import check_decode_inputs, softmax_scale
 from .decode_template import DEFAULT_KNOBS, TEMPLATE, TILE, heads_per_block, kernel_name, render_source
 
@@ -36,7 +36,7 @@ KERNEL = "sparsegen_paged_decode"
 REDUCE = "sparsegen_paged_decode_reduce"
 MAX_SPLITS = 256  # as in the template's reduce kernel
 BLOCKS_PER_SM = 4  # resident blocks of the default build (128 registers x 4 warps)
-MAX_CONTEXT = 2**23  # tokens per sequence: keeps the template's split arithmetic within 32 bits
+MAX_CONTEXT = MAX_SEQ_LEN  # tokens per sequence (2^23): keeps the template's split arithmetic within 32 bits
 PAGE_SIZES = range(8, 129)
 
 

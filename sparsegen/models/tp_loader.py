@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .config import CheckpointError, Phi3SmallConfig
-from .loader import INDEX_FILE, SKIPPED_SUFFIXES, _open, checkpoint_weight_map
+from .loader import INDEX_FILE, SKIPPED_SUFFIXES, WEIGHT_DTYPES, _open, checkpoint_weight_map, contained_file
 from .tensor_parallel import TensorParallelPhi3Small, TPShard, full_shape, shard_range, take_shard
 
 
@@ -36,8 +36,13 @@ def _read(f, name: str, path: Path, model_param: torch.Tensor, config, shard) ->
             tensor = take_shard(name, view, config, shard, model_param)
     except Exception as exc:
         raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
-    if not (tensor.is_floating_point() and torch.isfinite(tensor).all()):
-        raise CheckpointError(f"tensor {name!r} in {path} is not finite floating point")
+    if tensor.dtype not in WEIGHT_DTYPES:
+        raise CheckpointError(
+            f"tensor {name!r} in {path} has dtype {tensor.dtype}; weights must be float16, bfloat16, "
+            "float32 or float64"
+        )
+    if not torch.isfinite(tensor).all():
+        raise CheckpointError(f"tensor {name!r} in {path} is not finite floating point (NaN or inf)")
     return tensor
 
 
@@ -55,7 +60,7 @@ def load_tp_checkpoint(
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
-    config = Phi3SmallConfig.from_file(folder / "config.json")
+    config = Phi3SmallConfig.from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
     weight_map = checkpoint_weight_map(folder)
     model = TensorParallelPhi3Small(
         config,
