@@ -330,7 +330,11 @@ def test_lengths_take_exact_ints_in_range():
 
 
 def test_get_pattern_argument_types(tmp_path):
-    for bad in [None, 5, b"phi3small", ["phi3small"], PHI3, 1.5]:
+    class BytesPath(os.PathLike):
+        def __fspath__(self):
+            return b"phi3small"
+
+    for bad in [None, 5, b"phi3small", ["phi3small"], PHI3, 1.5, BytesPath()]:
         refused(InputError, "get_pattern takes a preset name or a path", sg.get_pattern, bad)
     for bad in ["", "\0", "no-such-pattern", str(tmp_path / "absent.json")]:
         refused(SpecError, "neither a preset", sg.get_pattern, bad)
