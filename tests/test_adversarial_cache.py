@@ -24,6 +24,7 @@ import os
 import pwd
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -421,6 +422,7 @@ LOCK_KINDS = [
     "dir-with-files",
     "dangling-link",
     "link-to-victim",
+    "hardlink-to-victim",
     "fifo",
     "socket",
     "foreign",
@@ -444,6 +446,9 @@ def test_lock_path_of_wrong_type(root, tmp_path, kind):
         lock.symlink_to(tmp_path / "nowhere")
     elif kind == "link-to-victim":
         lock.symlink_to(victim)
+    elif kind == "hardlink-to-victim":  # a loose-mode file of ours: its mode must not be changed
+        victim.chmod(0o664)
+        os.link(victim, lock)
     elif kind in ("fifo", "socket"):
         _make_entry_kind(lock, kind, tmp_path)
     else:
@@ -457,6 +462,7 @@ def test_lock_path_of_wrong_type(root, tmp_path, kind):
     st = os.lstat(lock)
     assert trusted_fs.untrusted(st, want_dir=False) is None and (st.st_mode & 0o777) == 0o600
     assert victim.read_text() == "precious" and not (tmp_path / "nowhere").exists()
+    assert kind != "hardlink-to-victim" or stat.S_IMODE(victim.stat().st_mode) == 0o664
     assert _lock_free(root)
 
 

@@ -185,7 +185,7 @@ def _open_lock(root: Path, dir_fd: int, lock_name: str) -> int:
         problem = untrusted(st, want_dir=False)
         if problem is None:
             return fd
-        if stat.S_ISREG(st.st_mode) and st.st_uid == uid():
+        if stat.S_ISREG(st.st_mode) and st.st_uid == uid() and st.st_nlink == 1:
             os.fchmod(fd, 0o600)  # our own lock made under a loose umask: tighten it in place
             return fd
         os.close(fd)
