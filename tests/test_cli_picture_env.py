@@ -129,3 +129,15 @@ def test_compile_bar_on_a_terminal_only(tmp_path, json_flag):
     lines = piped.stderr.splitlines()
     assert all(line.startswith("sparsegen: ") for line in lines), lines
     assert sum("cached prefill_" in line for line in lines) == 2
+
+
+def test_driver_release_from_proc_text():
+    from sparsegen.commands.env import driver_release
+
+    assert (
+        driver_release("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Wed Jan  8 2025\n")
+        == "570.86.15"
+    )
+    open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs)\n"
+    assert driver_release(open_module) == "580.65.06"
+    assert driver_release("no driver here") is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -33,14 +34,19 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def driver_release(text: str) -> str | None:
+    """The release in /proc/driver/nvidia/version's first line, e.g. '570.86.15':
+    "NVRM version: NVIDIA UNIX [Open] Kernel Module [for x86_64]  570.86.15  Release Build ..."."""
+    found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)(?:\s|$)", text)
+    return found.group(1) if found else None
+
+
 def _driver() -> dict:
     """The kernel driver's release (Linux: /proc/driver/nvidia/version) and the CUDA version it
     supports (cuDriverGetVersion through cuda-bindings, when both are there)."""
     out: dict = {"version": None, "cuda": None}
     try:
-        text = Path("/proc/driver/nvidia/version").read_text()
-        words = text.split("Kernel Module", 1)[1].split() if "Kernel Module" in text else []
-        out["version"] = words[0] if words else None
+        out["version"] = driver_release(Path("/proc/driver/nvidia/version").read_text())
     except OSError:
         pass
     try:
