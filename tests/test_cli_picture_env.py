@@ -141,3 +141,20 @@ def test_driver_release_from_proc_text():
     open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs)\n"
     assert driver_release(open_module) == "580.65.06"
     assert driver_release("no driver here") is None
+
+
+def test_generate_bar_shows_tokens_per_second_on_a_terminal(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARSEGEN_CACHE_DIR": str(cache)}
+    for name in ("SPARSEGEN_QUIET", "TRITON_INTERPRET"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "sparsegen", "generate", "--random", "tiny", "--max-tokens", "4",
+            "--prompt-ids", "1,2", "--prompt-ids", "3,4,5", "--prompt-ids", "6"]  # fmt: skip
+    rc, out, terminal = _run_on_pty(argv, env)
+    assert rc == 0, terminal
+    assert "generate:" in terminal and "tok/s" in terminal and "3/3" in terminal, terminal
+    # stdout: the outputs only (random weights: a text may hold a newline of its own)
+    assert [line[:3] for line in out.splitlines() if line[:1] == "["][:3] == ["[0]", "[1]", "[2]"]
+    assert "tok/s" not in out and "generate:" not in out
+    assert "tokens/s overall" in terminal  # the summary is a message, on stderr
