@@ -17,7 +17,7 @@ from .errors import (
     TokenizerError,
 )
 from .layout import density, visible_mask
-from .ops import get_kernel, paged_decode, prefill
+from .ops import get_kernel, lookup_kernel, paged_decode, prefill
 from .presets import get_pattern
 from .spec import HeadSpec, LayerSpec, ModelSpec
 
@@ -43,6 +43,7 @@ __all__ = [
     "density",
     "get_kernel",
     "get_pattern",
+    "lookup_kernel",
     "paged_decode",
     "prefill",
     "reference",

@@ -44,9 +44,10 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, progress=None) -> 
             progress(f"[{n}/{total}] {kind} kernel for a {layer.kinds} layer ({arch}) ...")
         start = time.perf_counter()
         extra = {"page_size": page_size} if kind == "decode" else {}
-        kernel = ops.get_kernel(layer, kind, dtype=dtype, arch=arch, **extra)
+        found = ops.lookup_kernel(layer, kind, dtype=dtype, arch=arch, **extra)
+        kernel = found.kernel
         seconds = time.perf_counter() - start
-        status = "cached" if kernel.status in ("cached", "memory") else kernel.status
+        status = "cached" if found.status in ("cached", "memory") else found.status
         if progress:
             progress(f"[{n}/{total}] {status} {kernel.name} in {seconds:.2f} s")
         return {
