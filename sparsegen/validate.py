@@ -44,7 +44,10 @@ def softmax_scale(scale: object, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise InputError(f"scale must be a float or an int (or None), got {type(scale).__name__} {scale!r}")
-    value = float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:  # an int beyond any float
+        value = math.inf
     if not math.isfinite(value) or not (MIN_SCALE <= value <= MAX_SCALE):
         raise InputError(
             f"scale must be a finite number in [{MIN_SCALE:.3g}, {MAX_SCALE:.3g}] (scale * log2(e) must be a "
