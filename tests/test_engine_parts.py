@@ -38,15 +38,15 @@ def test_top_k_and_top_p_filters():
 def test_sample_greedy_and_seeded():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     greedy = SamplingParams()
-    hot = SamplingParams(temperature=1.0)
-    assert sample(logits, [greedy] * 3, [None] * 3) == logits.argmax(-1).tolist()
-    gens = lambda: [torch.Generator().manual_seed(5) for _ in range(3)]  # noqa: E731
-    assert sample(logits, [hot] * 3, gens()) == sample(logits, [hot] * 3, gens())
+    hot = SamplingParams(temperature=1.0, seed=5)
+    hist = [[]] * 3
+    assert sample(logits, [greedy] * 3, hist).token_ids == logits.argmax(-1).tolist()
+    assert sample(logits, [hot] * 3, hist).token_ids == sample(logits, [hot] * 3, hist).token_ids
 
 
 @pytest.mark.parametrize(
     "kwargs,field",
-    [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"), ({"top_k": -2}, "top_k"),
+    [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"), ({"top_k": -2}, "top_k"), ({"stop_token_ids": "abc"}, "stop_token_ids"),
      ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p")],
 )  # fmt: skip
 def test_sampling_params_are_validated(kwargs, field):

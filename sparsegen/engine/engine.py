@@ -24,7 +24,7 @@ from ..errors import EngineError, InputError
 from ..models.batch import ForwardBatch
 from ..models.phi3small import Phi3SmallForCausalLM
 from .kv_cache import KVCache
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, TokenLogprobs, sample
 from .scheduler import Chunk, Plan, Scheduler, Sequence
 
 CPU_KV_CACHE_BYTES = 256 << 20
@@ -39,6 +39,7 @@ class TokenEvent:
     index: int
     token_id: int
     finish_reason: str | None  # set on the request's last token
+    logprobs: TokenLogprobs | None = None  # when the request's SamplingParams.logprobs is set
 
 
 @dataclass(frozen=True)
@@ -228,18 +229,24 @@ class LLMEngine:
         for c in plan.chunks:
             c.seq.num_cached = c.stop
         sampled = [c.seq for c in plan.chunks if c.completes]
-        tokens = (
-            sample(logits, [s.params for s in sampled], [s.generator for s in sampled]) if sampled else []
+        if not sampled:
+            return []
+        out = sample(
+            logits,
+            [s.params for s in sampled],
+            [s.output_ids for s in sampled],
+            [s.prompt_ids for s in sampled],
+            eos_token_id=self.eos_token_id,
         )
         now = time.perf_counter()
         events = []
-        for seq, token in zip(sampled, tokens, strict=True):
+        for seq, token, logprobs in zip(sampled, out.token_ids, out.logprobs, strict=True):
             seq.output_ids.append(token)
             if seq.t_first_token is None:
                 seq.t_first_token = now
             seq.t_last_token = now
             reason = self._finish_reason(seq, token)
-            events.append(TokenEvent(self._index[seq.seq_id], token, reason))
+            events.append(TokenEvent(self._index[seq.seq_id], token, reason, logprobs=logprobs))
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 del self._index[seq.seq_id]

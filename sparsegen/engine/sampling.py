@@ -1,73 +1,351 @@
-"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded."""
+"""Sampling parameters (vLLM's names and meanings) and a sampler vectorised over the batch.
+
+`sample()` turns one step's logits into one token per row:
+
+1. raw log-probabilities (`log_softmax` of the model's logits) for rows that ask for `logprobs`;
+2. `min_tokens`: EOS and the stop tokens are masked until a row has that many new tokens;
+3. penalties: repetition (prompt and output tokens, CTRL style), presence and frequency (output
+   tokens only);
+4. greedy rows take the argmax; the others divide by their temperature, apply `min_p`, `top_k`
+   and `top_p`, and draw with the exponential-race trick: `argmax(probs / q)`, `q ~ Exp(1)`.
+
+Every step is a batched tensor operation; Python loops only build index lists. A row with a
+`seed` draws its noise from a counter-based hash of (seed, number of tokens it has generated,
+token id), so its tokens depend on nothing else in the batch and come out the same after a
+preemption recomputes it. Rows without a seed get fresh seeds from torch's global generator.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import InputError
 
+MAX_LOGPROBS = 20  # most top-k log-probabilities a request may ask for per step
+SEED_LIMIT = 2**64  # seeds are 0..2**64-1, as torch.Generator.manual_seed takes them
 
-@dataclass(frozen=True)
+
+def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
+    ok = (
+        isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+    )
+    if not ok:
+        span = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise InputError(f"SamplingParams.{name} must be an int {span}, got {value!r}")
+
+
+def _check_float(name: str, value, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > lo if lo_open else value >= lo) and value <= hi
+    if not ok:
+        span = f"{'(' if lo_open else '['}{lo}, {hi}]"
+        raise InputError(f"SamplingParams.{name} must be a finite number in {span}, got {value!r}")
+
+
+def _as_tuple(name: str, value, item_type: type) -> tuple:
+    if value is None:
+        return ()
+    if item_type is str and isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"SamplingParams.{name} must be a list of {item_type.__name__}, got {value!r}")
+    for item in value:
+        if not isinstance(item, item_type) or isinstance(item, bool):
+            raise InputError(f"SamplingParams.{name} items must be {item_type.__name__}, got {item!r}")
+    return tuple(value)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """`temperature=0` is greedy. `top_k=0` and `top_p=1` switch those filters off.
+    """How to pick each new token and when to stop, with vLLM's field names and meanings.
 
-    `seed` gives the request its own random stream, so its tokens do not depend on what else
-    is in the batch. Generation stops at the model's EOS (unless `ignore_eos`), at any of
-    `stop_token_ids`, or after `max_tokens` new tokens.
+    - `n`: completions per prompt (their seeds are `seed + i` when `seed` is given).
+    - `max_tokens` / `min_tokens`: at most / at least this many new tokens (EOS and the stop
+      tokens are masked until `min_tokens` is reached).
+    - `temperature`: 0 is greedy. Unlike vLLM (1.0), the default here is greedy.
+    - `top_p` (1 = off), `top_k` (0 or -1 = off), `min_p` (0 = off): filters applied after the
+      temperature.
+    - `repetition_penalty` (1 = off; > 1 discourages tokens seen in the prompt or output),
+      `presence_penalty` and `frequency_penalty` (0 = off; in [-2, 2], on output tokens).
+    - `stop`: strings matched on the decoded text, across token boundaries; the text ends before
+      the stop string. (`LLM` and the server do the matching, not the token-level engine.)
+    - `stop_token_ids`: token ids that end generation (kept in `token_ids`, not in the text).
+    - `ignore_eos`: keep going past EOS.
+    - `logprobs`: `None`, or how many top log-probabilities to return per step (0 returns only
+      the sampled token's); computed from the model's raw logits, before any penalty.
+    - `seed`: a per-request random stream, reproducible whatever else is in the batch.
     """
 
-    max_tokens: int = 64
+    n: int = 1
+    max_tokens: int = 16
+    min_tokens: int = 0
     temperature: float = 0.0
-    top_k: int = 0
     top_p: float = 1.0
-    seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InputError(f"SamplingParams.max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise InputError(f"SamplingParams.temperature must be >= 0, got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InputError(f"SamplingParams.top_k must be an int >= 0, got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise InputError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _check_int("n", self.n, 1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_int("min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            raise InputError(
+                f"SamplingParams.min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
+            )
+        _check_float("temperature", self.temperature, 0.0, math.inf)
+        _check_float("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise InputError(f"SamplingParams.top_k must be an int >= -1 (0 or -1 = off), got {self.top_k!r}")
+        _check_float("min_p", self.min_p, 0.0, 1.0)
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, 1e6, lo_open=True)
+        _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        stop = _as_tuple("stop", self.stop, str)
+        if any(s == "" for s in stop):
+            raise InputError("SamplingParams.stop strings must not be empty")
+        object.__setattr__(self, "stop", stop)
+        stop_ids = _as_tuple("stop_token_ids", self.stop_token_ids, int)
+        if any(t < 0 for t in stop_ids):
+            raise InputError(f"SamplingParams.stop_token_ids must be ids >= 0, got {list(stop_ids)!r}")
+        object.__setattr__(self, "stop_token_ids", stop_ids)
+        if not isinstance(self.ignore_eos, bool):
+            raise InputError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.seed is not None:
+            if (
+                isinstance(self.seed, bool)
+                or not isinstance(self.seed, int)
+                or not 0 <= self.seed < SEED_LIMIT
+            ):
+                raise InputError(
+                    f"SamplingParams.seed must be None or an int in 0..2**64-1, got {self.seed!r}"
+                )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def top_k_enabled(self) -> bool:
+        return self.top_k > 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities of one step: the sampled token's, and the `k` most likely (best first)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]  # one per row; None where the row did not ask
+
+
+# -- filters --------------------------------------------------------------------------------------
+def apply_top_k_top_p(
+    logits: torch.Tensor,  # [B, V] float32, already divided by the temperature
+    top_k: torch.Tensor | None,  # [B] int64, V where off
+    top_p: torch.Tensor | None,  # [B] float32, 1 where off
+) -> torch.Tensor:
+    """Filtered entries become -inf. Top-k keeps ties of the k-th value; top-p keeps the smallest
+    prefix (by descending probability) whose mass reaches p, so at least one token survives."""
+    if top_k is None and top_p is None:
+        return logits
+    values, order = logits.sort(dim=-1, descending=True)  # [B, V]
+    if top_k is not None:
+        kth = values.gather(1, (top_k.clamp(1, logits.shape[-1]) - 1)[:, None])  # [B, 1]
+        values = values.masked_fill(values < kth, float("-inf"))
+    if top_p is not None:
+        probs = values.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
+        values = values.masked_fill(before >= top_p[:, None], float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, values)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """logits: [B, V]; min_p: [B]. Drops tokens less likely than min_p times the most likely."""
+    probs = logits.softmax(dim=-1)
+    keep = probs >= min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(~keep, float("-inf"))
+
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """logits: [V] float32 (already divided by the temperature); filtered entries become -inf."""
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly ahead of each token
-        drop_sorted = before >= top_p  # the smallest prefix reaching top_p is kept (at least one)
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+    """One row (or a batch) with one top-k / top-p setting; see `apply_top_k_top_p`."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    b, v = rows.shape
+    k = torch.full((b,), top_k if top_k > 0 else v, dtype=torch.long, device=rows.device)
+    p = torch.full((b,), float(top_p), dtype=rows.dtype, device=rows.device)
+    out = apply_top_k_top_p(rows, k if top_k > 0 else None, p if top_p < 1.0 else None)
+    return out.reshape(logits.shape)
 
 
+def apply_penalties(
+    logits: torch.Tensor,  # [B, V] float32
+    prompt_ids: Sequence[Sequence[int]],
+    output_ids: Sequence[Sequence[int]],
+    repetition: torch.Tensor,  # [B]
+    presence: torch.Tensor,  # [B]
+    frequency: torch.Tensor,  # [B]
+) -> torch.Tensor:
+    b, v = logits.shape
+    dev = logits.device
+
+    def counts(lists: Sequence[Sequence[int]]) -> torch.Tensor:  # [B, V] float32 occurrences
+        width = max((len(x) for x in lists), default=0)
+        ids = torch.full((b, max(width, 1)), v, dtype=torch.long)  # v: a padding column, dropped
+        for row, x in enumerate(lists):
+            ids[row, : len(x)] = torch.as_tensor(list(x), dtype=torch.long)
+        out = torch.zeros(b, v + 1, device=dev)
+        return out.scatter_add_(1, ids.to(dev), torch.ones(ids.shape, device=dev))[:, :v]
+
+    out_counts = counts(output_ids)
+    seen = (out_counts > 0) | (counts(prompt_ids) > 0)  # [B, V]
+    rep = repetition[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    return logits - frequency[:, None] * out_counts - presence[:, None] * (out_counts > 0).float()
+
+
+# -- noise ----------------------------------------------------------------------------------------
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors holding values in [0, 2**32): products stay < 2**63."""
+    x = x ^ (x >> 16)
+    x = (x * 0x045D9F3B) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x045D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
+def seeded_exponentials(seeds: Sequence[int], steps: Sequence[int], vocab: int, device) -> torch.Tensor:
+    """[B, vocab] float32 Exp(1) noise, a pure function of (seed, step, column) per row."""
+    s = [seed % SEED_LIMIT for seed in seeds]
+    lo = torch.tensor([x & _M32 for x in s], dtype=torch.long, device=device)[:, None]
+    hi = torch.tensor([x >> 32 for x in s], dtype=torch.long, device=device)[:, None]
+    step = torch.tensor([t & _M32 for t in steps], dtype=torch.long, device=device)[:, None]
+    k1 = _mix32(lo ^ 0x243F6A88)
+    k2 = _mix32(hi ^ k1 ^ 0x85A308D3)
+    k3 = _mix32(step ^ k2 ^ 0x13198A2E)  # [B, 1] one key per (seed, step)
+    col = (torch.arange(vocab, dtype=torch.long, device=device)[None, :] * 0x9E3779B1) & _M32
+    h = _mix32((_mix32(col ^ k3) + k1) & _M32)  # [B, V] in [0, 2**32)
+    u = ((h >> 8).double() + 0.5) * 2.0**-24  # uniform in (0, 1), never 0 or 1
+    return (-torch.log(u)).float()
+
+
+# -- the sampler ---------------------------------------------------------------------------------
 def sample(
     logits: torch.Tensor,  # [B, V] float32
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-) -> list[int]:
-    """One token per row."""
-    tokens = logits.argmax(dim=-1).tolist()
-    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-        if p.greedy:
-            continue
-        filtered = filter_logits(logits[row] / p.temperature, p.top_k, p.top_p)
-        probs = torch.softmax(filtered, dim=-1)
-        tokens[row] = int(torch.multinomial(probs, 1, generator=gen))
-    return tokens
+    params: Sequence[SamplingParams],
+    output_ids: Sequence[Sequence[int]],  # each row's generated tokens so far
+    prompt_ids: Sequence[Sequence[int]] | None = None,  # needed only for repetition_penalty
+    *,
+    eos_token_id: int | None = None,
+) -> SamplerOutput:
+    """One token per row (see the module docstring for the order of the steps)."""
+    b, v = logits.shape
+    if len(params) != b or len(output_ids) != b:
+        raise InputError(
+            f"sample() got {b} rows of logits, {len(params)} params, {len(output_ids)} histories"
+        )
+    dev = logits.device
+    x = logits.float()
+    raw_logprobs = None
+    if any(p.logprobs is not None for p in params):
+        raw_logprobs = torch.log_softmax(x, dim=-1)  # [B, V]
+
+    # min_tokens: mask EOS and the stop tokens of rows that have not produced enough yet.
+    rows, cols = [], []
+    for r, (p, out) in enumerate(zip(params, output_ids, strict=True)):
+        if len(out) < p.min_tokens:
+            banned = set(p.stop_token_ids)
+            if eos_token_id is not None and not p.ignore_eos:
+                banned.add(eos_token_id)
+            banned = [t for t in banned if t < v]
+            rows += [r] * len(banned)
+            cols += banned
+    if rows:
+        x = x.index_put(
+            (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+            torch.tensor(-math.inf, device=dev),
+        )
+
+    pen = [r for r, p in enumerate(params) if p.has_penalties]
+    if pen:
+        if prompt_ids is None:
+            prompt_ids = [[] for _ in range(b)]
+
+        def col(name: str) -> torch.Tensor:
+            return torch.tensor([getattr(params[r], name) for r in pen], dtype=torch.float32, device=dev)
+
+        idx = torch.tensor(pen, device=dev)
+        x = x.clone() if x is logits else x
+        x[idx] = apply_penalties(
+            x[idx],
+            [prompt_ids[r] for r in pen],
+            [output_ids[r] for r in pen],
+            col("repetition_penalty"),
+            col("presence_penalty"),
+            col("frequency_penalty"),
+        )
+
+    tokens = x.argmax(dim=-1)  # [B] greedy choice, replaced below for sampled rows
+    hot = [r for r, p in enumerate(params) if not p.greedy]
+    if hot:
+        ps = [params[r] for r in hot]
+        idx = torch.tensor(hot, device=dev)
+        temp = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev)
+        y = x[idx] / temp[:, None]  # [b, V]
+        if any(p.min_p > 0 for p in ps):
+            y = apply_min_p(y, torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev))
+        top_k = top_p = None
+        if any(p.top_k_enabled for p in ps):
+            top_k = torch.tensor(
+                [p.top_k if p.top_k_enabled else v for p in ps], dtype=torch.long, device=dev
+            )
+        if any(p.top_p < 1.0 for p in ps):
+            top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev)
+        y = apply_top_k_top_p(y, top_k, top_p)
+        probs = y.softmax(dim=-1)  # [b, V]
+        fresh = torch.randint(0, 2**62, (len(ps),)).tolist()  # global RNG, for rows without a seed
+        seeds = [p.seed if p.seed is not None else f for p, f in zip(ps, fresh, strict=True)]
+        steps = [len(output_ids[r]) for r in hot]
+        q = seeded_exponentials(seeds, steps, v, dev)  # [b, V]
+        tokens = tokens.index_copy(0, idx, (probs / q).argmax(dim=-1))
+    token_ids = tokens.tolist()
+
+    logprobs: list[TokenLogprobs | None] = [None] * b
+    if raw_logprobs is not None:
+        want = [r for r, p in enumerate(params) if p.logprobs is not None]
+        k = max(params[r].logprobs for r in want)
+        idx = torch.tensor(want, device=dev)
+        chosen = raw_logprobs[idx].gather(1, tokens[idx][:, None])[:, 0].tolist()
+        top_v, top_i = raw_logprobs[idx].topk(k, dim=-1) if k else (None, None)
+        top_v = top_v.tolist() if k else None
+        top_i = top_i.tolist() if k else None
+        for j, r in enumerate(want):
+            kr = params[r].logprobs
+            top = tuple(zip(top_i[j][:kr], top_v[j][:kr], strict=True)) if kr else ()
+            logprobs[r] = TokenLogprobs(token_ids[r], chosen[j], top)
+    return SamplerOutput(token_ids, logprobs)

@@ -20,8 +20,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from ..errors import InputError
 from .kv_cache import CacheOutOfMemory, KVCache, pages_for
 from .sampling import SamplingParams
@@ -36,7 +34,6 @@ class Sequence:
     pages: list[int] = field(default_factory=list)
     num_cached: int = 0  # tokens whose K/V are in the cache
     finish_reason: str | None = None  # "eos" | "stop" | "length"
-    generator: torch.Generator | None = None
     t_submit: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None
     t_last_token: float | None = None
@@ -101,8 +98,6 @@ class Scheduler:
                 "give the cache more memory or ask for fewer tokens"
             )
         seq = Sequence(next(self._ids), list(prompt_ids), params)
-        if params.seed is not None:
-            seq.generator = torch.Generator(device=self.cache.k[0].device).manual_seed(params.seed)
         self.waiting.append(seq)
         return seq
 

@@ -115,7 +115,9 @@ def compile_cubin(source: str, arch: str, *, name: str = "sparsegen") -> tuple[b
     except Exception as exc:  # noqa: BLE001 - NVRTC errors come as several exception types
         raise CompileError(f"NVRTC failed to compile {name} for {arch}: {exc}\n{log.text}") from None
     if "warning" in log.text.lower():  # warnings are errors: a rendered kernel must compile cleanly
-        raise CompileError(f"NVRTC warned while compiling {name} for {arch} (warnings are errors):\n{log.text}")
+        raise CompileError(
+            f"NVRTC warned while compiling {name} for {arch} (warnings are errors):\n{log.text}"
+        )
     return bytes(obj.code), log.text
 
 

@@ -147,6 +147,10 @@ class Family:
         """The entry's files besides the source (compiled artefacts)."""
         raise NotImplementedError
 
+    def required(self, request: KernelRequest) -> tuple[str, ...]:
+        """The files `load` needs (the cache rebuilds an entry lacking any of them)."""
+        return (self.source_file,)
+
     def load(self, request: KernelRequest, files: dict[str, Path], key: str, path: Path, module_name: str):
         raise NotImplementedError
 
@@ -223,7 +227,9 @@ def lookup(request: KernelRequest) -> Lookup:
     def load(files: dict[str, Path]):
         return fam.load(request, files, key.key, files[fam.source_file].parent, module_name)
 
-    found = cache.load_or_build(key, build, load, label=f"{name} for {request.arch}")
+    found = cache.load_or_build(
+        key, build, load, required=fam.required(request), label=f"{name} for {request.arch}"
+    )
     _BY_REQUEST[request] = found.value
     status = "cached" if found.status == "memory" else found.status
     return Lookup(found.value, status, time.perf_counter() - start)

@@ -172,6 +172,9 @@ class CudaDecode(Family):
         cubin, _log = nb.compile_cubin(source, request.arch, name=f"{self.name(request)}.cu")
         return {"kernel.cubin": cubin}
 
+    def required(self, request: KernelRequest) -> tuple[str, ...]:
+        return (SOURCE_FILE, "kernel.cubin")
+
     def load(self, request, files, key: str, path, module_name: str) -> DecodeKernel:
         try:
             source = files[SOURCE_FILE].read_text()

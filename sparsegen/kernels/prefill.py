@@ -133,6 +133,11 @@ class TritonPrefill(Family):
             arch=request.arch, options=options, module_name=module_name, source_file=tpl.SOURCE_FILE,
         )  # fmt: skip
 
+    def required(self, request: KernelRequest) -> tuple[str, ...]:
+        if request.arch == INTERPRETER_ARCH:
+            return (tpl.SOURCE_FILE,)
+        return (tpl.SOURCE_FILE, f"{tpl.KERNEL_FN}.cubin", f"{tpl.KERNEL_FN}.json")
+
     def load(self, request, files: dict[str, Path], key: str, path: Path, module_name: str) -> PrefillKernel:
         source = files[tpl.SOURCE_FILE].read_text()
         if request.arch == INTERPRETER_ARCH:
