@@ -106,3 +106,17 @@ def test_equal_spec_objects_share_one_kernel(fresh_cache):
         LayerSpec.from_json(TINY.to_json()), "prefill", dtype="fp16", arch=INTERPRETER_ARCH
     )
     assert a is b
+
+
+def test_names_of_many_head_groups_stay_short():
+    """Found by the interpreter fuzz: a layer of many head groups overflowed the cache's 200-character names."""
+    kinds = [dict(local_blocks=11), dict(sliding_window=1001), dict(local_blocks=12, vert_stride=13, vert_offset=1),
+             dict(local_blocks=14, sliding_window=1002), dict(vert_stride=15, vert_offset=2, sliding_window=1003),
+             dict(local_blocks=16, vert_stride=17, vert_offset=3, sliding_window=1004)]  # fmt: skip
+    heads = tuple(HeadSpec(block_size=16 << (h // 6 % 3), **kinds[h % 6]) for h in range(16))
+    layer = LayerSpec(16, 2, 64, heads)
+    name = prefill_template.kernel_name(layer, "fp16")
+    assert len(name) <= 200 and name.endswith("more"), name
+    assert len(decode_template.kernel_name(layer, "fp16", 16)) <= 200
+    assert "more" not in prefill_template.kernel_name(TINY, "fp16")
+    assert sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch=INTERPRETER_ARCH).name == name
