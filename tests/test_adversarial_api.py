@@ -94,7 +94,8 @@ def test_meta_tensors_are_refused(which):
 
 
 @pytest.mark.parametrize(
-    "arch", [90, 90.0, "sm_90aa", "", "sm_", "sm_70", "hopper", "SM_90", b"sm_90", "sm_9O"]
+    "arch",
+    [90, 90.0, "sm_90aa", "", "sm_", "sm_70", "hopper", "SM_90", b"sm_90", "sm_9O", ["sm_90"]],
 )
 @pytest.mark.parametrize("kind", ["prefill", "decode"])
 def test_bad_arch_is_a_typed_error(arch, kind):
@@ -160,7 +161,7 @@ def test_fp32_compiled_kernel_is_refused():
         sparsegen.get_kernel(LAYER, "prefill", dtype=torch.float32, arch="sm_90")
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.int8, "half", None, 16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int8, "half", None, 16, ["bf16"], {"fp16": 1}])
 def test_bad_kernel_dtypes(dtype):
     for kind in ("prefill", "decode"):
         with pytest.raises(InputError, match="dtype"):
@@ -182,3 +183,8 @@ def test_unchecked_values_never_reach_a_template(constant):
 
     with pytest.raises(sparsegen.CompileError, match="template constant"):
         codegen.render("prefill_triton.py.jinja", evil=constant)
+
+
+def test_interpreter_pseudo_arch_is_prefill_only():
+    with pytest.raises(ArchError, match="interpreter"):
+        sparsegen.get_kernel(LAYER, "decode", dtype=torch.float16, arch="interpreter")

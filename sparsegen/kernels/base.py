@@ -239,13 +239,17 @@ def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, wit
     """`sparsegen.get_kernel`: the memoised getter. A repeat with the same layer object is one
     dict lookup on raw arguments (identity-checked); anything else builds a checked request."""
     fast = (id(layer), kind, dtype, arch, page_size, variant, arch is None and env.interpreting())
-    hit = _BY_ID.get(fast)
+    try:
+        hit = _BY_ID.get(fast)
+    except TypeError:  # an unhashable argument (a list...): KernelRequest.make names it
+        fast, hit = None, None
     if hit is not None and hit[0] is layer:
         return Lookup(hit[1], "memory", 0.0) if with_status else hit[1]
     found = lookup(
         KernelRequest.make(kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant)
     )
-    _BY_ID[fast] = (layer, found.kernel)
+    if fast is not None:
+        _BY_ID[fast] = (layer, found.kernel)
     return found if with_status else found.kernel
 
 
