@@ -12,6 +12,9 @@ from .errors import (
     ImplUnavailableError,
     InputError,
     JitDisabledError,
+    MemoryLimitError,
+    RequestError,
+    ServerOverloaded,
     SparsegenError,
     SpecError,
     TokenizerError,
@@ -35,8 +38,13 @@ __all__ = [
     "ImplUnavailableError",
     "InputError",
     "JitDisabledError",
+    "LLM",
     "LayerSpec",
+    "MemoryLimitError",
     "ModelSpec",
+    "RequestError",
+    "SamplingParams",
+    "ServerOverloaded",
     "SparsegenError",
     "SpecError",
     "TokenizerError",
@@ -49,3 +57,16 @@ __all__ = [
     "reference",
     "visible_mask",
 ]
+
+
+def __getattr__(name: str):
+    # The serving API loads the model code and jinja2's sandbox: only when first asked for.
+    if name == "LLM":
+        from .llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from .engine.sampling import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'sparsegen' has no attribute {name!r}")

@@ -21,6 +21,7 @@ COMMANDS = {
     "fuzz": "Fuzz the generated kernels against the reference.",
     "generate": "Generate text with Phi-3-Small through sparsegen's kernels.",
     "bench": "Benchmark kernels against dense SDPA, FlexAttention and the ceilings.",
+    "serve": "Serve the OpenAI API over HTTP (needs the [serve] extra).",
 }
 
 

@@ -51,3 +51,21 @@ class CacheOutOfMemory(SparsegenError, RuntimeError):
 
 class EngineError(SparsegenError, RuntimeError):
     """The engine was asked for something its current state forbids (e.g. warmup while busy)."""
+
+
+class MemoryLimitError(SparsegenError, RuntimeError):
+    """What was asked (model weights, KV cache) would not fit in the memory the device has;
+    raised from an estimate before anything is allocated. The message gives the numbers."""
+
+
+class RequestError(InputError):
+    """A request the HTTP server refuses: `status` is the HTTP code (400 unless said), `param`
+    names the field, `code` is OpenAI's error code (or None)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.code, self.status = param, code, status
+
+
+class ServerOverloaded(SparsegenError, RuntimeError):
+    """The server's queue is full, or it is shutting down; the client should retry later (HTTP 503)."""

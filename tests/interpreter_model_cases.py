@@ -92,3 +92,27 @@ def test_fused_rotary_declines_other_layouts():
 
     assert not fused.supports_rotary(torch.zeros(2, 1, 3, 96))  # head_dim not a power of two
     assert not fused.supports_rotary(torch.zeros(2, 1, 3, 64)[:, :, :, :32])  # not contiguous
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [256, 300])  # a power of two, and one with a masked tail
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_fused_add_layer_norm_matches_plain(dtype, n, with_residual):
+    from sparsegen.models import fused
+
+    gen = torch.Generator().manual_seed(n)
+    x = (3 * torch.randn(5, n, generator=gen) + 1).to(dtype)
+    res = (2 * torch.randn(5, n, generator=gen)).to(dtype) if with_residual else None
+    norm = torch.nn.LayerNorm(n, eps=1e-5, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.1, generator=gen)
+        norm.bias.normal_(0.0, 0.1, generator=gen)
+    y, r = fused.add_layer_norm(x, res, norm.weight, norm.bias, norm.eps)
+    want_r = x + res if with_residual else x  # the plain add, rounded to dtype
+    want_y = torch.nn.functional.layer_norm(
+        want_r.float(), (n,), norm.weight.float(), norm.bias.float(), 1e-5
+    )
+    assert y.dtype == dtype and r.dtype == dtype and not y.isnan().any()
+    assert torch.equal(r, want_r)
+    tol = {"rtol": 2e-3, "atol": 2e-3} if dtype == torch.float16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(y, want_y.to(dtype), **tol)

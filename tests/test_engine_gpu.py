@@ -109,7 +109,7 @@ def test_cuda_graphs_equal_eager_decode():
     def checked(plan):
         out = forward(plan)  # decode plans go through the graphs
         if plan.is_decode:
-            ids, batch = engine._decode_batch(plan.chunks)
+            ids, batch = engine.runner.prepare_decode(plan.chunks)
             with torch.inference_mode():
                 eager = model(ids, batch, engine.cache.layers)  # rewrites the same cache slots
             errors.append(rel_err(out[:, _keep(cfg)], eager[:, _keep(cfg)]))

@@ -86,7 +86,7 @@ def test_graph_bookkeeping_on_cpu_matches_eager():
         return graph, graph.out
 
     graphs._capture = capture
-    engine.graphs = graphs
+    engine.runner.graphs = graphs
     graphed = [r.output_ids for r in engine.generate(prompts, params)]
     assert graphed == eager
     assert {b for b, _ in graphs.graphs} <= {1, 2, 4} and {w for _, w in graphs.graphs} == {64}

@@ -19,19 +19,26 @@ from ..errors import SparsegenError
 DTYPES = {d.name: d.torch_name for d in dtypes.TABLE}  # bf16 -> bfloat16, ...
 
 
-def parse_prompt_ids(text: str, vocab_size: int) -> list[int]:
+def _chat_wrapper(model_dir):
+    from ..serve.chat import ChatTemplate
+
+    template = ChatTemplate.from_folder(model_dir)
+    return lambda text: template.render([{"role": "user", "content": text}])
+
+
+def parse_prompt_ids(text: str, vocab_size: int, hint: str = "'--prompt-ids'") -> list[int]:
     try:
         ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
     except ValueError:
         raise click.BadParameter(
-            f"{text!r} is not a comma-separated list of token ids", param_hint="'--prompt-ids'"
+            f"{text!r} is not a comma-separated list of token ids", param_hint=hint
         ) from None
     if not ids:
-        raise click.BadParameter("an empty list of token ids", param_hint="'--prompt-ids'")
+        raise click.BadParameter("an empty list of token ids", param_hint=hint)
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
         raise click.BadParameter(
-            f"token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}", param_hint="'--prompt-ids'"
+            f"token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}", param_hint=hint
         )
     return ids
 
@@ -82,7 +89,7 @@ def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
     return model, tokenizer
 
 
-def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) -> list[list[int]]:
+def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wrap=None) -> list[list[int]]:
     texts = list(prompt)
     file_texts = []
     if prompts_file is not None:
@@ -96,6 +103,8 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) ->
         raise click.UsageError(
             "this checkpoint has no .tiktoken file: pass --prompt-ids, or --tokenizer FILE"
         )
+    if wrap is not None:  # --chat: each text becomes a user turn of the chat template
+        texts, file_texts = [wrap(t) for t in texts], [wrap(t) for t in file_texts]
     prompts = [tokenizer.encode(t) for t in texts]
     prompts += [parse_prompt_ids(p, vocab_size) for p in prompt_ids]
     prompts += [tokenizer.encode(t) for t in file_texts]
@@ -158,10 +167,13 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size) ->
 @click.option(
     "--no-warmup", is_flag=True, help="Skip the warm-up request (timings then include kernel builds)."
 )
+@click.option("--chat", is_flag=True, help="Send each text prompt as a user turn of the chat template.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
+@click.option("--stop-token-ids", default=None, help="Comma-separated token ids that end generation.")
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup,
+    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids,
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
@@ -175,7 +187,7 @@ def command(
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup,
+    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids,
 ):  # fmt: skip
     import torch
 
@@ -185,10 +197,24 @@ def _generate(
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
     model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
     vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
+    if chat and prompt_ids:
+        raise click.UsageError("--chat takes text prompts (--prompt, --prompts-file), not --prompt-ids")
+    turn = _chat_wrapper(model_dir) if chat else None
     prompts = _collect_prompts(
-        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size)
+        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size), turn
     )
+    stop_ids = parse_prompt_ids(stop_token_ids, vocab, "'--stop-token-ids'") if stop_token_ids else []
+    if (chat or model_dir is not None) and not ignore_eos:  # generation_config's turn-end tokens
+        from ..llm import turn_end_ids
+
+        stop_ids += turn_end_ids(
+            model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else model.config.eos_token_id, vocab
+        )[1:]
+    if stop and tokenizer is None:
+        raise click.UsageError("--stop needs a tokenizer (this checkpoint has no .tiktoken file)")
     params = SamplingParams(
+        stop=tuple(stop),
+        stop_token_ids=tuple(dict.fromkeys(stop_ids)),
         max_tokens=max_tokens,
         temperature=temperature,
         top_k=top_k,
@@ -210,9 +236,21 @@ def _generate(
     live = stream and not as_json and len(prompts) == 1 and tokenizer is not None
     decode_piece = tokenizer.stream_decoder() if live else None
     eos = engine.eos_token_id
+    watch = None
+    if stop:
+        from ..serve.outputs import StopStrings
+
+        watch = StopStrings(
+            engine, tokenizer, [params] * len(prompts), frozenset({eos, *params.stop_token_ids})
+        )
 
     def on_token(event):
-        if (
+        if watch is not None:  # stop strings: the text each token adds, held back near a stop string
+            piece = watch(event)
+            if live:
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+        elif (
             live
             and event.finish_reason not in ("eos", "stop")
             and not (event.token_id == eos and not ignore_eos)
@@ -222,6 +260,8 @@ def _generate(
 
     start = time.perf_counter()
     results = engine.generate(prompts, params, on_token=on_token)
+    if watch is not None:
+        results = watch.apply(results)
     wall = time.perf_counter() - start
     if as_json:
         for res in results:

@@ -15,6 +15,8 @@ import torch
 
 from ..errors import CacheOutOfMemory
 
+__all__ = ["CacheOutOfMemory", "KVCache", "PageAllocator", "pages_for"]
+
 
 def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)

@@ -11,95 +11,74 @@ Each step is either a prefill step or a decode step:
 A decode that needs a new page when none is free preempts the most recently admitted other
 sequence (its pages are freed and it is recomputed later). A request that cannot fit in the
 whole cache is refused when it is added, so the loop never waits for pages that cannot come.
+
+After the forward pass and sampling, `postprocess(plan, tokens, now)` books the step: cached
+lengths, new tokens, timings, finish reasons, and the pages of finished sequences.
 """
 
 from __future__ import annotations
 
-import itertools
-import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from ..errors import InputError
 from .kv_cache import CacheOutOfMemory, KVCache, pages_for
-from .sampling import SamplingParams
+from .sequence import Chunk, Plan, Sequence
 
-
-@dataclass(eq=False)
-class Sequence:
-    seq_id: int
-    prompt_ids: list[int]
-    params: SamplingParams
-    output_ids: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
-    num_cached: int = 0  # tokens whose K/V are in the cache
-    finish_reason: str | None = None  # "eos" | "stop" | "length"
-    t_submit: float = field(default_factory=time.perf_counter)
-    t_first_token: float | None = None
-    t_last_token: float | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def num_pending(self) -> int:
-        return len(self) - self.num_cached
-
-
-@dataclass(frozen=True)
-class Chunk:
-    seq: Sequence
-    start: int  # first position of the chunk (= tokens already cached)
-    stop: int  # one past its last position
-
-    @property
-    def completes(self) -> bool:
-        """The chunk reaches the end of the sequence, so its last row is sampled."""
-        return self.stop == len(self.seq)
-
-
-@dataclass(frozen=True)
-class Plan:
-    is_decode: bool
-    chunks: tuple[Chunk, ...]  # decode: one single-token chunk per sequence
+__all__ = ["Chunk", "Plan", "Scheduler", "Sequence"]
 
 
 class Scheduler:
-    def __init__(self, cache: KVCache, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+    def __init__(
+        self,
+        cache: KVCache,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_id: int | None = None,
+    ):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise InputError(
                 f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens ({max_num_batched_tokens}) must be >= 1"
             )
         self.cache = cache
+        self.eos_token_id = eos_token_id
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._ids = itertools.count()
 
-    def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        if not prompt_ids:
-            raise InputError("a prompt needs at least one token")
-        if len(prompt_ids) >= self.max_model_len:
+    def check(self, prompt_len: int, max_tokens: int, where: str = "prompt") -> None:
+        """Raise if a request of this size could never run (too long, or the whole cache is too small)."""
+        if prompt_len >= self.max_model_len:
             raise InputError(
-                f"prompt has {len(prompt_ids)} tokens; the model takes at most {self.max_model_len - 1}"
+                f"{where} has {prompt_len} tokens; the model takes at most {self.max_model_len - 1}"
             )
-        most = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
+        most = min(prompt_len + max_tokens, self.max_model_len)
         need = pages_for(most, self.cache.page_size)
         if need > self.cache.allocator.capacity:
             raise CacheOutOfMemory(
-                f"a request of {len(prompt_ids)} prompt tokens + {params.max_tokens} new tokens needs {need} KV "
+                f"{where}: a request of {prompt_len} prompt tokens + {max_tokens} new tokens needs {need} KV "
                 f"pages of {self.cache.page_size} tokens, but the cache has {self.cache.allocator.capacity}; "
                 "give the cache more memory or ask for fewer tokens"
             )
-        seq = Sequence(next(self._ids), list(prompt_ids), params)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence that `check` accepted."""
         self.waiting.append(seq)
-        return seq
+
+    def abort(self, seq: Sequence) -> bool:
+        """Drop `seq` wherever it is and free its pages; False if it had already finished."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        else:
+            return False
+        self.cache.allocator.free(seq.pages)
+        seq.pages, seq.finish_reason = [], "abort"
+        return True
 
     @property
     def idle(self) -> bool:
@@ -157,6 +136,35 @@ class Scheduler:
                 self._grow_for_decode(seq)
         chunks = [Chunk(s, len(s) - 1, len(s)) for s in self.running]
         return Plan(is_decode=True, chunks=tuple(chunks))
+
+    def finish_reason(self, seq: Sequence, token: int) -> str | None:
+        """Why `seq` ends with its newest `token`, or None if it goes on."""
+        p = seq.params
+        if token == self.eos_token_id and not p.ignore_eos:
+            return "eos"
+        if token in p.stop_token_ids:
+            return "stop"
+        if len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def postprocess(self, plan: Plan, tokens: list[int], now: float) -> list[str | None]:
+        """Book one step: every chunk's tokens are now in the cache; each sampled sequence
+        (`plan.sampled`, in order) gets its new token from `tokens` and its timings; those that
+        finish free their pages. Returns the finish reason (or None) per sampled sequence."""
+        for c in plan.chunks:
+            c.seq.num_cached = c.stop
+        reasons = []
+        for seq, token in zip(plan.sampled, tokens, strict=True):
+            seq.output_ids.append(token)
+            if seq.t_first_token is None:
+                seq.t_first_token = now
+            seq.t_last_token = now
+            reason = self.finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+            reasons.append(reason)
+        return reasons
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason

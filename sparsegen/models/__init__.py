@@ -3,6 +3,7 @@
 from .batch import ForwardBatch
 from .config import NAMED_SIZES, CheckpointError, LongRopeConfig, Phi3SmallConfig, named_config
 from .loader import checkpoint_weight_map, empty_model, load_checkpoint, random_model
+from .options import ModelOptions
 from .phi3small import Phi3SmallForCausalLM, gegelu, model_spec
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "CheckpointError",
     "ForwardBatch",
     "LongRopeConfig",
+    "ModelOptions",
     "Phi3SmallConfig",
     "Phi3SmallForCausalLM",
     "checkpoint_weight_map",

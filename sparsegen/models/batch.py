@@ -22,6 +22,8 @@ class ForwardBatch:
     # prefill
     cu_seqlens_q: torch.Tensor | None = None  # [B+1] int32, new tokens
     cu_seqlens_k: torch.Tensor | None = None  # [B+1] int32, cached prefix + new tokens
+    max_seqlen_q: int | None = None  # longest q_len / k_len of the batch, known on the host: the
+    max_seqlen_k: int | None = None  # prefill kernel then sizes its grid without reading cu_seqlens
     kv_gather: torch.Tensor | None = None  # [Tk] int64 flat cache slots of all keys; None: keys = new tokens
     # cache writes (prefill and decode); None: no cache
     slot_mapping: torch.Tensor | None = None  # [T] int64 flat slot (page * page_size + offset)
@@ -34,4 +36,12 @@ class ForwardBatch:
         """Prefill of whole sequences with no cache; logits for every position."""
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
         positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
-        return cls(is_decode=False, positions=positions, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        longest = max(lengths)
+        return cls(
+            is_decode=False,
+            positions=positions,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=longest,
+            max_seqlen_k=longest,
+        )

@@ -1,10 +1,10 @@
 """Fused elementwise steps of a Phi-3-Small block: the model's fast path on a GPU.
 
 A batch-1 decode step of the 7b model spent about a fifth of its GPU time in some 700 tiny
-kernels (docs/performance.md): rotary embedding with the KV-cache writes, and GeGeLU, each ran
-as a chain of PyTorch ops. Each function here does one such chain in one Triton kernel,
-computing in float32 and rounding once. The plain versions (`phi3small.gegelu`,
-`rope.Rotary.apply` plus `index_copy_`) remain the CPU path, the reference model's path and the
+kernels (docs/performance.md): rotary embedding with the KV-cache writes, GeGeLU, and each
+residual add with the LayerNorm after it (65 LayerNorms of 8 us) ran as chains of PyTorch ops. Each function here does one such chain in one Triton kernel,
+computing in float32 and rounding where the plain ops round. The plain versions
+(`phi3small.gegelu`, `phi3small.add_norm`, `rope.Rotary.apply` plus `index_copy_`) remain the CPU path, the reference model's path and the
 tests' oracle. Imported only on the GPU path: a @triton.jit kernel is bound to Triton's
 interpreter, or not, when it is defined.
 """
@@ -108,3 +108,50 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
         HKV=hkv, G=g, D=d, WRITE_CACHE=write,
     )  # fmt: skip
     return q, k, v
+
+
+@triton.jit
+def _add_layer_norm_kernel(
+    X, RES, W, B, Y, RES_OUT,
+    stride_x, stride_res, stride_y, stride_res_out, n, eps,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # One program per row. X, RES: [rows, n] -> RES_OUT = X + RES (rounded to its dtype, as a plain
+    # add rounds), Y = LayerNorm(RES_OUT) * W + B computed in float32 from the rounded sum.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(RES + row * stride_res + cols, mask=ok, other=0.0).to(tl.float32)
+        x = x.to(RES_OUT.dtype.element_ty)
+        tl.store(RES_OUT + row * stride_res_out + cols, x, mask=ok)
+        x = x.to(tl.float32)
+    mean = tl.sum(x, axis=0) / n
+    diff = tl.where(ok, x - mean, 0.0)
+    var = tl.sum(diff * diff, axis=0) / n
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, (diff * rstd * w + b).to(Y.dtype.element_ty), mask=ok)
+
+
+def add_layer_norm(x, residual, weight, bias, eps: float):
+    """x, residual: [T, N] (residual may be None) -> (LayerNorm(x + residual), x + residual), one
+    kernel. weight, bias: [N]. The sum is rounded to x's dtype before the norm, as `x + residual`
+    followed by `F.layer_norm` rounds."""
+    if x.dim() != 2 or x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
+        x = x.reshape(-1, x.shape[-1]).contiguous()
+        residual = residual.reshape(-1, x.shape[-1]).contiguous() if residual is not None else None
+    rows, n = x.shape
+    y = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    if rows:
+        block = triton.next_power_of_2(n)
+        warps = min(16, max(1, block // 256))
+        _add_layer_norm_kernel[(rows,)](
+            x, residual if residual is not None else x, weight, bias, y, res_out,
+            x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0), res_out.stride(0),
+            n, float(eps), HAS_RES=residual is not None, BLOCK=block, num_warps=warps,
+        )  # fmt: skip
+    return y, res_out

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from .config import CheckpointError, Phi3SmallConfig, named_config
+from .memory import check_model_fits
+from .options import ModelOptions
 from .phi3small import Phi3SmallForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -22,35 +24,18 @@ SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def empty_model(
-    config: Phi3SmallConfig,
-    *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    force_dense: bool = False,
-    attn_impl: str | None = None,
-    dummy_token_indices: tuple[int, ...] = (),
+    config: Phi3SmallConfig, options: ModelOptions | None = None, **fields
 ) -> Phi3SmallForCausalLM:
-    """A model with allocated, uninitialised weights on `device` (no init cost)."""
-    model = Phi3SmallForCausalLM(
-        config,
-        force_dense=force_dense,
-        attn_impl=attn_impl,
-        dummy_token_indices=dummy_token_indices,
-        device=device,
-        dtype=dtype,
-    )
-    return model.eval().requires_grad_(False)
+    """A model with allocated, uninitialised weights (no init cost), built as `options` (or the
+    ModelOptions fields given as keywords) say. The weights' size is checked against the device's
+    free memory first (`MemoryLimitError`)."""
+    options = ModelOptions.of(options, **fields)
+    check_model_fits(config, options.dtype, options.device)
+    return Phi3SmallForCausalLM(config, options).eval().requires_grad_(False)
 
 
 def random_model(
-    config: Phi3SmallConfig | str,
-    *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    seed: int = 0,
-    force_dense: bool = False,
-    attn_impl: str | None = None,
-    dummy_token_indices: tuple[int, ...] = (),
+    config: Phi3SmallConfig | str, options: ModelOptions | None = None, *, seed: int = 0, **fields
 ) -> Phi3SmallForCausalLM:
     """Random weights (never zeros) scaled so that activations stay O(1).
 
@@ -59,15 +44,8 @@ def random_model(
     """
     if isinstance(config, str):
         config = named_config(config)
-    model = empty_model(
-        config,
-        device=device,
-        dtype=dtype,
-        force_dense=force_dense,
-        attn_impl=attn_impl,
-        dummy_token_indices=dummy_token_indices,
-    )
-    gen = torch.Generator(device=device).manual_seed(seed)
+    model = empty_model(config, options, **fields)
+    gen = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("layernorm.weight"):
@@ -131,28 +109,20 @@ def checkpoint_weight_map(folder: str | Path) -> dict[str, Path]:
 
 
 def load_checkpoint(
-    folder: str | Path,
-    *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    force_dense: bool = False,
-    attn_impl: str | None = None,
-    dummy_token_indices: tuple[int, ...] = (),
+    folder: str | Path, options: ModelOptions | None = None, **fields
 ) -> Phi3SmallForCausalLM:
+    """The checkpoint's model, built as `options` (or its fields as keywords) say; the dtype
+    defaults to bfloat16 here."""
+    if options is None:
+        fields.setdefault("dtype", torch.bfloat16)
+    options = ModelOptions.of(options, **fields)
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
     config_path = folder / "config.json"
     config = Phi3SmallConfig.from_file(config_path)
     weight_map = checkpoint_weight_map(folder)
-    model = empty_model(
-        config,
-        device=device,
-        dtype=dtype,
-        force_dense=force_dense,
-        attn_impl=attn_impl,
-        dummy_token_indices=dummy_token_indices,
-    )
+    model = empty_model(config, options)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     by_file: dict[Path, list[str]] = {}

@@ -12,19 +12,16 @@ import torch
 from torch import nn
 
 from .. import ops
-from ..errors import InputError
 from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
+from .options import ATTN_IMPLS, ModelOptions
 from .rope import Rotary
 
-KVCacheLayer = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_pages, page_size, Hkv, D]
+__all__ = ["ATTN_IMPLS", "KVCacheLayer", "Phi3SmallForCausalLM", "gegelu", "model_spec"]
 
-# attn_impl -> (prefill impl, decode impl) passed to sparsegen.prefill / sparsegen.paged_decode.
-# None picks per device (kernels on a GPU, the reference on a CPU); "triton" forces the generated
-# prefill kernel (also under TRITON_INTERPRET=1 on a CPU) and lets decode pick per device.
-ATTN_IMPLS = {None: (None, None), "reference": ("reference", "reference"), "triton": ("triton", None)}
+KVCacheLayer = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_pages, page_size, Hkv, D]
 
 
 def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
@@ -42,12 +39,6 @@ def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
         for layer in spec.layers
     )
     return ModelSpec(name="phi3small-dense", layers=dense)
-
-
-def _fused(x: torch.Tensor, impl: tuple) -> bool:
-    """The fused elementwise kernels run on a GPU, except in the reference model (attn_impl
-    "reference"), which stays plain PyTorch throughout so that it can serve as the oracle."""
-    return x.is_cuda and impl[0] != "reference"
 
 
 def fused_ops():
@@ -83,10 +74,24 @@ class Embedding(_NoInit, nn.Embedding):
     pass
 
 
+def add_norm(
+    norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual); with no residual yet, (norm(x), x). x, residual: [T, hidden].
+    fused: one Triton kernel (GPU) instead of an add and a LayerNorm, same rounding points."""
+    if fused and x.is_cuda:
+        return fused_ops().add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
+    if residual is not None:
+        x = x + residual
+    return norm(x), x
+
+
 class Attention(nn.Module):
-    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, fk: dict):
+    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
         super().__init__()
         self.layer = layer
+        self.prefill_impl, self.decode_impl = options.attn_impls  # for sparsegen.prefill / paged_decode
+        self.fused = options.attn_impl != "reference"  # the fused rotary kernel, on a GPU
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -105,13 +110,14 @@ class Attention(nn.Module):
         sin: torch.Tensor,  # [T, D]
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
-        impl: tuple[str | None, str | None],  # (prefill impl, decode impl) for sparsegen.ops
     ) -> torch.Tensor:  # [T, hidden]
         t = x.shape[0]
         h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
         qkv = self.query_key_value(x).view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
         write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
-        if _fused(x, impl) and fused_ops().supports_rotary(qkv):  # one kernel: rotary, split, cache write
+        if (
+            self.fused and x.is_cuda and fused_ops().supports_rotary(qkv)
+        ):  # one kernel: rotary, split, cache write
             q, k, v = fused_ops().rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
         else:
             q = Rotary.apply(qkv[:, :, :g].reshape(t, h, d), cos, sin)  # [T, H, D]
@@ -122,7 +128,7 @@ class Attention(nn.Module):
                 write[1].view(-1, hkv, d).index_copy_(0, batch.slot_mapping, v)
         if batch.is_decode:
             if kv_cache is None:
-                raise InputError("a decode step needs a KV cache")
+                raise ValueError("a decode step needs a KV cache")
             out = ops.paged_decode(
                 q,
                 kv_cache[0],
@@ -131,7 +137,7 @@ class Attention(nn.Module):
                 batch.seq_lens,
                 self.layer,
                 scale=self.scale,
-                impl=impl[1],
+                impl=self.decode_impl,
             )
         else:
             if batch.kv_gather is not None:
@@ -147,78 +153,90 @@ class Attention(nn.Module):
                 batch.cu_seqlens_k,
                 self.layer,
                 scale=self.scale,
-                impl=impl[0],
+                impl=self.prefill_impl,
                 check=False,  # the engine built cu_seqlens itself: skip the host read (no sync)
             )
         return self.dense(out.reshape(t, h * d))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: Phi3SmallConfig, fk: dict):
+    def __init__(self, config: Phi3SmallConfig, options: ModelOptions, fk: dict):
         super().__init__()
         self.limit = config.gegelu_limit
+        self.fused = options.attn_impl != "reference"  # the fused GeGeLU kernel, on a GPU
         self.up_proj = Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True, **fk)
         self.down_proj = Linear(config.ff_intermediate_size, config.hidden_size, bias=True, **fk)
 
-    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
         up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
-        act = fused_ops().gegelu(up, self.limit) if fused else gegelu(up, self.limit)  # [T, F]
+        if self.fused and x.is_cuda:
+            act = fused_ops().gegelu(up, self.limit)  # [T, F]
+        else:
+            act = gegelu(up, self.limit)
         return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, fk: dict):
+    """Pre-LN block. It takes and returns the residual stream apart from the block's output, so
+    that each residual add is done together with the LayerNorm that follows it (`add_norm`)."""
+
+    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
         super().__init__()
         eps = config.layer_norm_epsilon
+        self.fused = options.attn_impl != "reference"
         self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=eps, **fk)
-        self.self_attn = Attention(config, layer, fk)
+        self.self_attn = Attention(config, layer, options, fk)
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=eps, **fk)
-        self.mlp = MLP(config, fk)
+        self.mlp = MLP(config, options, fk)
 
-    def forward(self, x, cos, sin, batch, kv_cache, impl):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv_cache, impl)
-        return x + self.mlp(self.post_attention_layernorm(x), fused=_fused(x, impl))
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]: the previous block's output (the embeddings for block 0)
+        residual: torch.Tensor | None,  # [T, hidden]: the stream before x is added; None for block 0
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        kv_cache: KVCacheLayer | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this block's MLP output, the stream before it)
+        h, residual = add_norm(self.input_layernorm, x, residual, self.fused)
+        attn = self.self_attn(h, cos, sin, batch, kv_cache)
+        h, residual = add_norm(self.post_attention_layernorm, attn, residual, self.fused)
+        return self.mlp(h), residual
 
 
 class Phi3SmallModel(nn.Module):
-    def __init__(self, config: Phi3SmallConfig, spec: ModelSpec, fk: dict):
+    def __init__(self, config: Phi3SmallConfig, spec: ModelSpec, options: ModelOptions, fk: dict):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, **fk)
-        self.layers = nn.ModuleList(DecoderLayer(config, layer, fk) for layer in spec.layers)
+        self.layers = nn.ModuleList(DecoderLayer(config, layer, options, fk) for layer in spec.layers)
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon, **fk)
 
 
 class Phi3SmallForCausalLM(nn.Module):
     """`forward(input_ids, batch, kv_caches)` -> float32 logits for `batch.logits_index` rows."""
 
-    def __init__(
-        self,
-        config: Phi3SmallConfig,
-        *,
-        force_dense: bool = False,
-        attn_impl: str | None = None,
-        dummy_token_indices: tuple[int, ...] = (),
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ):
+    def __init__(self, config: Phi3SmallConfig, options: ModelOptions | None = None, **fields):
+        """`options` (or ModelOptions fields as keywords) say where and how to build it."""
         super().__init__()
-        if attn_impl not in ATTN_IMPLS:
-            raise InputError(f"attn_impl must be one of {tuple(ATTN_IMPLS)}, got {attn_impl!r}")
+        options = ModelOptions.of(options, **fields)
         self.config = config
-        self.spec = model_spec(config, force_dense)
-        self.attn_impl = attn_impl
-        self._impls = ATTN_IMPLS[attn_impl]
-        fk = {"device": device, "dtype": dtype}
-        self.model = Phi3SmallModel(config, self.spec, fk)
+        self.options = options
+        self.spec = model_spec(config, options.force_dense)
+        self.attn_impl = options.attn_impl
+        fk = {"device": options.device, "dtype": options.dtype}
+        self.model = Phi3SmallModel(config, self.spec, options, fk)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, **fk)
-        self.rotary = Rotary(config, device)
+        self.rotary = Rotary(config, options.device)
         dummies = (
-            config.dummy_token_indices if config.dummy_token_indices is not None else dummy_token_indices
+            config.dummy_token_indices
+            if config.dummy_token_indices is not None
+            else options.dummy_token_indices
         )
         dummies = sorted({i for i in dummies if 0 <= i < config.vocab_size})
         self.register_buffer(
-            "dummy_ids", torch.tensor(dummies, dtype=torch.long, device=device), persistent=False
+            "dummy_ids", torch.tensor(dummies, dtype=torch.long, device=options.device), persistent=False
         )
+        self.fused = options.attn_impl != "reference"
 
     def set_force_dense(self, force_dense: bool) -> None:
         """Switch every layer between its own spec and a dense one (same weights)."""
@@ -246,11 +264,12 @@ class Phi3SmallForCausalLM(nn.Module):
         cfg = self.config
         x = self.model.embed_tokens(input_ids) * cfg.mup_embedding_multiplier  # [T, hidden]
         cos, sin = self.rotary.cos_sin(batch.positions, batch.use_long_rope)  # [T, D]
+        residual = None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch, kv_caches[i] if kv_caches is not None else None, self._impls)
+            x, residual = layer(x, residual, cos, sin, batch, kv_caches[i] if kv_caches is not None else None)
         if batch.logits_index is not None:
-            x = x[batch.logits_index]
-        x = self.model.final_layernorm(x)
+            x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
+        x, _ = add_norm(self.model.final_layernorm, x, residual, self.fused)
         logits = self.lm_head(x).float() / cfg.mup_width_multiplier  # [B, vocab]
         if self.dummy_ids.numel():
             logits.index_fill_(-1, self.dummy_ids, torch.finfo(logits.dtype).min)

@@ -1,0 +1,251 @@
+"""The Gluon (sm_90) prefill kernel on an H200: a correctness sweep, then timings in one process.
+
+    PYTHONPATH=$PWD python benchmarks/bench_prefill_gluon.py [--check N] [--cases dense,phi3small,window]
+        [--lens 8192,32768,131072] [--json OUT.json]
+
+Correctness: N fuzzed specs (the first two are phi3small's sparse and dense layers) x a few
+varlen shapes (odd lengths, prefixes) x bf16/fp16, NaN-poisoned outputs, each compared with the
+float32 reference and with the tl kernel. Timings (batch 1, bf16, 32/8 heads, D = 128): the Gluon
+kernel and the tl kernel (both without the host check), dense causal SDPA for dense cases, and the
+bf16 matmul ceiling measured in the same process; useful FLOPs = 4 * D * visible pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+import torch
+
+import sparsegen
+from sparsegen.bench.common import measure_ceilings, median_ms
+from sparsegen.bench.prefill import inputs, visible_pairs
+from sparsegen.kernels import prefill_gluon_template as tpl
+from sparsegen.kernels.prefill import get_prefill_kernel
+from sparsegen.kernels.prefill_gluon import get_gluon_prefill_kernel
+from sparsegen.testing import PrefillProblem, rel_err, sample_layer_spec
+
+CASES = {
+    "dense": lambda: sparsegen.get_pattern("phi3small").layers[1],
+    "phi3small": lambda: sparsegen.get_pattern("phi3small").layers[0],
+    "window": lambda: sparsegen.get_pattern("sliding-window").layers[0],
+}
+TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+CHECK_VARIANTS = (
+    {},
+    {"persistent": False},
+    {"persistent": True, "programs": 3},
+)  # the correctness sweep alternates these configs
+
+
+def check_specs(n: int) -> list:
+    rng = random.Random(4321)
+    specs = [CASES["phi3small"](), CASES["dense"](), CASES["window"]()]
+    while len(specs) < n:
+        layer = sample_layer_spec(
+            rng,
+            hybrid=bool(len(specs) % 2),
+            head_dims=(64, 128),
+            ratios=(1, 2, 4, 8),
+            windows=(1, 17, 100, 333, 5000),
+        )
+        if tpl.covers(layer, "bf16") is None:
+            specs.append(layer)
+    return specs[:n]
+
+
+def correctness(n_specs: int) -> list[dict]:
+    rows = []
+    for sid, layer in enumerate(check_specs(n_specs)):
+        rng = random.Random(sid)
+        for dtype in (torch.bfloat16, torch.float16):
+            t = get_prefill_kernel(layer, dtype=dtype)
+            for case in range(8):
+                g = get_gluon_prefill_kernel(layer, dtype=dtype, **CHECK_VARIANTS[case % len(CHECK_VARIANTS)])
+                batch = rng.randint(1, 3)
+                k_lens = [
+                    rng.choice([1, 63, 64, 65, 129, 777, 1000, 2049, rng.randint(1, 3000)])
+                    for _ in range(batch)
+                ]
+                q_lens = [n if rng.random() < 0.5 else rng.randint(1, n) for n in k_lens]
+                p = PrefillProblem(
+                    layer,
+                    q_lens,
+                    k_lens,
+                    seed=case,
+                    dtype=dtype,
+                    device="cuda",
+                    scale=rng.choice([None, 0.05]),
+                )
+                tt = p.tensors
+                ref = sparsegen.reference.prefill(
+                    tt["q"].float(),
+                    tt["k"].float(),
+                    tt["v"].float(),
+                    tt["cu_seqlens_q"],
+                    tt["cu_seqlens_k"],
+                    layer,
+                    p.scale,
+                )
+                out = g(*p.args())
+                tl_out = t(*p.args())
+                err, err_tl = rel_err(out, ref), rel_err(out, tl_out)
+                ok = err < TOL[dtype] and err_tl < 2e-2
+                rows.append(
+                    {
+                        "spec": sid,
+                        "dtype": str(dtype),
+                        "q_lens": q_lens,
+                        "k_lens": k_lens,
+                        "persistent": g.config["persistent"],
+                        "rel_err": err,
+                        "rel_err_vs_tl": err_tl,
+                        "ok": ok,
+                    }
+                )
+                if not ok:
+                    print(
+                        f"FAIL spec {sid} {dtype} q {q_lens} k {k_lens}: err {err:.3g} vs tl {err_tl:.3g}"
+                        f" kinds {layer.kinds() if hasattr(layer, 'kinds') else ''}",
+                        flush=True,
+                    )
+    return rows
+
+
+def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
+    layer = CASES[case]()
+    q, k, v, cu = inputs(layer, seq_len)
+    g = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)
+    t = get_prefill_kernel(layer, dtype=torch.bfloat16)
+    out_g, out_t = g(q, k, v, cu, cu), t(q, k, v, cu, cu)
+    row = {"case": case, "seq_len": seq_len, "rel_err_gluon_vs_tl": rel_err(out_g, out_t)}
+    row["gluon_ms"] = median_ms(lambda: g(q, k, v, cu, cu, check=False))
+    row["tl_ms"] = median_ms(lambda: t(q, k, v, cu, cu, check=False))
+    row["gluon_api_ms"] = median_ms(lambda: g(q, k, v, cu, cu))
+    flops = 4 * layer.head_dim * visible_pairs(layer, seq_len)
+    row["useful_tflops_gluon"] = flops / (row["gluon_ms"] * 1e-3) / 1e12
+    row["useful_tflops_tl"] = flops / (row["tl_ms"] * 1e-3) / 1e12
+    row["gluon_of_ceiling"] = row["useful_tflops_gluon"] / matmul
+    row["tl_of_ceiling"] = row["useful_tflops_tl"] / matmul
+    if sdpa:
+        qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        f = torch.nn.functional.scaled_dot_product_attention
+        row["sdpa_ms"] = median_ms(lambda: f(qt, kt, vt, is_causal=True, enable_gqa=True))
+        row["gluon_x_sdpa"] = row["sdpa_ms"] / row["gluon_ms"]  # > 1: Gluon is faster
+        row["tl_x_sdpa"] = row["sdpa_ms"] / row["tl_ms"]
+    torch.cuda.empty_cache()
+    return row
+
+
+VARIANTS = {
+    "c2_n64_s3": {},
+    "c2_n64_s3_persist": {"persistent": True},
+    "c2_n64_s2_persist": {"stages": 2, "persistent": True},
+    "c2_n128_s2_persist": {"block_n": 128, "stages": 2, "persistent": True},
+    "c1_n64_s3": {"consumers": 1},
+    "c2_n64_s3_qsmem": {"q_smem": True},
+    "c2_n64_s2": {"stages": 2},
+    "c2_n128_s2": {"block_n": 128, "stages": 2},
+    "c2_n128_s2_qsmem": {"block_n": 128, "stages": 2, "q_smem": True},
+}
+
+
+def variants(names: list[str], cases: list[str], lens: list[int]) -> list[dict]:
+    """Time tile/partition variants side by side (same process, same inputs), each checked first."""
+    rows = []
+    for case in cases:
+        layer = CASES[case]()
+        for name in names:
+            ov = VARIANTS[name]
+            if ov.get("block_n", 64) > 64 and any(h.vert_stride and not h.dense for h in layer.heads):
+                continue
+            g = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16, **ov)
+            p = PrefillProblem(layer, [700, 1500], [1000, 2049], seed=3, dtype=torch.bfloat16, device="cuda")
+            tt = p.tensors
+            ref = sparsegen.reference.prefill(
+                tt["q"].float(),
+                tt["k"].float(),
+                tt["v"].float(),
+                tt["cu_seqlens_q"],
+                tt["cu_seqlens_k"],
+                layer,
+                p.scale,
+            )
+            err = rel_err(g(*p.args()), ref)
+            for n in lens:
+                q, k, v, cu = inputs(layer, n)
+                ms = median_ms(lambda g=g, q=q, k=k, v=v, cu=cu: g(q, k, v, cu, cu, check=False))
+                tfl = 4 * layer.head_dim * visible_pairs(layer, n) / (ms * 1e-3) / 1e12
+                rows.append(
+                    {"case": case, "variant": name, "seq_len": n, "ms": ms, "tflops": tfl, "rel_err": err}
+                )
+                print(
+                    f"variant {name:18s} {case:9s} {n:6d}: {ms:.3f} ms {tfl:.0f} TFLOP/s err {err:.2g}",
+                    flush=True,
+                )
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", type=int, default=6, help="fuzzed specs in the correctness sweep (0: none)")
+    ap.add_argument("--cases", default="dense,phi3small,window")
+    ap.add_argument("--lens", default="8192,32768,131072")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--variants", default="", help="comma list of VARIANTS to time first ('all')")
+    ap.add_argument("--variant-cases", default="dense,phi3small")
+    ap.add_argument("--variant-lens", default="8192,32768")
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+    report: dict = {}
+    t0 = time.perf_counter()
+    for case in args.cases.split(","):  # cold builds, timed
+        for dt in (torch.bfloat16, torch.float16):
+            s = time.perf_counter()
+            get_gluon_prefill_kernel(CASES[case](), dtype=dt)
+            report.setdefault("build_s", {})[f"{case}_{dt}"] = time.perf_counter() - s
+    if args.variants:
+        names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+        report["variants"] = variants(
+            names, args.variant_cases.split(","), [int(x) for x in args.variant_lens.split(",")]
+        )
+    if args.check:
+        rows = correctness(args.check)
+        report["correctness"] = rows
+        worst = max(r["rel_err"] for r in rows)
+        print(
+            f"correctness: {sum(r['ok'] for r in rows)}/{len(rows)} ok, worst rel err {worst:.3g}, "
+            f"worst vs tl {max(r['rel_err_vs_tl'] for r in rows):.3g} ({time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
+    ceil = measure_ceilings()
+    report["ceilings"] = ceil.to_dict()
+    print(f"ceilings: matmul {ceil.matmul_tflop_s:.0f} TFLOP/s, copy {ceil.copy_tb_s:.2f} TB/s", flush=True)
+    report["timings"] = []
+    for case in args.cases.split(","):
+        for n in (int(x) for x in args.lens.split(",")):
+            row = timing(case, n, ceil.matmul_tflop_s, sdpa=case == "dense")
+            report["timings"].append(row)
+            extra = (
+                f" sdpa {row['sdpa_ms']:.3f} ms (gluon x{row['gluon_x_sdpa']:.2f}, tl x{row['tl_x_sdpa']:.2f})"
+                if "sdpa_ms" in row
+                else ""
+            )
+            print(
+                f"{case:9s} {n:6d}: gluon {row['gluon_ms']:.3f} ms ({row['gluon_of_ceiling']:.0%}) api "
+                f"{row['gluon_api_ms']:.3f} | tl {row['tl_ms']:.3f} ms ({row['tl_of_ceiling']:.0%}){extra} "
+                f"err vs tl {row['rel_err_gluon_vs_tl']:.2g}",
+                flush=True,
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    bad = [r for r in report.get("correctness", []) if not r["ok"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

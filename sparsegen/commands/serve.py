@@ -1,0 +1,124 @@
+"""`sparsegen serve`: an OpenAI-compatible HTTP server over Phi-3-Small (needs the [serve] extra).
+
+    sparsegen serve --random tiny --port 8000
+    curl localhost:8000/v1/completions -H 'content-type: application/json' \\
+         -d '{"model": "random-tiny", "prompt": "Hello", "max_tokens": 8}'
+
+`--port 0` takes a free port; the log line "serving ... on http://HOST:PORT" names it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import SparsegenError
+
+
+def _log_to_stderr() -> None:
+    logger = logging.getLogger("sparsegen")
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+
+
+@click.command("serve")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="HF checkpoint folder.",
+)
+@click.option(
+    "--random", "random_size", type=click.Choice(["tiny", "7b"]), help="Random weights of a named size."
+)
+@click.option(
+    "--tokenizer", "tokenizer_path", type=click.Path(exists=True), help="A .tiktoken file (or folder)."
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port."
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=0),
+    default=256,
+    show_default=True,
+    help="Sequences that may wait beyond the running batch; more get HTTP 503.",
+)
+@click.option(
+    "--served-model-name", default=None, help="The model id clients send (default: the path or random-NAME)."
+)
+@click.option("--device", default=None, help="cuda or cpu (default: cuda when available).")
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp32"]),
+    default=None,
+    help="Default: bf16 on GPU, fp32 on CPU.",
+)
+@click.option(
+    "--max-num-seqs", type=click.IntRange(min=1), default=32, show_default=True, help="Sequences at once."
+)
+@click.option(
+    "--max-model-len", type=click.IntRange(min=2), default=None, help="Context limit (default: the model's)."
+)
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    default=8192,
+    show_default=True,
+    help="Prefill tokens per step.",
+)
+@click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")
+@click.option("--no-warmup", is_flag=True, help="Skip the warm-up request before listening.")
+@click.option(
+    "--drain-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+    help="On SIGTERM, seconds running requests may take to finish.",
+)  # fmt: skip
+def command(
+    model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
+    max_model_len, chunk_size, page_size, no_cuda_graphs, no_warmup, drain_timeout,
+):  # fmt: skip
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
+    if (model_dir is None) == (random_size is None):
+        raise click.UsageError("give exactly one of --model DIR or --random tiny|7b")
+    try:
+        from ..serve.server import serve
+    except ImportError as exc:
+        raise click.UsageError(
+            f"sparsegen serve needs the [serve] extra (pip install 'sparsegen[serve]'): {exc}"
+        ) from None
+    _log_to_stderr()
+    from ..llm import LLM
+
+    try:
+        llm = LLM(
+            model=model_dir,
+            random=random_size,
+            tokenizer=tokenizer_path,
+            dtype=dtype,
+            device=device,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=chunk_size,
+            page_size=page_size,
+            use_cuda_graphs=not no_cuda_graphs,
+        )
+        if not no_warmup:
+            seconds = llm.engine.warmup()
+            logging.getLogger("sparsegen").info(
+                "warm-up (kernel builds, first CUDA-graph capture): %.2f s", seconds
+            )
+    except SparsegenError as exc:
+        raise click.UsageError(str(exc).splitlines()[0]) from None
+    try:
+        serve(llm, host, port, max_queue=max_queue, drain_timeout=drain_timeout, model_name=served_model_name)
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None

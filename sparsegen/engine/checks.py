@@ -1,0 +1,84 @@
+"""Checks of what a caller submits (prompts and sampling parameters), run before anything is queued.
+
+The engine checks every prompt and every `SamplingParams` of a call first, and only then adds
+any of them, so a bad prompt at index 2 leaves nothing queued from indices 0 and 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence as Seq
+
+from ..errors import InputError
+from .sampling import SamplingParams
+
+SEED_LIMIT = 1 << 64  # torch.Generator.manual_seed takes 0..2**64 - 1
+
+
+def check_prompt(prompt: object, vocab_size: int, where: str = "prompt") -> list[int]:
+    """A list (or tuple) of exact ints in 0..vocab_size-1; returns a fresh list."""
+    if isinstance(prompt, str):
+        raise InputError(
+            f"{where} is a str; the engine takes token ids (encode the text first, or use sparsegen.LLM)"
+        )
+    if not isinstance(prompt, (list, tuple)):
+        raise InputError(f"{where} must be a list of token ids, got {type(prompt).__name__}")
+    if not prompt:
+        raise InputError(f"{where} needs at least one token")
+    for pos, tok in enumerate(prompt):
+        if isinstance(tok, bool) or not isinstance(tok, int):
+            raise InputError(f"{where} token {pos} is {tok!r} ({type(tok).__name__}), not an int token id")
+        if not 0 <= tok < vocab_size:
+            raise InputError(f"{where} token {tok!r} is not an id of the vocabulary 0..{vocab_size - 1}")
+    return list(prompt)
+
+
+def _finite(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"SamplingParams.{name} must be a finite number, got {value!r}")
+
+
+def check_params(params: object, vocab_size: int, where: str = "params") -> SamplingParams:
+    """The fields the engine relies on, checked again at the boundary (a SamplingParams may be
+    built with object.__setattr__ or come from a subclass)."""
+    if not isinstance(params, SamplingParams):
+        raise InputError(f"{where} must be a SamplingParams, got {type(params).__name__}")
+    mt = params.max_tokens
+    if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+        raise InputError(f"SamplingParams.max_tokens must be an int >= 1, got {mt!r}")
+    _finite("temperature", params.temperature)
+    if params.temperature < 0:
+        raise InputError(f"SamplingParams.temperature must be >= 0, got {params.temperature!r}")
+    _finite("top_p", params.top_p)
+    if not 0 < params.top_p <= 1:
+        raise InputError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p!r}")
+    tk = params.top_k
+    if isinstance(tk, bool) or not isinstance(tk, int):
+        raise InputError(f"SamplingParams.top_k must be an int, got {tk!r}")
+    seed = params.seed
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT
+    ):
+        raise InputError(f"SamplingParams.seed must be None or an int in 0..2**64-1, got {seed!r}")
+    stops = params.stop_token_ids
+    if not isinstance(stops, (tuple, list)):
+        raise InputError(f"SamplingParams.stop_token_ids must be a tuple of token ids, got {stops!r}")
+    for tok in stops:
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab_size:
+            raise InputError(
+                f"SamplingParams.stop_token_ids holds {tok!r}, not a token id in 0..{vocab_size - 1}"
+            )
+    if not isinstance(params.ignore_eos, bool):
+        raise InputError(f"SamplingParams.ignore_eos must be a bool, got {params.ignore_eos!r}")
+    return params
+
+
+def expand_params(params: object, n: int) -> list[object]:
+    """One SamplingParams for all prompts, or a list of exactly one per prompt."""
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if isinstance(params, (str, bytes)) or not isinstance(params, Seq):
+        raise InputError(f"params must be a SamplingParams or a list of them, got {type(params).__name__}")
+    if len(params) != n:
+        raise InputError(f"got {n} prompts but {len(params)} SamplingParams")
+    return list(params)

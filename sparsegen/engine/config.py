@@ -1,0 +1,54 @@
+"""`EngineConfig`: the engine's arguments, each checked for its exact type and range at construction.
+
+Nothing is coerced: `page_size=16.5`, `num_pages=0` or `max_model_len=True` is an `InputError`
+naming the argument, before any memory is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+# The compiled decode kernel takes pages of 8..128 tokens; the reference takes any size, but
+# pages longer than 128 tokens only waste the tail page of every sequence.
+MAX_PAGE_SIZE = 128
+KERNEL_PAGE_SIZES = range(8, MAX_PAGE_SIZE + 1)
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    """An exact int (not a bool) in low..high; the error names the argument."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        span = f"{low}..{high}" if high is not None else f">= {low}"
+        raise InputError(f"{name} must be {span}, got {value}")
+    return value
+
+
+def check_optional_int(name: str, value: object, low: int, high: int | None = None) -> int | None:
+    return None if value is None else check_int(name, value, low, high)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine is sized. `None` means "derive it": `num_pages` from `kv_cache_bytes` (or
+    from free memory), `max_model_len` from the model's `max_position_embeddings`."""
+
+    page_size: int = 16
+    num_pages: int | None = None  # pages in the cache, one of them kept as scratch (>= 2)
+    kv_cache_bytes: int | None = None  # budget for the cache when num_pages is None
+    max_num_seqs: int = 32  # sequences running at once
+    max_num_batched_tokens: int = 8192  # prefill tokens per step
+    max_model_len: int | None = None  # prompt + generated tokens per sequence
+    use_cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("page_size", self.page_size, 1, MAX_PAGE_SIZE)
+        check_optional_int("num_pages", self.num_pages, 2)
+        check_optional_int("kv_cache_bytes", self.kv_cache_bytes, 1)
+        check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_optional_int("max_model_len", self.max_model_len, 2)
+        if not isinstance(self.use_cuda_graphs, bool):
+            raise InputError(f"use_cuda_graphs must be a bool, got {self.use_cuda_graphs!r}")

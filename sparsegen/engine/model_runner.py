@@ -1,0 +1,159 @@
+"""`ModelRunner`: the model's side of the engine. It sizes and allocates the paged KV cache, turns
+a scheduler `Plan` into token ids and a `ForwardBatch` (positions, cache slots, block tables,
+the LongRoPE factor choice), runs the forward pass (replaying a CUDA graph for decode steps on
+a GPU), and returns the logits of the rows to sample.
+
+    runner = ModelRunner(model, EngineConfig(page_size=16), max_model_len=4096)
+    logits = runner.run(plan)                # [len(plan.sampled), vocab] float32
+    runner.kv_capacity                       # (pages, tokens) usable by sequences
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from ..errors import InputError
+from ..models.batch import ForwardBatch
+from ..models.memory import check_fits
+from ..models.phi3small import Phi3SmallForCausalLM
+from .config import EngineConfig
+from .kv_cache import KVCache
+from .sequence import Chunk, Plan, Sequence
+
+CPU_KV_CACHE_BYTES = 256 << 20
+GPU_MEMORY_FRACTION = 0.9
+GPU_HEADROOM_BYTES = 6 << 30  # activations of a prefill chunk, logits, graphs
+
+
+def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int) -> int:
+    cfg = model.config
+    return KVCache.bytes_per_page(
+        cfg.num_hidden_layers, page_size, cfg.num_key_value_heads, cfg.head_dim, model.dtype
+    )
+
+
+def default_num_pages(model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None) -> int:
+    """Pages that `kv_cache_bytes` holds; by default 90 % of the free GPU memory less a headroom
+    for activations (GPU), or 256 MiB (CPU)."""
+    per_page = kv_bytes_per_page(model, page_size)
+    if kv_cache_bytes is None:
+        if model.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(model.device)
+            kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - GPU_HEADROOM_BYTES, 2 * per_page)
+        else:
+            kv_cache_bytes = CPU_KV_CACHE_BYTES
+    pages = kv_cache_bytes // per_page
+    if pages < 2:
+        raise InputError(
+            f"kv_cache_bytes={kv_cache_bytes} holds {pages} pages of {per_page} bytes; the cache needs at least 2"
+        )
+    return pages
+
+
+class ModelRunner:
+    def __init__(self, model: Phi3SmallForCausalLM, config: EngineConfig, *, max_model_len: int):
+        self.model = model
+        cfg = model.config
+        page_size = config.page_size
+        pages = config.num_pages or default_num_pages(model, page_size, config.kv_cache_bytes)
+        need = pages * kv_bytes_per_page(model, page_size)
+        check_fits(need, model.device, f"a KV cache of {pages} pages of {page_size} tokens")
+        self.cache = KVCache(
+            num_layers=cfg.num_hidden_layers,
+            num_pages=pages,
+            page_size=page_size,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            dtype=model.dtype,
+            device=model.device,
+        )
+        self.kv_cache_bytes = need
+        rs = cfg.rope_scaling
+        self.long_rope_after = rs.original_max_position_embeddings if rs is not None else None
+        self.graphs = None
+        if config.use_cuda_graphs and model.device.type == "cuda":
+            from .cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, self.cache, config.max_num_seqs, max_model_len)
+
+    @property
+    def kv_capacity(self) -> tuple[int, int]:
+        """(pages, tokens) that sequences can hold at once (the scratch page left out)."""
+        pages = self.cache.allocator.capacity
+        return pages, pages * self.cache.page_size
+
+    def use_long_rope(self, seq: Sequence, start: int, stop: int) -> list[bool]:
+        """LongRoPE factor choice per position, as HF makes it: prompt tokens by the prompt's
+        length, each generated token by the length reached with it (chunking cannot change it)."""
+        limit = self.long_rope_after
+        n_prompt = len(seq.prompt_ids)
+        return [max(n_prompt, p + 1) > limit for p in range(start, stop)]
+
+    def prepare_prefill(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
+        dev, cache = self.model.device, self.cache
+        ids, positions, slots, gather, use_long, last_rows = [], [], [], [], [], []
+        cu_q, cu_k = [0], [0]
+        has_prefix = any(c.start > 0 for c in chunks)
+        for c in chunks:
+            ids += c.seq.tokens[c.start : c.stop]
+            positions.append(torch.arange(c.start, c.stop))
+            slots.append(cache.slots(c.seq.pages, c.start, c.stop))
+            if has_prefix:
+                gather.append(cache.slots(c.seq.pages, 0, c.stop))
+            if self.long_rope_after is not None:
+                use_long += self.use_long_rope(c.seq, c.start, c.stop)
+            cu_q.append(cu_q[-1] + c.stop - c.start)
+            cu_k.append(cu_k[-1] + c.stop)
+            if c.completes:
+                last_rows.append(cu_q[-1] - 1)
+
+        def t(x, dtype=torch.long):
+            return torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)
+
+        batch = ForwardBatch(
+            is_decode=False,
+            positions=torch.cat(positions).to(dev),  # [T]
+            use_long_rope=t(use_long, torch.bool) if self.long_rope_after is not None else None,
+            logits_index=t(last_rows),  # [rows sampled]
+            cu_seqlens_q=t(cu_q, torch.int32),  # [B+1]
+            cu_seqlens_k=t(cu_k, torch.int32),  # [B+1]
+            max_seqlen_q=max(c.stop - c.start for c in chunks),
+            max_seqlen_k=max(c.stop for c in chunks),
+            kv_gather=torch.cat(gather).to(dev) if has_prefix else None,  # [Tk]
+            slot_mapping=torch.cat(slots).to(dev),  # [T]
+        )
+        return t(ids), batch
+
+    def prepare_decode(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
+        dev, ps = self.model.device, self.cache.page_size
+        seqs = [c.seq for c in chunks]
+        width = max(len(s.pages) for s in seqs)
+        tables = [s.pages + [self.cache.scratch_page] * (width - len(s.pages)) for s in seqs]
+        positions = [len(s) - 1 for s in seqs]
+        use_long = None
+        if self.long_rope_after is not None:
+            flags = [self.use_long_rope(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)]
+            use_long = torch.tensor(flags, device=dev)
+        slots = [s.pages[p // ps] * ps + p % ps for s, p in zip(seqs, positions, strict=True)]
+        batch = ForwardBatch(
+            is_decode=True,
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),  # [B]
+            use_long_rope=use_long,  # [B] or None
+            slot_mapping=torch.tensor(slots, device=dev),  # [B]
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),  # [B, max_pages]
+            seq_lens=torch.tensor([len(s) for s in seqs], dtype=torch.int32, device=dev),  # [B]
+        )
+        ids = torch.tensor([s.tokens[-1] for s in seqs], dtype=torch.long, device=dev)  # [B]
+        return ids, batch
+
+    @torch.inference_mode()
+    def run(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
+        if plan.is_decode:
+            ids, batch = self.prepare_decode(plan.chunks)
+            if self.graphs is not None and self.graphs.fits(len(plan.chunks)):
+                return self.graphs.run(ids, batch)
+        else:
+            ids, batch = self.prepare_prefill(plan.chunks)
+        return self.model(ids, batch, self.cache.layers)

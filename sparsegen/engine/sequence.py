@@ -1,0 +1,60 @@
+"""What the scheduler moves around: a `Sequence` (one request's tokens, pages and timings), a
+`Chunk` of it that one forward pass computes, and the `Plan` of one step."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request. The engine builds it (after checking its prompt and parameters); the
+    scheduler owns its pages and its bookkeeping (`Scheduler.postprocess`)."""
+
+    seq_id: int  # the request id that `LLMEngine.abort` takes
+    prompt_ids: list[int]
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)  # block table: page ids in position order
+    num_cached: int = 0  # tokens whose K/V are in the cache
+    finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_first_token: float | None = None
+    t_last_token: float | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self) - self.num_cached
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq: Sequence
+    start: int  # first position of the chunk (= tokens already cached)
+    stop: int  # one past its last position
+
+    @property
+    def completes(self) -> bool:
+        """The chunk reaches the end of the sequence, so its last row is sampled."""
+        return self.stop == len(self.seq)
+
+
+@dataclass(frozen=True)
+class Plan:
+    is_decode: bool
+    chunks: tuple[Chunk, ...]  # decode: one single-token chunk per sequence
+
+    @property
+    def sampled(self) -> list[Sequence]:
+        """The sequences whose last row this step samples, in the order of the logits rows."""
+        return [c.seq for c in self.chunks if c.completes]

@@ -1,0 +1,63 @@
+"""Every Gluon name sparsegen uses, in one place (Triton 3.6's spelling).
+
+Gluon (`triton.experimental.gluon`) is experimental and renamed things after 3.6 (for
+example `tma.async_copy_global_to_shared` became `tma.async_load`). The rendered Gluon
+prefill module imports only from here, and the builder takes its AST source class from here,
+so a Triton upgrade is one edit in this file. `available()` says whether the installed Triton
+has what the kernel needs; nothing here touches a GPU.
+"""
+
+from __future__ import annotations
+
+try:  # Triton 3.6
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _IMPORT_ERROR: str | None = None
+except ImportError as exc:  # pragma: no cover - depends on the installed Triton
+    gluon = gl = GluonASTSource = TensorDescriptor = None  # type: ignore[assignment]
+    fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None  # type: ignore[assignment]
+    _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+if _IMPORT_ERROR is None:
+    jit = gluon.jit
+    constexpr_function = gluon.constexpr_function
+    # TMA: global -> shared, completing on an mbarrier (renamed `async_load` after 3.6).
+    tma_load = getattr(tma, "async_copy_global_to_shared", None) or tma.async_load
+    MBarrierLayout = mbarrier.MBarrierLayout
+    NVMMASharedLayout = gl.NVMMASharedLayout
+    NVMMADistributedLayout = gl.NVMMADistributedLayout
+    DotOperandLayout = gl.DotOperandLayout
+    BlockedLayout = gl.BlockedLayout
+    SliceLayout = gl.SliceLayout
+
+
+def available() -> str | None:
+    """None when the installed Triton has the Gluon pieces the Hopper kernel uses, else why not."""
+    return _IMPORT_ERROR
+
+
+def shared_layout(block_shape: list[int], dtype_name: str):
+    """The NVMMA shared layout TMA and wgmma agree on for a tile (largest swizzle that fits)."""
+    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype_name]
+    return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
+
+
+def descriptor(tensor2d, block_shape: list[int], layout):
+    """A host-side TMA descriptor over a 2-D view (last dim contiguous, 16-byte strides)."""
+    return TensorDescriptor(tensor2d, list(tensor2d.shape), list(tensor2d.stride()), block_shape, layout)
+
+
+def descriptor_type(dtype_name: str, block_shape: list[int], layout) -> str:
+    """The signature string Triton parses back into a Gluon tensor-descriptor type."""
+    dims = ", ".join(str(int(b)) for b in block_shape)
+    return f"tensordesc<{dtype_name}[{dims}],{layout!r}>"

@@ -1,0 +1,60 @@
+"""The key tiles one query tile of the Gluon prefill kernel visits, as a pure function.
+
+`tiles(head, ...)` computes, in plain Python, the same numbers the template's `_schedule` and
+`_tile_start` compute on the GPU: which BLOCK_N-wide key tiles a query tile loads, in order, and
+which of them need a token mask. The CPU tests check it against `sparsegen.visible_mask` on
+fuzzed specs: every visible (query, key) pair is in some tile, an unmasked tile is fully visible
+to every live row, and no loaded tile is invisible to all of them. Keep it in step with
+`templates/prefill_gluon.py.jinja` (the GPU tests then check the kernel itself).
+"""
+
+from __future__ import annotations
+
+from ..spec import HeadSpec
+
+
+def _near(x: int, head: HeadSpec) -> int:
+    """First key of the near range (local blocks and/or window) of the query at position x."""
+    starts = []
+    if head.local_blocks:
+        starts.append((x // head.block_size - (head.local_blocks - 1)) * head.block_size)
+    if head.sliding_window:
+        starts.append(x - (head.sliding_window - 1))
+    return min(starts)
+
+
+def tiles(
+    head: HeadSpec, m0: int, q_len: int, k_len: int, *, block_m: int = 128, block_n: int = 64
+) -> list[tuple[int, bool]]:
+    """(first key, masked) of every key tile the query tile at position m0 visits, in order.
+
+    Query row r of the sequence sits at position k_len - q_len + r; the tile holds positions
+    [m0, m0 + block_m). Returns [] for a tile with no live query row (the kernel exits)."""
+    first = k_len - q_len
+    if not (m0 < k_len and m0 + block_m > first):
+        return []
+    top = max(m0, first)
+    hi = min(m0 + block_m, k_len)
+    last = hi - 1
+    vert = 0 if head.dense else head.vert_stride
+    if head.dense:
+        lo = full = 0
+    else:
+        lo = max(_near(top, head), 0)
+        full = max(_near(last, head), 0)
+        if vert:  # vertical blocks lie below block kb_lo; a vertical kb_lo is seen whole
+            kb_lo = lo // head.block_size
+            if (kb_lo + head.vert_offset + 1) % vert == 0:
+                lo = kb_lo * head.block_size
+    a = lo // block_n * block_n
+    d = max(a, m0 // block_n * block_n)
+    b = min(max(-(-full // block_n) * block_n, a), d)
+    out: list[tuple[int, bool]] = []
+    if vert:
+        bs, tpb = head.block_size, head.block_size // block_n
+        kb0 = vert - 1 - head.vert_offset
+        n_vert = max(kb_lo - kb0 + vert - 1, 0) // vert * tpb
+        out += [(kb0 * bs + (j // tpb) * vert * bs + (j % tpb) * block_n, False) for j in range(n_vert)]
+    for n0 in range(a, hi, block_n):
+        out.append((n0, n0 < b or n0 >= d))
+    return out

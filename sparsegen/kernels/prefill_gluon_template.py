@@ -1,0 +1,137 @@
+"""The Gluon (sm_90) prefill template's constants: which specs it covers, its tile shape, its paths.
+
+`covers(layer, dtype)` says whether the Hopper kernel handles a layer (else the tl kernel does);
+`plan(layer, dtype)` turns a `LayerSpec` into the typed constants of
+`templates/prefill_gluon.py.jinja`, one "path" per distinct head pattern, and `render_source`
+renders it. The key-tile schedule the template computes is mirrored, as a pure function, in
+`gluon_schedule.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..codegen import render
+from ..spec import HeadSpec, LayerSpec
+
+TEMPLATE = "prefill_gluon.py.jinja"
+# The tile shape, by rule (never autotuned, so the key pins it): 128 query rows per program,
+# shared by `consumers` consumer partitions (warpgroups), one producer warp at 24 registers; the
+# rest of the 168 x 12 warps register file goes to the consumers (setmaxnreg).
+CONFIG = {
+    "block_m": 128,
+    "block_n": 64,
+    "stages": 3,
+    "consumers": 2,
+    "persistent": False,  # True: one program per SM loops over the work items (see config())
+    "programs": 0,  # persistent grid size; 0 = the GPU's SM count (tests force a small one)
+    "q_smem": False,
+    "producer_regs": 24,
+    "consumer_regs": 240,
+    "maxnreg": 168,
+}
+HEAD_DIMS = (64, 128)
+DTYPES = ("bf16", "fp16")
+
+
+def config(layer: LayerSpec, **overrides: Any) -> dict[str, Any]:
+    """The tile shape and launch shape for `layer` (overrides are for benchmarks)."""
+    cfg = dict(CONFIG)
+    # Layers with vertical-stride heads run persistent (H200, call 3: phi3small 32K 3.25 -> 3.02 ms,
+    # 8K 0.404 -> 0.421 ms); dense and window layers do not (dense 8K 0.94 -> 1.11 ms).
+    cfg["persistent"] = any(h.vert_stride and not h.dense for h in layer.heads)
+    cfg.update(overrides)
+    cfg["wg_warps"] = 4 * (2 // cfg["consumers"])  # warps per consumer partition
+    cfg["num_warps"] = 4 if cfg["consumers"] == 2 else 8  # the default partition's warps
+    return cfg
+
+
+def covers(layer: LayerSpec, dtype: str) -> str | None:
+    """None when the Gluon kernel handles `layer` in `dtype`, else the reason it does not."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (the Gluon kernel is bf16/fp16)"
+    if layer.head_dim not in HEAD_DIMS:
+        return f"head_dim {layer.head_dim} (the Gluon kernel covers {HEAD_DIMS})"
+    for h, head in enumerate(layer.heads):
+        if head.vert_stride and not head.dense and head.block_size % CONFIG["block_n"]:
+            return (
+                f"head {h}: vertical blocks of {head.block_size} tokens are narrower than the "
+                f"{CONFIG['block_n']}-key tile"
+            )
+    return None
+
+
+def _path_key(head: HeadSpec) -> tuple:
+    """Heads that share everything but the vertical offset share one path."""
+    if head.dense:
+        return ("dense",)
+    return (head.kind, head.block_size, head.local_blocks, head.vert_stride, head.sliding_window)
+
+
+def _ranges(heads: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for h in heads:
+        if out and out[-1][1] == h:
+            out[-1][1] = h + 1
+        else:
+            out.append([h, h + 1])
+    return out
+
+
+def _affine_offsets(heads: list[int], offsets: list[int], stride: int) -> tuple[int, int] | None:
+    """(a, c) with offset(h) == (a*h + c) % stride for every head, if such a rule exists."""
+    if stride > 64:
+        return None
+    for a in range(stride):
+        for c in range(stride):
+            if all((a * h + c) % stride == o for h, o in zip(heads, offsets)):
+                return a, c
+    return None
+
+
+def paths(layer: LayerSpec) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[int]] = {}
+    for h, head in enumerate(layer.heads):
+        groups.setdefault(_path_key(head), []).append(h)
+    out = []
+    for pid, heads in enumerate(groups.values()):
+        spec = layer.heads[heads[0]]
+        offsets = [layer.heads[h].vert_offset for h in heads]
+        vert = 0 if spec.dense else spec.vert_stride
+        affine = _affine_offsets(heads, offsets, vert) if vert else None
+        out.append(
+            {
+                "id": pid,
+                "kind": spec.kind,
+                "dense": spec.dense,
+                "bs": spec.block_size,
+                "local": 0 if spec.dense else spec.local_blocks,
+                "vert": vert,
+                "window": 0 if spec.dense else spec.sliding_window,
+                "ranges": _ranges(heads),
+                "affine": affine is not None,
+                "off_a": affine[0] if affine else 0,
+                "off_c": affine[1] if affine else 0,
+                "offsets": [[h, o] for h, o in zip(heads, offsets)],
+            }
+        )
+    return out
+
+
+def plan(layer: LayerSpec, dtype: str, cfg: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The template's constants (the caller checked `covers` first)."""
+    cfg = cfg or config(layer)
+    return {
+        "num_heads": layer.num_heads,
+        "num_kv_heads": layer.num_kv_heads,
+        "head_dim": layer.head_dim,
+        "group": layer.group_size,
+        "dtype": dtype,
+        **{k: cfg[k] for k in ("block_m", "block_n", "stages", "consumers", "wg_warps", "q_smem")},
+        **{k: cfg[k] for k in ("producer_regs", "consumer_regs")},
+        "paths": paths(layer),
+    }
+
+
+def render_source(layer: LayerSpec, dtype: str, cfg: dict[str, Any] | None = None) -> str:
+    return render(TEMPLATE, **plan(layer, dtype, cfg))

@@ -1,0 +1,169 @@
+"""Chat templates and stop tokens read from a checkpoint folder.
+
+- `tokenizer_config.json`'s `chat_template` (a string, or a list of `{"name", "template"}`
+  from which "default" is taken), else a `chat_template.jinja` file, else Phi-3-Small's
+  published turn format: `<|endoftext|><|user|>\\n...<|end|>\\n<|assistant|>\\n`.
+- Templates are rendered in jinja2's immutable sandbox, so a checkpoint's template cannot
+  reach Python internals or change what it is given.
+- `generation_config.json`'s `eos_token_id` (an int or a list) gives the tokens that end a turn;
+  for Phi-3-Small-instruct it holds `<|end|>` beside `<|endoftext|>`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ..errors import InputError
+
+ROLES = ("system", "user", "assistant")
+
+# Phi-3-Small's turn format, written out as a template: every message is `<|role|>\n` + its
+# content + `<|end|>\n`, after one `<|endoftext|>` (the BOS); a generation prompt opens the
+# assistant's turn.
+PHI3SMALL_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "{{ '<|' ~ m['role'] ~ '|>\\n' ~ m['content'] ~ '<|end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _token_text(value, path: Path, field: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    raise InputError(f"{path}: {field} must be a string or {{'content': string}}, got {value!r}")
+
+
+class ChatTemplate:
+    def __init__(
+        self, source: str, bos_token: str = "<|endoftext|>", eos_token: str = "<|endoftext|>", origin="?"
+    ):
+        if not isinstance(source, str):
+            raise InputError(f"{origin}: chat_template must be a string, got {type(source).__name__}")
+        self.source, self.origin = source, origin
+        self.bos_token, self.eos_token = bos_token, eos_token
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+        env.globals["raise_exception"] = _raise
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise InputError(f"{origin}: chat_template does not compile: {exc}") from None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path | None) -> ChatTemplate:
+        """The folder's template, or Phi-3-Small's when it has none (or there is no folder)."""
+        if folder is None:
+            return cls(PHI3SMALL_CHAT_TEMPLATE, origin="Phi-3-Small's chat format")
+        folder = Path(folder)
+        config = folder / "tokenizer_config.json"
+        data = _read_json(config) if config.is_file() else {}
+        bos = _token_text(data.get("bos_token"), config, "bos_token") or "<|endoftext|>"
+        eos = _token_text(data.get("eos_token"), config, "eos_token") or "<|endoftext|>"
+        source = data.get("chat_template")
+        if isinstance(source, list):
+            named = {
+                t.get("name"): t.get("template") for t in source if isinstance(t, dict) and "template" in t
+            }
+            source = named.get("default", next(iter(named.values()), None))
+            if source is None:
+                raise InputError(f"{config}: chat_template is a list without a usable template")
+        if source is not None:
+            return cls(source, bos, eos, origin=str(config))
+        jinja_file = folder / "chat_template.jinja"
+        if jinja_file.is_file():
+            try:
+                return cls(jinja_file.read_text(), bos, eos, origin=str(jinja_file))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InputError(f"cannot read {jinja_file}: {exc}") from None
+        return cls(PHI3SMALL_CHAT_TEMPLATE, bos, eos, origin="Phi-3-Small's chat format")
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        msgs = check_messages(messages)
+        try:
+            return self._template.render(
+                messages=msgs,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except jinja2.TemplateError as exc:  # includes the sandbox's SecurityError
+            raise InputError(f"chat template ({self.origin}) failed: {exc}") from None
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            raise InputError(f"chat template ({self.origin}) failed: {type(exc).__name__}: {exc}") from None
+
+
+def _raise(message):
+    raise jinja2.TemplateError(str(message))
+
+
+def message_text(content, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of `{"type": "text", "text": ...}` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not (
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            ):
+                raise InputError(f"{where}.content[{j}] must be {{'type': 'text', 'text': string}}")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InputError(
+        f"{where}.content must be a string or a list of text parts, got {type(content).__name__}"
+    )
+
+
+def check_messages(messages) -> list[dict]:
+    """A non-empty list of {"role": system|user|assistant, "content": text}; returns plain copies."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InputError(
+            f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.80}"
+        )
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise InputError(f"{where} must be a dict with 'role' and 'content', got {type(m).__name__}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise InputError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r:.40}")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise InputError(f"{where} has unsupported keys {sorted(map(str, extra))}")
+        out.append({"role": role, "content": message_text(m.get("content"), where)})
+    return out
+
+
+def eos_token_ids(folder: str | Path | None, vocab_size: int) -> tuple[int, ...] | None:
+    """`generation_config.json`'s eos_token_id as a tuple, or None when the folder has none."""
+    if folder is None:
+        return None
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return None
+    value = _read_json(path).get("eos_token_id")
+    if value is None:
+        return None
+    ids = value if isinstance(value, list) else [value]
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise InputError(f"{path}: eos_token_id holds {t!r}, not a token id in 0..{vocab_size - 1}")
+    return tuple(ids)

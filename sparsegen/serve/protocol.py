@@ -1,0 +1,174 @@
+"""The OpenAI request bodies the server takes, checked strictly, and their SamplingParams.
+
+Bodies are parsed with pydantic in strict mode (no "0.5" for a number, no 1.0 for an int, no
+NaN) and unknown fields are refused, so a typo is a 400 naming the field instead of being
+ignored. Besides OpenAI's fields, vLLM's extras are accepted (`top_k`, `min_p`,
+`repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`), as the openai client
+sends them through `extra_body`. Features the server does not have (`echo`, `suffix`,
+`logit_bias`, tools, response formats other than text) are refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.sampling import MAX_LOGPROBS, SEED_LIMIT, SamplingParams
+from ..errors import RequestError
+
+MAX_N = 16  # completions per request
+MAX_STOP = 16  # stop strings per request
+MAX_STOP_LEN = 256
+MAX_PROMPTS = 256  # prompts in one /v1/completions request
+
+StopStr = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    model: str
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: StopStr | Annotated[list[StopStr], Field(max_length=MAX_STOP)] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extras
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False  # sparsegen (and recent vLLM): each choice also lists its token ids
+
+    def _refuse_unsupported(self) -> None:
+        if self.logit_bias:
+            raise RequestError("logit_bias is not supported", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise RequestError("stream_options is only allowed with stream: true", "stream_options")
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        if self.min_tokens > max_tokens:
+            raise RequestError(
+                f"min_tokens ({self.min_tokens}) is larger than max_tokens ({max_tokens})", "min_tokens"
+            )
+        return SamplingParams(
+            n=self.n,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            stop=tuple([self.stop] if isinstance(self.stop, str) else self.stop or ()),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            seed=self.seed,
+        )
+
+
+Prompt = (
+    Annotated[str, Field(min_length=1)]
+    | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+    | Annotated[list[TokenId], Field(min_length=1)]
+    | Annotated[
+        list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)
+    ]
+)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Prompt
+    max_tokens: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    def check(self) -> None:
+        self._refuse_unsupported()
+        if self.echo:
+            raise RequestError("echo is not supported", "echo")
+        if self.suffix:
+            raise RequestError("suffix is not supported", "suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise RequestError("best_of other than n is not supported", "best_of")
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):
+            return [list(p)]
+        return list(p)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    response_format: dict | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+
+    def check(self) -> None:
+        self._refuse_unsupported()
+        if self.tools:
+            raise RequestError("tools are not supported", "tools")
+        if self.tool_choice not in (None, "none"):
+            raise RequestError("tool_choice is not supported", "tool_choice")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise RequestError("only response_format {'type': 'text'} is supported", "response_format")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            if self.max_tokens != self.max_completion_tokens:
+                raise RequestError("max_tokens and max_completion_tokens disagree", "max_completion_tokens")
+
+    def conversation(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -1,0 +1,57 @@
+"""Bad input to the Gluon prefill path: typed errors, named, before anything runs (CPU tier)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sparsegen
+from sparsegen import HeadSpec, LayerSpec
+from sparsegen.errors import CompileError, ImplUnavailableError, InputError
+from sparsegen.kernels import gluon_api
+from sparsegen.kernels import prefill_gluon_template as tpl
+from sparsegen.kernels.prefill_gluon import get_gluon_prefill_kernel
+
+pytestmark = pytest.mark.skipif(
+    gluon_api.available() is not None, reason=f"no Gluon: {gluon_api.available()}"
+)
+
+
+def test_not_a_layer():
+    with pytest.raises(InputError, match="LayerSpec"):
+        get_gluon_prefill_kernel({"num_heads": 32}, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8, "bf16"])
+def test_bad_dtype(dtype):
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    with pytest.raises(InputError, match="dtype"):
+        get_gluon_prefill_kernel(layer, dtype=dtype)
+
+
+def test_uncovered_layer_says_why():
+    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(HeadSpec(local_blocks=2),) * 2)
+    with pytest.raises(ImplUnavailableError, match="head_dim 96"):
+        get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)
+
+
+def test_aot_kernel_refuses_to_run_without_an_sm90_gpu():
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("this machine can run the kernel")
+    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(local_blocks=2),) * 2)
+    kernel = get_gluon_prefill_kernel(layer, dtype=torch.float16)
+    q = torch.zeros(5, 2, 64, dtype=torch.float16)
+    k = torch.zeros(5, 1, 64, dtype=torch.float16)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ImplUnavailableError, match="sm_90"):
+        kernel(q, k, k, cu, cu, check=False)
+    with pytest.raises(InputError):  # shapes are checked before the device question
+        kernel(q[:, :1], k, k, cu, cu)
+
+
+def test_template_takes_typed_constants_only():
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    cfg = tpl.config(layer)
+    cfg["stages"] = "3; import os"
+    with pytest.raises(CompileError, match="stages"):
+        tpl.render_source(layer, "bf16", cfg)

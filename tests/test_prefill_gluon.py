@@ -1,0 +1,137 @@
+"""CPU tier for the Hopper Gluon prefill: its key-tile schedule against the mask, its rendering
+and coverage rules, and an ahead-of-time sm_90 build whose PTX must hold async wgmma."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import sparsegen
+from sparsegen import HeadSpec, LayerSpec
+from sparsegen.kernels import gluon_api, gluon_schedule
+from sparsegen.kernels import prefill_gluon_template as tpl
+from sparsegen.testing import head_specs
+
+pytestmark = pytest.mark.skipif(
+    gluon_api.available() is not None, reason=f"no Gluon: {gluon_api.available()}"
+)
+
+
+def _check_schedule(head: HeadSpec, q_len: int, k_len: int, block_m: int, block_n: int) -> None:
+    layer = LayerSpec(num_heads=1, num_kv_heads=1, head_dim=64, heads=(head,))
+    vis = sparsegen.visible_mask(layer, q_len, k_len)[0]  # [q_len, k_len]
+    first = k_len - q_len
+    seen = torch.zeros_like(vis)
+    for m0 in range(0, -(-k_len // block_m) * block_m, block_m):
+        rows = slice(max(m0, first) - first, min(m0 + block_m, k_len) - first)
+        tiles = gluon_schedule.tiles(head, m0, q_len, k_len, block_m=block_m, block_n=block_n)
+        if rows.stop <= rows.start:
+            assert tiles == [], (m0, tiles)
+            continue
+        starts = [n0 for n0, _ in tiles]
+        assert len(set(starts)) == len(starts), f"tile loaded twice: {starts}"
+        assert tiles, f"live query tile {m0} visits no key tile"
+        for n0, masked in tiles:
+            assert n0 % block_n == 0 and 0 <= n0 < k_len, (n0, k_len)
+            cols = slice(n0, min(n0 + block_n, k_len))
+            block = vis[rows, cols]
+            assert block.any(), f"tile {n0} of query tile {m0} is loaded but nothing in it is visible"
+            if not masked:
+                assert block.all() and n0 + block_n <= k_len, (
+                    f"unmasked tile {n0} (m0 {m0}) is not fully visible"
+                )
+            seen[rows, cols] = True
+    assert not (vis & ~seen).any(), "a visible pair lies in no visited tile"
+
+
+@given(
+    head=head_specs(),
+    k_len=st.integers(1, 900),
+    q_frac=st.floats(0.0, 1.0),
+    tile=st.sampled_from([(128, 64), (64, 32), (32, 16)]),
+)
+@example(
+    head=HeadSpec(block_size=64, local_blocks=16, vert_stride=8, vert_offset=7),
+    k_len=900,
+    q_frac=1.0,
+    tile=(128, 64),
+)
+@example(head=HeadSpec(block_size=64, sliding_window=5000), k_len=300, q_frac=0.3, tile=(128, 64))
+@example(
+    head=HeadSpec(block_size=16, local_blocks=1, vert_stride=3, vert_offset=1),
+    k_len=257,
+    q_frac=0.5,
+    tile=(32, 16),
+)
+def test_schedule_covers_exactly_the_visible_tiles(head, k_len, q_frac, tile):
+    block_m, block_n = tile
+    if head.vert_stride and not head.dense and head.block_size % block_n:
+        return  # the kernel does not take this spec (covers() sends it to the tl kernel)
+    q_len = max(1, round(q_frac * k_len))
+    _check_schedule(head, q_len, k_len, block_m, block_n)
+
+
+def test_schedule_phi3small_long_rows():
+    """A 4K sequence: every phi3small head's schedule, with a 1000-token prefix."""
+    for head in sparsegen.get_pattern("phi3small").layers[0].heads[:8]:
+        _check_schedule(head, 3096, 4096, 128, 64)
+
+
+def test_covers_and_rejects():
+    phi = sparsegen.get_pattern("phi3small")
+    assert tpl.covers(phi.layers[0], "bf16") is None and tpl.covers(phi.layers[1], "fp16") is None
+    assert "dtype" in tpl.covers(phi.layers[0], "fp32")
+    h96 = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(HeadSpec(local_blocks=2),) * 2)
+    assert "head_dim 96" in tpl.covers(h96, "bf16")
+    narrow = LayerSpec(
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=64,
+        heads=(HeadSpec(block_size=32, local_blocks=2, vert_stride=4),),
+    )
+    assert "narrower" in tpl.covers(narrow, "bf16")
+    local_small = LayerSpec(
+        num_heads=1, num_kv_heads=1, head_dim=64, heads=(HeadSpec(block_size=16, local_blocks=3),)
+    )
+    assert tpl.covers(local_small, "bf16") is None  # no vertical blocks: any block size
+
+
+def test_rendered_offsets_match_the_spec():
+    """The per-head vertical offsets the template computes (affine rule or chain) are the spec's."""
+    heads = tuple(
+        HeadSpec(block_size=64, local_blocks=2, vert_stride=8, vert_offset=o) for o in (3, 0, 7, 7, 1, 2)
+    )
+    for layer in (
+        sparsegen.get_pattern("phi3small").layers[0],
+        LayerSpec(num_heads=6, num_kv_heads=2, head_dim=64, heads=heads),
+    ):
+        for path in tpl.paths(layer):
+            for h, off in path["offsets"]:
+                assert off == layer.heads[h].vert_offset
+                if path["affine"]:
+                    assert (path["off_a"] * h + path["off_c"]) % path["vert"] == off
+        src = tpl.render_source(layer, "bf16")
+        assert "def prefill_kernel(" in src and "warp_specialize" in src
+
+
+def test_aot_build_for_sm90_has_async_wgmma_and_setmaxnreg():
+    """Built ahead of time on a CPU machine through GluonASTSource; the PTX is kept in the entry."""
+    from sparsegen.kernels.prefill_gluon import get_gluon_prefill_kernel
+
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    kernel = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)
+    assert kernel.status in ("compiled", "cached") and kernel.arch == "sm_90"
+    assert (kernel.path / "prefill_kernel.cubin").stat().st_size > 0
+    ptx = kernel.ptx
+    assert "wgmma.mma_async" in ptx
+    waits = {int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)}
+    assert any(n >= 1 for n in waits), f"every wgmma is waited on at once: wait_group {sorted(waits)}"
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), "consumers get no extra registers"
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24", ptx), "the producer keeps its registers"
+    assert "cp.async.bulk.tensor" in ptx, "K/V are not loaded by TMA"
+    assert "prefill_kernel" in kernel.source and kernel.name.startswith("prefill_gluon_bf16_hd128")
+    assert get_gluon_prefill_kernel(layer, dtype=torch.bfloat16) is kernel  # memo

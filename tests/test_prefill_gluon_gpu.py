@@ -1,0 +1,150 @@
+"""GPU tier for the Hopper Gluon prefill (`pytest -m gpu` on an sm_90 GPU): fuzzed specs and shapes
+against the reference with NaN-poisoned outputs, agreement with the tl kernel, and the
+metamorphic checks (the last row equals decode; a prefix plus a chunk equals the whole)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import sparsegen
+from sparsegen.kernels import prefill_gluon_template as tpl
+from sparsegen.testing import DecodeProblem, PrefillProblem, rel_err, sample_layer_spec
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+        reason="the Gluon prefill kernel runs on sm_90 (Hopper) only",
+    ),
+]
+TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+WINDOWS = (1, 17, 100, 333, 5000)  # shorter and longer than the sequences
+
+
+def _specs() -> list:
+    rng = random.Random(90)
+    phi = sparsegen.get_pattern("phi3small")
+    out = [phi.layers[0], phi.layers[1], sparsegen.get_pattern("sliding-window").layers[0]]
+    while len(out) < 14:
+        layer = sample_layer_spec(
+            rng, hybrid=bool(len(out) % 2), head_dims=(64, 128), ratios=(1, 2, 4, 8), windows=WINDOWS
+        )
+        if tpl.covers(layer, "bf16") is None:
+            out.append(layer)
+    return out
+
+
+SPECS = _specs()
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("SPARSEGEN_POISON_OUTPUT", "1")
+
+
+# Launch shapes every fuzz case cycles through: the rule's, one program per work item, and a
+# persistent grid of 3 programs (many items per program: the ring's phases run on across items).
+CONFIGS = ({}, {"persistent": False}, {"persistent": True, "programs": 3})
+
+
+def _gluon(layer, dtype, **overrides):
+    from sparsegen.kernels.prefill_gluon import get_gluon_prefill_kernel
+
+    return get_gluon_prefill_kernel(layer, dtype=dtype, **overrides)
+
+
+def _reference(p: PrefillProblem) -> torch.Tensor:
+    return p.reference(exact=False)  # float32 math on the GPU, compared in float64
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("spec_id", range(len(SPECS)))
+def test_fuzzed_against_reference_and_tl(spec_id, dtype):
+    from sparsegen.kernels.prefill import get_prefill_kernel
+
+    layer = SPECS[spec_id]
+    tl_kernel = get_prefill_kernel(layer, dtype=dtype)
+    rng = random.Random(spec_id * 11 + (dtype == torch.float16))
+    for case in range(9):
+        kernel = _gluon(layer, dtype, **CONFIGS[case % len(CONFIGS)])
+        batch = rng.randint(1, 3)
+        k_lens = [
+            rng.choice([1, 63, 64, 65, 127, 129, 777, 1000, 2049, rng.randint(1, 3000)]) for _ in range(batch)
+        ]
+        q_lens = [n if rng.random() < 0.5 else rng.randint(1, n) for n in k_lens]  # prefixes
+        p = PrefillProblem(
+            layer,
+            q_lens,
+            k_lens,
+            seed=case,
+            dtype=dtype,
+            device="cuda",
+            scale=rng.choice([None, 0.05, 1.0 / layer.head_dim]),
+        )
+        out = kernel(*p.args())
+        err = rel_err(out, _reference(p))
+        assert err < TOL[dtype], f"rel err {err:.3g} ({kernel.config}): {p.repro()}"
+        err_tl = rel_err(out, tl_kernel(*p.args()))
+        assert err_tl < 2e-2, f"rel err vs the tl kernel {err_tl:.3g}: {p.repro()}"
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_last_row_equals_decode(which):
+    layer = SPECS[which]
+    n, page_size = 3001, 16
+    p = DecodeProblem(layer, [n], page_size, seed=7, dtype=torch.bfloat16, device="cuda")
+    q, kc, vc, bt, sl, _, scale = p.args()
+    pages = bt[0, : -(-n // page_size)].long()
+    k = kc[pages].flatten(0, 1)[:n]  # [n, Hkv, D]
+    v = vc[pages].flatten(0, 1)[:n]
+    q_full = torch.randn(n, layer.num_heads, layer.head_dim, device="cuda", dtype=q.dtype)
+    q_full[-1] = q[0]
+    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    last = _gluon(layer, torch.bfloat16)(q_full, k, v, cu, cu, layer, scale)[-1]
+    dec = sparsegen.paged_decode(q, kc, vc, bt, sl, layer, scale, impl="cuda")[0]
+    assert rel_err(last, dec) < 1e-2
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_prefix_plus_chunk_equals_whole(which, dtype):
+    layer = SPECS[which]
+    kernel = _gluon(layer, dtype)
+    n, chunk = 5000, 1234
+    p = PrefillProblem(layer, [n], [n], seed=11, dtype=dtype, device="cuda")
+    q, k, v, cu, _, _, _ = p.args()
+    whole = kernel(q, k, v, cu, cu)
+    cu_q = torch.tensor([0, chunk], dtype=torch.int32, device="cuda")
+    part = kernel(q[-chunk:].contiguous(), k, v, cu_q, cu)
+    assert rel_err(part, whole[-chunk:]) < TOL[dtype]
+
+
+def test_long_sequence_phi3small():
+    layer = SPECS[0]
+    p = PrefillProblem(layer, [20000], [20000], seed=3, dtype=torch.bfloat16, device="cuda")
+    assert rel_err(_gluon(layer, torch.bfloat16)(*p.args()), _reference(p)) < 2e-2
+
+
+def test_dense_equals_causal_sdpa():
+    layer = SPECS[1]
+    p = PrefillProblem(layer, [4096], [4096], seed=4, dtype=torch.bfloat16, device="cuda")
+    out = _gluon(layer, torch.bfloat16)(*p.args())
+    q, k, v = (p.tensors[n].transpose(0, 1).unsqueeze(0).float() for n in "qkv")
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert rel_err(out, ref[0].transpose(0, 1)) < 1e-2
+
+
+def test_strided_kv_views_are_read_correctly():
+    """K and V as views into a fused qkv buffer (head stride != head_dim) take the copy path."""
+    layer = SPECS[0]
+    n, h, hkv, d = 777, layer.num_heads, layer.num_kv_heads, layer.head_dim
+    qkv = torch.randn(n, hkv, h // hkv + 2, d, device="cuda", dtype=torch.bfloat16)
+    q = qkv[:, :, : h // hkv].reshape(n, h, d)
+    k, v = qkv[:, :, -2], qkv[:, :, -1]  # [n, Hkv, D], stride(1) = (h/hkv + 2) * d
+    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    out = _gluon(layer, torch.bfloat16)(q, k, v, cu, cu)
+    ref = sparsegen.reference.prefill(q.float(), k.float(), v.float(), cu, cu, layer)
+    assert rel_err(out, ref) < 2e-2
