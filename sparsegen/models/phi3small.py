@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import ops
+from ..errors import InputError
 from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
@@ -128,7 +129,7 @@ class Attention(nn.Module):
                 write[1].view(-1, hkv, d).index_copy_(0, batch.slot_mapping, v)
         if batch.is_decode:
             if kv_cache is None:
-                raise ValueError("a decode step needs a KV cache")
+                raise InputError("a decode step needs a KV cache")
             out = ops.paged_decode(
                 q,
                 kv_cache[0],
