@@ -1,13 +1,17 @@
 """End-to-end Phi-3-Small (random `7b` weights, bf16) through the engine: sparse vs every layer dense.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_generate.py [--out generate.json] [--quick]
+    PYTHONPATH=$PWD python3 benchmarks/bench_generate.py [--out generate.json] [--quick] [--compile both]
     PYTHONPATH=$PWD python3 benchmarks/bench_generate.py --smoke   # CPU, tiny model, short prompts
 
-In one run, with the same weights and the same engine, for sparse attention and `--force-dense`:
+In one run, with the same weights, for sparse attention and for every layer dense (and, with
+`--compile both`, for decode steps with and without torch.compile inside the CUDA graphs):
 - time to first token of one 8K-token and one 32K-token prompt (chunked prefill, 8K chunks);
-- decode tokens/s at batch 1 and at batch 32, each sequence with an 8K-token prompt. Only
-  decode steps are timed (from the step after every sequence has its first token), after a few
-  warm-up steps (kernel compiles and CUDA-graph captures happen before the timed window).
+- decode tokens/s and ms/step at batch 1 and at batch 32, each sequence with an 8K-token
+  prompt. Only decode steps are timed (from the step after every sequence has its first
+  token), after a few warm-up steps (kernel compiles and CUDA-graph captures happen before
+  the timed window);
+- the KV cache each engine allocated (pages, tokens, GiB) and the peak GPU memory of each
+  measurement (torch.cuda.max_memory_allocated, weights included).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import torch
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model
 
+GIB = 2**30
+
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
@@ -33,27 +39,38 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def new_engine(model, graphs: bool) -> LLMEngine:
+def peak_gib() -> float:
+    return torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0
+
+
+def new_engine(model, graphs: bool, compiled: bool, kv_gib: float) -> LLMEngine:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    kv_bytes = (48 << 30) if model.device.type == "cuda" else (64 << 20)
+        torch.cuda.reset_peak_memory_stats()
+    kv_bytes = int(kv_gib * GIB) if model.device.type == "cuda" else (64 << 20)
     return LLMEngine(model, kv_cache_bytes=kv_bytes, max_num_seqs=32, max_num_batched_tokens=8192,
-                     use_cuda_graphs=graphs)  # fmt: skip
+                     use_cuda_graphs=graphs, compile_model=compiled)  # fmt: skip
 
 
-def ttft(model, length: int, graphs: bool) -> float:
-    engine = new_engine(model, graphs)
+def kv_info(engine: LLMEngine) -> dict:
+    pages, tokens = engine.kv_capacity
+    return {"pages": pages, "tokens": tokens, "gib": engine.runner.kv_cache_bytes / GIB}
+
+
+def ttft(model, length: int, graphs: bool, compiled: bool, kv_gib: float) -> dict:
+    engine = new_engine(model, graphs, compiled, kv_gib)
     engine.generate(prompts(1, 512, seed=1), SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
     sync()
     res = engine.generate(prompts(1, length, seed=2), SamplingParams(max_tokens=1, ignore_eos=True))[0]
-    return res.ttft_s
+    return {"ttft_s": res.ttft_s, "context": length, "peak_gib": peak_gib(), "kv": kv_info(engine)}
 
 
-def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, graphs: bool) -> dict:
-    engine = new_engine(model, graphs)
-    seqs = engine.submit(prompts(batch, length, seed=3), SamplingParams(max_tokens=steps + warm_steps + 1,
-                                                                        ignore_eos=True))  # fmt: skip
+def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, graphs: bool, compiled: bool,
+                kv_gib: float) -> dict:  # fmt: skip
+    engine = new_engine(model, graphs, compiled, kv_gib)
+    params = SamplingParams(max_tokens=steps + warm_steps + 1, ignore_eos=True)
+    seqs = engine.submit(prompts(batch, length, seed=3), params)
     while any(s.t_first_token is None for s in seqs):  # prefill every prompt
         engine.step()
     for _ in range(warm_steps):
@@ -63,7 +80,31 @@ def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, gra
     for _ in range(steps):
         tokens += len(engine.step())  # sampling reads the tokens back: each step is synchronous
     wall = time.perf_counter() - start
-    return {"tokens_per_s": tokens / wall, "step_ms": 1e3 * wall / steps, "batch": batch, "context": length}
+    return {"tokens_per_s": tokens / wall, "step_ms": 1e3 * wall / steps, "batch": batch, "context": length,
+            "peak_gib": peak_gib(), "kv": kv_info(engine)}  # fmt: skip
+
+
+def run_mode(model, mode: str, compiled: bool, args, sizes) -> dict:
+    short, long, big_batch, steps, warm = sizes
+    graphs = not args.no_cuda_graphs
+    model.set_force_dense(mode == "dense")
+    r = {
+        "ttft_8k": ttft(model, short, graphs, compiled, args.kv_gib),
+        "ttft_32k": ttft(model, long, graphs, compiled, args.kv_gib),
+        "decode_b1": decode_rate(model, 1, short, steps, warm, graphs, compiled, args.kv_gib),
+        "decode_b32": decode_rate(model, big_batch, short, steps, warm, graphs, compiled, args.kv_gib),
+    }
+    kv = r["decode_b1"]["kv"]
+    name = f"{mode}{'+compile' if compiled else ''}"
+    print(
+        f"{name:15s} TTFT {short} {r['ttft_8k']['ttft_s'] * 1e3:8.1f} ms  TTFT {long} {r['ttft_32k']['ttft_s'] * 1e3:8.1f} ms  "
+        f"b1 {r['decode_b1']['tokens_per_s']:7.1f} tok/s ({r['decode_b1']['step_ms']:.2f} ms/step)  "
+        f"b{big_batch} {r['decode_b32']['tokens_per_s']:8.1f} tok/s ({r['decode_b32']['step_ms']:.2f} ms/step)  "
+        f"KV {kv['pages']} pages = {kv['tokens']} tokens ({kv['gib']:.1f} GiB)  "
+        f"peak {max(x['peak_gib'] for x in r.values()):.1f} GiB",
+        flush=True,
+    )  # fmt: skip
+    return r
 
 
 def main() -> None:
@@ -71,11 +112,14 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     ap.add_argument("--quick", action="store_true", help="fewer decode steps")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--compile", choices=["off", "on", "both"], default="off",
+                    help="decode steps through torch.compile inside the graphs (both: measure each)")  # fmt: skip
+    ap.add_argument("--modes", default="sparse,dense", help="comma-separated: sparse, dense")
+    ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per engine (GPU)")
     ap.add_argument(
         "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
     )
     args = ap.parse_args()
-    graphs = not args.no_cuda_graphs
     steps, warm = (16, 3) if args.quick or args.smoke else (64, 4)
     short, long, big_batch = (8192, 32768, 32) if not args.smoke else (512, 1024, 4)
     if args.smoke:
@@ -86,33 +130,31 @@ def main() -> None:
         raise SystemExit("bench_generate needs a CUDA GPU (or --smoke)")
     t0 = time.perf_counter()
     model = random_model(size, device=device, dtype=dtype, seed=0)
-    print(f"{size} random weights built in {time.perf_counter() - t0:.1f} s", flush=True)
-    rows = {}
-    for mode in ("sparse", "dense"):
-        model.set_force_dense(mode == "dense")
-        r = {
-            "ttft_8k_s": ttft(model, short, graphs),
-            "ttft_32k_s": ttft(model, long, graphs),
-            "decode_b1": decode_rate(model, 1, short, steps, warm, graphs),
-            "decode_b32": decode_rate(model, big_batch, short, steps, warm, graphs),
-        }
-        rows[mode] = r
-        print(
-            f"{mode:6s}  TTFT {short} {r['ttft_8k_s'] * 1e3:8.1f} ms   TTFT {long} {r['ttft_32k_s'] * 1e3:8.1f} ms   "
-            f"decode b1 {r['decode_b1']['tokens_per_s']:7.1f} tok/s ({r['decode_b1']['step_ms']:.2f} ms/step)   "
-            f"decode b{big_batch} {r['decode_b32']['tokens_per_s']:8.1f} tok/s ({r['decode_b32']['step_ms']:.2f} ms/step)",
-            flush=True,
-        )
-    s, d = rows["sparse"], rows["dense"]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     print(
-        f"== summary ({size} random, {dtype}, {short}-token prompts for decode; sparse speed-up over dense)"
+        f"{size} random weights ({weights / 1e9:.2f} GB) built in {time.perf_counter() - t0:.1f} s",
+        flush=True,
     )
-    print(f"TTFT {short} x{d['ttft_8k_s'] / s['ttft_8k_s']:.2f}   TTFT {long} x{d['ttft_32k_s'] / s['ttft_32k_s']:.2f}   "
-          f"decode b1 x{s['decode_b1']['tokens_per_s'] / d['decode_b1']['tokens_per_s']:.2f}   "
-          f"decode b{big_batch} x{s['decode_b32']['tokens_per_s'] / d['decode_b32']['tokens_per_s']:.2f}")  # fmt: skip
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    rows = {}
+    for compiled in compiles:
+        for mode in args.modes.split(","):
+            rows[f"{mode}{'+compile' if compiled else ''}"] = run_mode(
+                model, mode, compiled, args, (short, long, big_batch, steps, warm)
+            )
+    if "sparse" in rows and "dense" in rows:
+        s, d = rows["sparse"], rows["dense"]
+        print(
+            f"== summary ({size} random, {dtype}, {short}-token prompts for decode; sparse speed-up over dense)"
+        )
+        print(f"TTFT {short} x{d['ttft_8k']['ttft_s'] / s['ttft_8k']['ttft_s']:.2f}   "
+              f"TTFT {long} x{d['ttft_32k']['ttft_s'] / s['ttft_32k']['ttft_s']:.2f}   "
+              f"decode b1 x{s['decode_b1']['tokens_per_s'] / d['decode_b1']['tokens_per_s']:.2f}   "
+              f"decode b{big_batch} x{s['decode_b32']['tokens_per_s'] / d['decode_b32']['tokens_per_s']:.2f}")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"size": size, "cuda_graphs": graphs, **rows}, f, indent=2)
+            json.dump({"size": size, "cuda_graphs": not args.no_cuda_graphs, "weights_gb": weights / 1e9, **rows},
+                      f, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -140,16 +140,17 @@ def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
     return row
 
 
-VARIANTS = {
-    "c2_n64_s3": {},
-    "c2_n64_s3_persist": {"persistent": True},
-    "c2_n64_s2_persist": {"stages": 2, "persistent": True},
-    "c2_n128_s2_persist": {"block_n": 128, "stages": 2, "persistent": True},
-    "c1_n64_s3": {"consumers": 1},
-    "c2_n64_s3_qsmem": {"q_smem": True},
-    "c2_n64_s2": {"stages": 2},
-    "c2_n128_s2": {"block_n": 128, "stages": 2},
-    "c2_n128_s2_qsmem": {"block_n": 128, "stages": 2, "q_smem": True},
+BASE = {"block_n": 64, "stages": 3, "q_smem": False, "persistent": False, "consumers": 2}
+VARIANTS = {  # {} is the rule's choice for the case (prefill_gluon_template.config)
+    "rule": {},
+    "c2_n64_s3": BASE,
+    "c2_n64_s3_persist": {**BASE, "persistent": True},
+    "c1_n64_s3": {**BASE, "consumers": 1},
+    "c2_n64_s3_qsmem": {**BASE, "q_smem": True},
+    "c2_n64_s2": {**BASE, "stages": 2},
+    "c2_n128_s2": {**BASE, "block_n": 128, "stages": 2},
+    "c2_n128_s2_qsmem": {**BASE, "block_n": 128, "stages": 2, "q_smem": True},
+    "c2_n128_s2_qsmem_persist": {**BASE, "block_n": 128, "stages": 2, "q_smem": True, "persistent": True},
 }
 
 

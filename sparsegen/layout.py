@@ -5,6 +5,9 @@ count visible keys in closed form (O(seq_len) per head), never through an [S, S]
 
 Positions are absolute within a sequence. With more keys than queries, query row r sits at
 position `n_k - n_q + r` (bottom-right alignment, DESIGN §1).
+
+The public functions take exact arguments: a `LayerSpec`, and lengths that are ints (not bools,
+not floats such as 4.5) in 1..MAX_SEQ_LEN. Anything else is an `InputError` naming the argument.
 """
 
 from __future__ import annotations
@@ -12,7 +15,26 @@ from __future__ import annotations
 import torch
 
 from .errors import InputError
-from .spec import HeadSpec, LayerSpec
+from .spec import MAX_SEQ_LEN, HeadSpec, LayerSpec
+
+# The most elements visible_mask materialises ([H, n_q, n_k] bools, 2 GiB): beyond it, count
+# with density/visible_counts or look at tiles with block_mask.
+MAX_MASK_ELEMENTS = 2**31
+
+
+def check_layer(layer: object, name: str = "layer") -> LayerSpec:
+    if not isinstance(layer, LayerSpec):
+        raise InputError(f"{name} must be a sparsegen.LayerSpec, got {type(layer).__name__}: {layer!r:.80}")
+    return layer
+
+
+def check_length(name: str, value: object, minimum: int = 1, maximum: int = MAX_SEQ_LEN) -> int:
+    """An exact int in minimum..maximum (a bool or a float such as 8.0 is refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{name} must be an int, got {type(value).__name__}: {value!r:.80}")
+    if not minimum <= value <= maximum:
+        raise InputError(f"{name} must be in {minimum}..{maximum}, got {value}")
+    return value
 
 
 def head_visible(head: HeadSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -46,9 +68,16 @@ def layer_visible(layer: LayerSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) ->
 
 def visible_mask(layer: LayerSpec, n_q: int, n_k: int | None = None) -> torch.Tensor:
     """[H, n_q, n_k] bool mask; the queries are the last n_q of n_k positions."""
-    n_k = n_q if n_k is None else n_k
-    if not 0 <= n_q <= n_k:
-        raise InputError(f"visible_mask needs 0 <= n_q <= n_k, got n_q={n_q}, n_k={n_k}")
+    layer = check_layer(layer)
+    n_q = check_length("n_q", n_q, minimum=0)
+    n_k = n_q if n_k is None else check_length("n_k", n_k, minimum=0)
+    if n_q > n_k:
+        raise InputError(f"visible_mask needs n_q <= n_k, got n_q={n_q}, n_k={n_k}")
+    if layer.num_heads * n_q * n_k > MAX_MASK_ELEMENTS:
+        raise InputError(
+            f"visible_mask would hold {layer.num_heads} x {n_q} x {n_k} elements (at most "
+            f"{MAX_MASK_ELEMENTS}); use density(), visible_counts() or block_mask() at this length"
+        )
     q_pos = torch.arange(n_k - n_q, n_k)
     return layer_visible(layer, q_pos, torch.arange(n_k))
 
@@ -95,11 +124,16 @@ def visible_counts(layer: LayerSpec, positions: torch.Tensor) -> torch.Tensor:
 
 def density(layer: LayerSpec, seq_len: int) -> torch.Tensor:
     """[H] float64: visible (query, key) pairs over causal pairs for one sequence."""
-    if seq_len < 1:
-        raise InputError(f"density needs seq_len >= 1, got {seq_len}")
+    layer = check_layer(layer)
+    seq_len = check_length("seq_len", seq_len)
     pos = torch.arange(seq_len, dtype=torch.int64)
     causal = seq_len * (seq_len + 1) // 2
-    return visible_counts(layer, pos).sum(dim=1).to(torch.float64) / causal
+    # One [seq_len] count per distinct head (not an [H, seq_len] stack): memory stays O(seq_len).
+    pairs: dict[HeadSpec, int] = {}
+    for head in layer.heads:
+        if head not in pairs:
+            pairs[head] = int(head_key_counts(head, pos).sum())
+    return torch.tensor([pairs[h] for h in layer.heads], dtype=torch.float64) / causal
 
 
 def block_mask(layer: LayerSpec, seq_len: int, block: int) -> torch.Tensor:
@@ -108,7 +142,12 @@ def block_mask(layer: LayerSpec, seq_len: int, block: int) -> torch.Tensor:
     Closed form, exact for any tile size: the rows of tile a = [a0, a1] together see the
     contiguous range [near_start(a0), a1] plus the vertical-stride keys at or below a1.
     """
+    layer = check_layer(layer)
+    seq_len = check_length("seq_len", seq_len)
+    block = check_length("block", block)
     nb = -(-seq_len // block)
+    if layer.num_heads * nb * nb > MAX_MASK_ELEMENTS:
+        raise InputError(f"block_mask would hold {layer.num_heads} x {nb} x {nb} tiles; use a larger block")
     starts = torch.arange(nb) * block
     ends = torch.clamp(starts + block - 1, max=seq_len - 1)
     q_lo, q_hi = starts.view(nb, 1), ends.view(nb, 1)  # query tile a, as a column
@@ -130,6 +169,9 @@ def block_mask(layer: LayerSpec, seq_len: int, block: int) -> torch.Tensor:
 
 def decode_pages(layer: LayerSpec, seq_len: int, page_size: int) -> torch.Tensor:
     """[Hkv, num_pages] bool: pages some head of each KV group needs for the query at seq_len-1."""
+    layer = check_layer(layer)
+    seq_len = check_length("seq_len", seq_len)
+    page_size = check_length("page_size", page_size)
     k_pos = torch.arange(seq_len)
     vis = layer_visible(layer, torch.tensor([seq_len - 1]), k_pos)[:, 0]  # [H, seq_len]
     n_pages = -(-seq_len // page_size)

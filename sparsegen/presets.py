@@ -1,16 +1,20 @@
 """Named patterns and loaders: `get_pattern(name_or_path)` -> `ModelSpec`.
 
 A pattern comes from a preset name, a sparsegen JSON spec file (`ModelSpec.to_json`), or an
-HF `config.json` that carries Phi-3-Small's `blocksparse_*` fields or a `sliding_window`.
+HF `config.json` (or the model folder holding it), mapped layer by layer by `hf_config`:
+Phi-3-Small's `blocksparse_*` fields, `layer_types`, Qwen2's `max_window_layers`, Gemma-2's
+alternation, Mistral's `sliding_window`.
 """
 
 from __future__ import annotations
 
-import json
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecError
+from . import jsonio
+from .errors import InputError, SpecError
+from .hf_config import model_spec_from_hf
 from .spec import SPEC_FORMAT, HeadSpec, LayerSpec, ModelSpec
 
 
@@ -77,91 +81,38 @@ PRESETS = {
 
 
 def get_pattern(name_or_path: str | Path) -> ModelSpec:
-    """A preset name, a sparsegen JSON spec file, or an HF `config.json`."""
-    key = str(name_or_path)
+    """A preset name, a sparsegen JSON spec file, an HF `config.json`, or a model folder holding one.
+
+    Errors are `SpecError`s; one caused by a file starts with the file's path.
+    """
+    if not isinstance(name_or_path, (str, PathLike)):
+        raise InputError(
+            f"get_pattern takes a preset name or a path, got {type(name_or_path).__name__}: {name_or_path!r:.80}"
+        )
+    key = str(Path(name_or_path)) if isinstance(name_or_path, PathLike) else name_or_path
     if key in PRESETS:
         return PRESETS[key][0]()
+    if not key or "\0" in key:
+        raise SpecError(f"pattern {key!r} is neither a preset ({', '.join(PRESETS)}) nor a path")
     path = Path(key)
-    if not path.is_file():
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecError(f"model folder {path} has no config.json")
+        path = path / "config.json"
+    elif not path.is_file():
         raise SpecError(f"pattern {key!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file")
+    data = jsonio.read_json_file(path, SpecError)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError(f"cannot read pattern file {path}: {exc}") from None
-    if isinstance(data, dict) and data.get("format") == SPEC_FORMAT:
-        return ModelSpec.from_dict(data)
+        if isinstance(data, dict) and data.get("format") == SPEC_FORMAT:
+            return ModelSpec.from_dict(data)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
     if isinstance(data, dict) and ("num_attention_heads" in data or "model_type" in data):
-        return from_hf_config(data, name=path.parent.name or path.stem)
+        name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+        return from_hf_config(data, name=name or "hf-config", source=str(path))
     raise SpecError(f"{path} is neither a sparsegen spec (format {SPEC_FORMAT!r}) nor an HF config.json")
 
 
-def _cfg_int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = cfg.get(key, default)
-    if value is None:
-        raise SpecError(f"config.json has no {key!r}")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"config.json field {key!r} must be an int, got {value!r}")
-    return value
-
-
-def from_hf_config(cfg: dict[str, Any], name: str = "hf-config") -> ModelSpec:
-    """Map an HF config's attention fields onto a ModelSpec.
-
-    Read: num_attention_heads, num_key_value_heads, hidden_size / head_dim,
-    num_hidden_layers, blocksparse_{block_size, num_local_blocks, vert_stride,
-    homo_head_pattern}, dense_attention_every_n_layers, sliding_window / use_sliding_window.
-    A config that mixes block sparsity with a sliding window is refused: no such model exists,
-    and guessing would silently change its attention.
-    """
-    num_heads = _cfg_int(cfg, "num_attention_heads")
-    num_kv = _cfg_int(cfg, "num_key_value_heads", num_heads)
-    num_layers = _cfg_int(cfg, "num_hidden_layers")
-    if num_heads < 1 or num_layers < 1:
-        raise SpecError(f"config.json: num_attention_heads={num_heads}, num_hidden_layers={num_layers}")
-    head_dim = cfg.get("head_dim")
-    if head_dim is None:
-        hidden = _cfg_int(cfg, "hidden_size")
-        if hidden % num_heads:
-            raise SpecError(f"config.json: hidden_size {hidden} is not a multiple of {num_heads} heads")
-        head_dim = hidden // num_heads
-    elif isinstance(head_dim, bool) or not isinstance(head_dim, int):
-        raise SpecError(f"config.json field 'head_dim' must be an int, got {head_dim!r}")
-
-    blocksparse = any(k.startswith("blocksparse_") for k in cfg)
-    window = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window") is False:
-        window = None
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
-        raise SpecError(f"config.json field 'sliding_window' must be an int or null, got {window!r}")
-    if blocksparse and window:
-        raise SpecError(
-            "config.json has both blocksparse_* fields and sliding_window; "
-            "sparsegen cannot tell how they combine in this model"
-        )
-    if "layer_types" in cfg or "max_window_layers" in cfg:
-        raise SpecError(
-            "config.json uses per-layer attention types (layer_types/max_window_layers), "
-            "which sparsegen does not map yet"
-        )
-
-    dense_layer = _uniform_layer(num_heads, num_kv, head_dim, HeadSpec(dense=True))
-    if blocksparse:
-        heads = blocksparse_heads(
-            num_heads,
-            block_size=_cfg_int(cfg, "blocksparse_block_size", 64),
-            local_blocks=_cfg_int(cfg, "blocksparse_num_local_blocks", 16),
-            vert_stride=_cfg_int(cfg, "blocksparse_vert_stride", 8),
-            homo_head=bool(cfg.get("blocksparse_homo_head_pattern", False)),
-        )
-        sparse_layer = LayerSpec(num_heads, num_kv, head_dim, heads)
-        every = _cfg_int(cfg, "dense_attention_every_n_layers", 0)
-        if every < 0:
-            raise SpecError(f"config.json field 'dense_attention_every_n_layers' must be >= 0, got {every}")
-        layers = tuple(
-            dense_layer if every and (i + 1) % every == 0 else sparse_layer for i in range(num_layers)
-        )
-    elif window:
-        layers = (_uniform_layer(num_heads, num_kv, head_dim, HeadSpec(sliding_window=window)),) * num_layers
-    else:
-        layers = (dense_layer,) * num_layers
-    return ModelSpec(name, layers)
+def from_hf_config(cfg: dict[str, Any], name: str = "hf-config", source: str = "config.json") -> ModelSpec:
+    """Map an HF config's attention fields onto a ModelSpec, layer by layer (`hf_config`)."""
+    return model_spec_from_hf(cfg, name=name, source=source)

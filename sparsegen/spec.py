@@ -10,6 +10,18 @@ Semantics (DESIGN §1): query i sees key j iff j <= i and any enabled part allow
   local blocks     i//B - j//B < local_blocks
   vertical stride  (j//B + vert_offset + 1) % vert_stride == 0
   sliding window   i - j < sliding_window
+
+Bounds (every value is checked here, so none reaches a template unchecked): no kernel serves a
+sequence longer than MAX_SEQ_LEN tokens, so a spec is only ever evaluated at positions below it.
+  local_blocks     above MAX_SEQ_LEN // block_size it is clamped to that: every causal key is
+                   already inside the local blocks there, so the two are the same pattern.
+  sliding_window   above MAX_SEQ_LEN it is clamped to MAX_SEQ_LEN, for the same reason.
+  vert_stride      above MAX_SEQ_LEN // block_size it is refused (SpecError): such a stride picks
+                   at most one block of the longest sequence, which no real pattern means.
+  vert_offset      below vert_stride (refused otherwise).
+  block_size       a power of two in MIN_BLOCK_SIZE..MAX_BLOCK_SIZE (refused otherwise).
+  num_heads        at most MAX_HEADS (refused otherwise); head_dim one of SUPPORTED_HEAD_DIMS.
+Sizes are exact ints: bools, floats (even 8.0), strings and numpy scalars are refused.
 """
 
 from __future__ import annotations
@@ -19,11 +31,16 @@ import json
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
+from . import jsonio
 from .errors import SpecError
 
 SPEC_FORMAT = "sparsegen.spec/1"
 SUPPORTED_HEAD_DIMS = (64, 96, 128)
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 16, 256
+# The longest sequence any kernel serves, in tokens (decode's split arithmetic stays within 32
+# bits below it). The one definition: launchers and layout import it from here.
+MAX_SEQ_LEN = 2**23
+MAX_HEADS = 1024  # query heads per layer; the largest published models have 128
 
 
 def _check_int(owner: str, name: str, value: Any, minimum: int = 0) -> None:
@@ -64,6 +81,17 @@ class HeadSpec:
                 f"HeadSpec.block_size must be a power of two in "
                 f"{MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}, got {bs!r}"
             )
+        max_blocks = MAX_SEQ_LEN // bs  # blocks of the longest sequence
+        if self.vert_stride > max_blocks:
+            raise SpecError(
+                f"HeadSpec.vert_stride must be <= {max_blocks} (the blocks of a {MAX_SEQ_LEN}-token "
+                f"sequence at block_size {bs}), got {self.vert_stride!r}"
+            )
+        # Beyond these, every causal key within MAX_SEQ_LEN is visible anyway: the same pattern.
+        if self.local_blocks > max_blocks:
+            object.__setattr__(self, "local_blocks", max_blocks)
+        if self.sliding_window > MAX_SEQ_LEN:
+            object.__setattr__(self, "sliding_window", MAX_SEQ_LEN)
         if self.vert_stride == 0 and self.vert_offset != 0:
             raise SpecError(f"HeadSpec.vert_offset must be 0 when vert_stride is 0, got {self.vert_offset!r}")
         if self.vert_stride > 0 and self.vert_offset >= self.vert_stride:
@@ -116,6 +144,8 @@ class LayerSpec:
 
     def __post_init__(self) -> None:
         _check_int("LayerSpec", "num_heads", self.num_heads, 1)
+        if self.num_heads > MAX_HEADS:
+            raise SpecError(f"LayerSpec.num_heads must be <= {MAX_HEADS}, got {self.num_heads!r}")
         _check_int("LayerSpec", "num_kv_heads", self.num_kv_heads, 1)
         _check_int("LayerSpec", "head_dim", self.head_dim, 1)
         if self.num_heads % self.num_kv_heads:
@@ -246,13 +276,12 @@ class ModelSpec:
 
 
 def _load_json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"spec is not valid JSON: {exc}") from None
+    return jsonio.loads(text, "spec", SpecError)
 
 
 def _known_keys(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise SpecError(f"a {what} must be a JSON object (dict), got {type(data).__name__}")
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:

@@ -21,7 +21,7 @@ import torch
 
 from . import dtypes
 from .errors import InputError
-from .spec import LayerSpec
+from .spec import MAX_SEQ_LEN, LayerSpec
 
 KERNEL_DTYPES = dtypes.KERNEL_DTYPES
 REFERENCE_DTYPES = dtypes.REFERENCE_DTYPES
@@ -141,6 +141,8 @@ def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, *, check_values: bo
         )
     max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if max_k is not None and max_k > MAX_SEQ_LEN:
+        raise InputError(f"max_seqlen_k is {max_k}; at most {MAX_SEQ_LEN} tokens per sequence")
     if not check_values:
         return
     both = torch.cat([cu_q, cu_k]).tolist()  # one device->host copy for both
@@ -161,6 +163,8 @@ def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, *, check_values: bo
             raise InputError(f"sequence {b} has q_len {lq} > max_seqlen_q {max_q}")
         if max_k is not None and lk > max_k:
             raise InputError(f"sequence {b} has k_len {lk} > max_seqlen_k {max_k}")
+        if lk > MAX_SEQ_LEN:  # specs are normalised up to this length only (sparsegen.spec)
+            raise InputError(f"sequence {b} has k_len {lk}; at most {MAX_SEQ_LEN} tokens per sequence")
 
 
 def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cpu: bool, kernel: bool = False,

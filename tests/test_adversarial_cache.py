@@ -13,6 +13,7 @@ runs the real prefill interpreter path, one the real sm_90 AOT entry (cubin + me
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import importlib.util
@@ -31,6 +32,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import sparsegen
 from sparsegen import CacheError, HeadSpec, JitDisabledError, LayerSpec
@@ -526,6 +529,68 @@ def test_manifest_case_count():
     assert len(_manifest_cases(_key())) == 34  # the parametrize above covers every case
 
 
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=80),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS = st.sampled_from(["key", "digest", "files", "required", "meta", "created", None])
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)
+@given(field=FIELDS, value=JSON)
+def test_fuzzed_manifest_never_crashes_and_is_never_half_trusted(root, field, value):
+    """Any JSON in any manifest field (or as the whole manifest): never a traceback, never the
+    planted kernel.py. A change to what gates loading (key, digest, files, the whole manifest)
+    rebuilds; the informational fields (meta, required, created) may change if well typed."""
+    cache.clear()
+    _get()
+    path = _entry(root) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    before = dict(manifest)
+    if field is None:
+        manifest = value
+    else:
+        manifest[field] = value
+    if field == "files":  # a planted file the new 'files' might list
+        (_entry(root) / "kernel.py").write_text("TAG = 'planted'\n")
+    path.write_text(json.dumps(manifest))
+    build = Builds()
+    found = _get(build=build)
+    assert found.value[0] == "good"
+    if isinstance(manifest, dict) and manifest == before:
+        assert found.status == "cached"
+    elif field in (None, "key", "digest", "files"):
+        assert found.status == "compiled"
+    else:
+        well_typed = {"meta": isinstance(value, dict), "required": isinstance(value, list)
+                      and all(isinstance(x, str) for x in value), "created": True}[field]  # fmt: skip
+        assert found.status == ("cached" if well_typed else "compiled")
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)
+@given(
+    name=st.sampled_from(["kernel.py", "kernel.bin", "manifest.json"]),
+    cut=st.integers(0, 4000),
+    flip=st.one_of(st.none(), st.integers(0, 4000)),
+)
+def test_fuzzed_truncation_or_bit_flip_is_rebuilt(root, name, cut, flip):
+    cache.clear()
+    _get()
+    path = _entry(root) / name
+    data = bytearray(path.read_bytes())
+    edited = bytearray(data[:cut])
+    if flip is not None and edited and name != "manifest.json":  # a manifest flip may hit 'created'
+        edited[flip % len(edited)] ^= 0x01
+    path.write_bytes(bytes(edited))
+    build = Builds()
+    found = _get(build=build)
+    changed = bytes(edited) != bytes(data)
+    assert found.value[0] == "good" and found.status == ("compiled" if changed else "cached")
+    verdicts = cache.verify_entries()
+    assert [v["ok"] for v in verdicts] == [True]
+
+
 @pytest.mark.parametrize("kind", ["dir", "link", "fifo", "missing"])
 def test_manifest_path_of_wrong_type_is_rebuilt(root, tmp_path, kind):
     _get()
@@ -585,6 +650,23 @@ def test_bad_build_output_is_one_line_and_leaves_nothing(root, what, build, word
 def test_bad_required_list_is_a_cache_error(required):
     with pytest.raises(CacheError, match="required"):
         _get(required=required)
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS])
+@pytest.mark.parametrize("where", ["write_file", "rename", "mkdir"])
+def test_failed_write_is_one_line_and_leaves_nothing(root, monkeypatch, err, where):
+    def fail(*args, **kwargs):
+        raise OSError(err, os.strerror(err))
+
+    target = trusted_fs if where == "write_file" else cache.os
+    with monkeypatch.context() as patch:
+        patch.setattr(target, where, fail)
+        with pytest.raises(CacheError, match=f"cannot write the cache entry .*{os.strerror(err)}") as caught:
+            _get()
+    assert "\n" not in str(caught.value) and _lock_free(root)
+    assert [n for n in os.listdir(root) if not n.endswith(".lock")] == []
+    build = Builds()
+    _assert_rebuilt(_get(build=build), build)  # the next try works
 
 
 def test_build_that_raises_leaves_no_tmp_and_frees_the_lock(root):
@@ -770,26 +852,45 @@ def test_sweep_rejects_bad_threshold():
 # The waiter.
 
 
-def test_waiter_logs_that_another_process_holds_the_lock(root, caplog):
+class _Records(logging.Handler):
+    """Collects what reaches the "sparsegen" logger itself (it may not propagate to the root)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def sparsegen_log():
+    logger, records = logging.getLogger("sparsegen"), _Records()
+    level = logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.INFO)
+    yield records.lines
+    logger.removeHandler(records)
+    logger.setLevel(level)
+
+
+def test_waiter_logs_that_another_process_holds_the_lock(root, sparsegen_log):
     holder = _hold_lock(root, 1.6)
     try:
-        with caplog.at_level(logging.INFO, logger="sparsegen"):
-            start = time.monotonic()
-            build = Builds()
-            found = _get(build=build)
-            waited = time.monotonic() - start
+        start = time.monotonic()
+        build = Builds()
+        found = _get(build=build)
+        waited = time.monotonic() - start
     finally:
         holder.wait(timeout=30)
         holder.stdout.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "sparsegen"]
-    assert "waiting for adv kernel (locked by another process)" in lines
+    assert "waiting for adv kernel (locked by another process)" in sparsegen_log
     assert found.status == "compiled" and build.calls == 1 and 1.0 <= waited < 20
 
 
-def test_no_waiting_line_when_the_lock_is_free(root, caplog):
-    with caplog.at_level(logging.INFO, logger="sparsegen"):
-        _get()
-    assert not [r for r in caplog.records if "waiting for" in r.getMessage()]
+def test_no_waiting_line_when_the_lock_is_free(root, sparsegen_log):
+    _get()
+    assert not [line for line in sparsegen_log if "waiting for" in line]
 
 
 # ---------------------------------------------------------------------------------------------

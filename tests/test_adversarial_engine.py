@@ -285,6 +285,8 @@ BAD_ENGINE_ARGS = [
     ("max_model_len", 4097),  # past the model's max_position_embeddings
     ("use_cuda_graphs", 1),
     ("use_cuda_graphs", "no"),
+    ("compile_model", 1),
+    ("compile_model", "yes"),
 ]
 
 

@@ -62,6 +62,9 @@ def test_stop_string_spanning_two_tokens(llm):
     assert out.text == upto[:first] and stop not in out.text
     assert out.token_ids == ids[: len(out.token_ids)] and len(out.token_ids) <= j + 1
     assert llm.engine.cache.allocator.num_free == llm.engine.cache.allocator.capacity  # aborted, pages back
+    late = SamplingParams(max_tokens=48, ignore_eos=True, stop=[stop], min_tokens=j + 2)
+    longer = llm.generate(prompt, late, use_tqdm=False)[0]  # no stop string before min_tokens (vLLM)
+    assert len(longer.token_ids) > j + 1 and longer.token_ids == ids[: len(longer.token_ids)]
 
 
 def test_n_completions_with_a_seed_are_reproducible(llm):

@@ -52,7 +52,7 @@ def _check_schedule(head: HeadSpec, q_len: int, k_len: int, block_m: int, block_
     head=head_specs(),
     k_len=st.integers(1, 900),
     q_frac=st.floats(0.0, 1.0),
-    tile=st.sampled_from([(128, 64), (64, 32), (32, 16)]),
+    tile=st.sampled_from([(128, 64), (128, 128), (64, 32), (32, 16)]),
 )
 @example(
     head=HeadSpec(block_size=64, local_blocks=16, vert_stride=8, vert_offset=7),
@@ -135,3 +135,29 @@ def test_aot_build_for_sm90_has_async_wgmma_and_setmaxnreg():
     assert "cp.async.bulk.tensor" in ptx, "K/V are not loaded by TMA"
     assert "prefill_kernel" in kernel.source and kernel.name.startswith("prefill_gluon_bf16_hd128")
     assert get_gluon_prefill_kernel(layer, dtype=torch.bfloat16) is kernel  # memo
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "fused_qkv", "single_kv_head", "unaligned_token_stride"])
+def test_kv_rows_view_reads_every_head_without_copies(layout):
+    """The 2-D [Tk, (Hkv - 1) * stride_h + D] view the TMA descriptor covers maps column g * stride_h + c
+    of row t to k[t, g, c]; views into a fused qkv buffer are used in place."""
+    from sparsegen.kernels.prefill_gluon import _kv_block, _rows
+
+    n, hkv, d, group = 37, 4, 64, 3
+    if layout == "fused_qkv":
+        k = torch.randn(n, hkv, group + 2, d, dtype=torch.float16)[:, :, -2]  # stride(1) = (group + 2) * d
+    elif layout == "single_kv_head":
+        hkv = 1
+        k = torch.randn(n, 1, 3 * d, dtype=torch.float16)[:, :, d : 2 * d]
+    elif layout == "unaligned_token_stride":
+        k = torch.randn(n, hkv * d + 3, dtype=torch.float16)[:, : hkv * d].view(n, hkv, d)  # 2-byte-odd rows
+    else:
+        k = torch.randn(n, hkv, d, dtype=torch.float16)
+    rows, s_h = _rows(k, hkv, d)
+    for g in range(hkv):
+        assert torch.equal(rows[:, g * s_h : g * s_h + d], k[:, g])
+    in_place = layout in ("contiguous", "fused_qkv", "single_kv_head")
+    assert (rows.data_ptr() == k.data_ptr()) == in_place
+    layer = LayerSpec(num_heads=hkv, num_kv_heads=hkv, head_dim=d, heads=(HeadSpec(local_blocks=1),) * hkv)
+    block = _kv_block(layer, tpl.config(layer))
+    gluon_api.descriptor(rows, block, gluon_api.shared_layout(block, "fp16"))  # TMA's host-side checks pass

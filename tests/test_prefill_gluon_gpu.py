@@ -138,7 +138,7 @@ def test_dense_equals_causal_sdpa():
 
 
 def test_strided_kv_views_are_read_correctly():
-    """K and V as views into a fused qkv buffer (head stride != head_dim) take the copy path."""
+    """K and V as views into a fused qkv buffer (head stride != head_dim), read in place by TMA."""
     layer = SPECS[0]
     n, h, hkv, d = 777, layer.num_heads, layer.num_kv_heads, layer.head_dim
     qkv = torch.randn(n, hkv, h // hkv + 2, d, device="cuda", dtype=torch.bfloat16)

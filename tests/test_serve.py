@@ -213,6 +213,32 @@ def test_full_queue_gets_503(single_thread):  # noqa: F811
             assert err["code"] == "overloaded" and "queue is full" in err["message"]
             r = c.post("/v1/completions", json={**body, "n": 2})
             assert r.status_code == 503
+            r = c.post("/v1/completions", json={**body, "n": 3})  # more than the server ever takes
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n"
         assert all_pages_free(srv)
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and json.loads(r.text)["usage"]["completion_tokens"] <= 2
+
+
+def test_a_failed_step_fails_its_requests_not_the_server(server, monkeypatch):
+    engine = server.app.state.engine.engine
+    real, calls = engine.step, [0]
+
+    def flaky():
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("injected step failure")
+        return real()
+
+    monkeypatch.setattr(engine, "step", flaky)
+    body = {"model": MODEL, "prompt": "boom", "max_tokens": 8, "ignore_eos": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 500 and "injected step failure" in r.json()["error"]["message"]
+    calls[0] = 0  # the stream's second step fails, after its first token went out
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=30) as s:
+        lines = [x for x in s.iter_lines() if x.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and "injected step failure" in lines[-2]
+    monkeypatch.undo()
+    assert all_pages_free(server)
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8

@@ -42,6 +42,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192  # prefill tokens per step
     max_model_len: int | None = None  # prompt + generated tokens per sequence
     use_cuda_graphs: bool = True
+    compile_model: bool = False  # decode steps through torch.compile (inductor), inside the graphs
 
     def __post_init__(self) -> None:
         check_int("page_size", self.page_size, 1, MAX_PAGE_SIZE)
@@ -50,5 +51,6 @@ class EngineConfig:
         check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         check_optional_int("max_model_len", self.max_model_len, 2)
-        if not isinstance(self.use_cuda_graphs, bool):
-            raise InputError(f"use_cuda_graphs must be a bool, got {self.use_cuda_graphs!r}")
+        for name in ("use_cuda_graphs", "compile_model"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -13,6 +13,8 @@ bucket, after one eager warm-up run (which also compiles the kernels) on a side 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..models.batch import ForwardBatch
@@ -32,8 +34,18 @@ def width_bucket(pages: int, max_pages: int) -> int:
 
 
 class DecodeGraphs:
-    def __init__(self, model: Phi3SmallForCausalLM, cache: KVCache, max_num_seqs: int, max_model_len: int):
+    def __init__(
+        self,
+        model: Phi3SmallForCausalLM,
+        cache: KVCache,
+        max_num_seqs: int,
+        max_model_len: int,
+        forward: Callable[..., torch.Tensor] | None = None,
+    ):
+        """`forward` (default: the model itself) is what each graph captures, e.g. the model
+        under torch.compile."""
         self.model, self.cache = model, cache
+        self.forward = forward if forward is not None else model
         dev = model.device
         self.sizes = [b for b in BATCH_SIZES if b < max_num_seqs] + [max_num_seqs]
         n, width = max_num_seqs, pages_for(max_model_len, cache.page_size)
@@ -67,11 +79,11 @@ class DecodeGraphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.model(self.ids[:b], batch, layers)  # warm-up: compiles kernels, settles allocations
+            self.forward(self.ids[:b], batch, layers)  # warm-up: compiles kernels, settles allocations
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.model(self.ids[:b], batch, layers)  # [b, vocab]
+            logits = self.forward(self.ids[:b], batch, layers)  # [b, vocab]
         self.pool = graph.pool()
         return graph, logits
 

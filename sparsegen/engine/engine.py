@@ -88,6 +88,7 @@ class LLMEngine:
         max_num_batched_tokens: int = 8192,
         max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
+        compile_model: bool = False,
     ):
         config = EngineConfig(
             page_size=page_size,
@@ -97,6 +98,7 @@ class LLMEngine:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             use_cuda_graphs=use_cuda_graphs,
+            compile_model=compile_model,
         )
         if not isinstance(model, Phi3SmallForCausalLM):
             raise InputError(f"model must be a Phi3SmallForCausalLM, got {type(model).__name__}")

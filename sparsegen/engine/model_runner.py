@@ -72,11 +72,18 @@ class ModelRunner:
         self.kv_cache_bytes = need
         rs = cfg.rope_scaling
         self.long_rope_after = rs.original_max_position_embeddings if rs is not None else None
+        # Decode steps may run the model under torch.compile: the sparsegen ops stay opaque nodes,
+        # inductor fuses the rest (norms, residuals, rotary, GeGeLU) and the graphs capture it.
+        self.decode_forward = model
+        if config.compile_model:
+            self.decode_forward = torch.compile(model, fullgraph=True)
         self.graphs = None
         if config.use_cuda_graphs and model.device.type == "cuda":
             from .cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, self.cache, config.max_num_seqs, max_model_len)
+            self.graphs = DecodeGraphs(
+                model, self.cache, config.max_num_seqs, max_model_len, forward=self.decode_forward
+            )
 
     @property
     def kv_capacity(self) -> tuple[int, int]:
@@ -154,6 +161,6 @@ class ModelRunner:
             ids, batch = self.prepare_decode(plan.chunks)
             if self.graphs is not None and self.graphs.fits(len(plan.chunks)):
                 return self.graphs.run(ids, batch)
-        else:
-            ids, batch = self.prepare_prefill(plan.chunks)
+            return self.decode_forward(ids, batch, self.cache.layers)
+        ids, batch = self.prepare_prefill(plan.chunks)
         return self.model(ids, batch, self.cache.layers)

@@ -322,7 +322,7 @@ def _required_names(required: Collection[str]) -> tuple[str, ...]:
     return tuple(sorted(set(required)))
 
 
-def read_entry(path: Path, key: KernelKey, *, required: Collection[str] = ()) -> dict[str, Path] | None:
+def read_entry(path: Path, key: KernelKey, *, required: Collection[str]) -> dict[str, Path] | None:
     """The entry's files if every level is trusted, the loader's `required` files are there and
     every hash matches; else None. `path` must be the entry under the cache directory."""
     with _open_root() as (root, rfd):
@@ -409,7 +409,10 @@ def _write_entry(
     except (TypeError, ValueError) as exc:
         raise CacheError(f"the metadata of {key.key} is not JSON: {exc}") from None
     tmp = f"{TMP_PREFIX}{key.key}-{secrets.token_hex(4)}"
-    os.mkdir(tmp, 0o700, dir_fd=root_fd)
+    try:
+        os.mkdir(tmp, 0o700, dir_fd=root_fd)
+    except OSError as exc:
+        raise CacheError(f"cannot write the cache entry {root / key.key}: {exc.strerror}") from None
     try:
         dfd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
         try:
@@ -425,6 +428,9 @@ def _write_entry(
         except FileNotFoundError:
             pass
         os.rename(tmp, key.key, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+    except OSError as exc:  # a full disk, a quota: one line, and the half-written folder goes
+        tfs.remove_if_ours(root_fd, tmp)
+        raise CacheError(f"cannot write the cache entry {root / key.key}: {exc.strerror}") from None
     except BaseException:
         tfs.remove_if_ours(root_fd, tmp)
         raise

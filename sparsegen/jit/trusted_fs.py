@@ -85,16 +85,18 @@ def open_checked(name: str, dir_fd: int, want_dir: bool) -> tuple[int | None, st
 
 
 def read_fd(fd: int, limit: int | None = None) -> bytes:
-    """All bytes from `fd`, or the first chunks past `limit` (the caller checks the length)."""
-    chunks, total = [], 0
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        total += len(chunk)
-        if limit is not None and total > limit:
-            return b"".join(chunks)
+    """All bytes from `fd` (sized by fstat, as FileIO.readall does), or at most `limit` + 1 of them
+    so that the caller can tell the file is too long. The descriptor stays open."""
+    with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+        if limit is None:
+            return f.readall()
+        data = b""
+        while len(data) <= limit:
+            chunk = f.read(limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
 
 
 def write_file(dir_fd: int, name: str, data: bytes) -> None:

@@ -27,7 +27,7 @@ import torch
 from .. import dtypes, env
 from ..errors import CompileError, ImplUnavailableError, InputError
 from ..jit import nvrtc_build as nb
-from ..spec import LayerSpec
+from ..spec import MAX_SEQ_LEN, LayerSpec
 from ..validate import check_decode_inputs, softmax_scale
 from . import base
 from .base import Family, Kernel, KernelRequest
@@ -44,7 +44,7 @@ from .decode_template import (
 )
 
 BLOCKS_PER_SM = 4  # resident blocks of the default build (128 registers x 4 warps)
-MAX_CONTEXT = 2**23  # tokens per sequence: keeps the template's split arithmetic within 32 bits
+MAX_CONTEXT = MAX_SEQ_LEN  # tokens per sequence (2^23): keeps the template's split arithmetic within 32 bits
 
 
 class DecodeKernel(Kernel):

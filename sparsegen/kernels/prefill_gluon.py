@@ -39,7 +39,7 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 POINTERS = {"fp16": "*fp16", "bf16": "*bf16"}
 ARG_NAMES = (
     "Q", "O", "k_desc", "v_desc", "cu_seqlens_q", "cu_seqlens_k", "qk_scale",
-    "stride_qt", "stride_qh", "stride_ot", "stride_oh", "bh_count", "n_q_tiles",
+    "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kh", "stride_vh", "bh_count", "n_q_tiles",
 )  # fmt: skip
 ALIGNED_ARGS = ("Q", "O", "stride_qt", "stride_qh", "stride_ot", "stride_oh")
 
@@ -56,7 +56,7 @@ def signature(layer: LayerSpec, dtype: str, cfg: dict[str, Any]) -> dict[str, st
     types = {"Q": POINTERS[dtype], "O": POINTERS[dtype], "k_desc": desc, "v_desc": desc}
     types.update({"cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "qk_scale": "fp32"})
     types.update(
-        {s: "i32" for s in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "bh_count", "n_q_tiles")}
+        {s: "i32" for s in ARG_NAMES[7:]}  # strides (elements) and the work-item counts
     )
     return types
 
@@ -191,8 +191,9 @@ class GluonPrefillKernel:
         dname = DTYPE_NAMES[self.dtype]
         block = _kv_block(self.layer, self.config)
         layout = gluon_api.shared_layout(block, dname)
-        k_desc = gluon_api.descriptor(_rows(k, tk, hkv, d), block, layout)
-        v_desc = gluon_api.descriptor(_rows(v, tk, hkv, d), block, layout)
+        (k_rows, stride_kh), (v_rows, stride_vh) = _rows(k, hkv, d), _rows(v, hkv, d)
+        k_desc = gluon_api.descriptor(k_rows, block, layout)
+        v_desc = gluon_api.descriptor(v_rows, block, layout)
         # Tk bounds every sequence's k_len: no device sync; items past a sequence's end exit at once.
         n_q_tiles = -(-tk // self.config["block_m"])
         bh_count = (cu_seqlens_q.shape[0] - 1) * self.layer.num_heads
@@ -201,7 +202,7 @@ class GluonPrefillKernel:
         grid = (min(n_items, programs) if programs else n_items, 1, 1)
         args = (
             q, out, k_desc, v_desc, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), bh_count, n_q_tiles,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), stride_kh, stride_vh, bh_count, n_q_tiles,
         )  # fmt: skip
         with torch.cuda.device(q.device):
             stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -235,11 +236,18 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _rows(t: torch.Tensor, tk: int, hkv: int, d: int) -> torch.Tensor:
-    """k or v [Tk, Hkv, D] as a [Tk, Hkv * D] view with TMA-legal strides (a copy if it has none)."""
-    if t.stride(2) != 1 or t.stride(1) != d or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+def _rows(t: torch.Tensor, hkv: int, d: int) -> tuple[torch.Tensor, int]:
+    """k or v [Tk, Hkv, D] as the 2-D view TMA reads, and its head stride: [Tk, (Hkv - 1) * s_h + D]
+    with strides (s_t, 1), so KV head g's D columns start at column g * s_h of each row. Views into
+    a fused qkv buffer need no copy; only TMA-illegal layouts (unaligned base or token stride,
+    overlapping heads, a strided last dim) are copied first."""
+    s_t, s_h = t.stride(0), t.stride(1)
+    legal = t.stride(2) == 1 and s_t > 0 and (hkv == 1 or s_h >= d)
+    if not (legal and (s_t * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0):
         t = t.contiguous()
-    return t.as_strided((tk, hkv * d), (t.stride(0), 1))
+        s_t, s_h = t.stride(0), t.stride(1)
+    s_h = s_h if hkv > 1 else d
+    return t.as_strided((t.shape[0], (hkv - 1) * s_h + d), (s_t, 1)), s_h
 
 
 def _key(layer: LayerSpec, dname: str, source: str, cfg: dict[str, Any]) -> cache.KernelKey:

@@ -40,6 +40,11 @@ def config(layer: LayerSpec, **overrides: Any) -> dict[str, Any]:
     # Layers with vertical-stride heads run persistent (H200, call 3: phi3small 32K 3.25 -> 3.02 ms,
     # 8K 0.404 -> 0.421 ms); dense and window layers do not (dense 8K 0.94 -> 1.11 ms).
     cfg["persistent"] = any(h.vert_stride and not h.dense for h in layer.heads)
+    # Window/local layers without vertical blocks take 128-key tiles, 2 stages and Q in shared
+    # memory (call 3: window 4096 at 8K 0.821 -> 0.788 ms, at 32K 4.08 -> 3.96 ms); dense
+    # layers keep 64-key tiles (n128 was 5-10 % slower there).
+    if not cfg["persistent"] and not all(h.dense for h in layer.heads):
+        cfg.update(block_n=128, stages=2, q_smem=True)
     cfg.update(overrides)
     cfg["wg_warps"] = 4 * (2 // cfg["consumers"])  # warps per consumer partition
     cfg["num_warps"] = 4 if cfg["consumers"] == 2 else 8  # the default partition's warps

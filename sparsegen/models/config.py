@@ -7,13 +7,15 @@ random-weight sizes used by tests, demos and the GPU benchmark.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from .. import jsonio
+from ..errors import CheckpointError, SpecError
+from ..hf_config import blocksparse_fields, get_bool, get_float, get_int, model_spec_from_hf
+from ..spec import MAX_SEQ_LEN
 
 
 @dataclass(frozen=True)
@@ -108,35 +110,32 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist; a checkpoint folder needs a config.json")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from None
+    data = jsonio.read_json_file(path, CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
-def _field(cfg: dict[str, Any], key: str, kind: type, default: Any, source: str) -> Any:
-    value = cfg.get(key, default)
-    if value is None and default is None:
-        return None
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    if not ok:
-        raise CheckpointError(f"{source}: field {key!r} must be {kind.__name__}, got {value!r}")
-    return value
+# Bounds on sizes: beyond them a config is a mistake (or an attack on memory), not a model.
+MAX_VOCAB = 2**24
+MAX_WIDTH = 2**17  # hidden_size and ff_intermediate_size
+MAX_LAYERS = 1024
 
 
 def _intermediate_size(cfg: dict[str, Any], hidden: int, source: str) -> int:
-    size = _field(cfg, "ff_intermediate_size", int, None, source)
-    if size is not None:
-        return size
-    multiplier = _field(cfg, "ff_dim_multiplier", float, None, source) or 4.0
+    kw = {"source": source, "error": CheckpointError}
+    if cfg.get("ff_intermediate_size") is not None:
+        return get_int(cfg, "ff_intermediate_size", minimum=1, maximum=MAX_WIDTH, **kw)
+    multiplier = 4.0
+    if cfg.get("ff_dim_multiplier") is not None:
+        multiplier = get_float(cfg, "ff_dim_multiplier", positive=True, **kw)
     size = int(hidden * multiplier)
-    if cfg.get("gegelu_pad_to_256", True):
+    if get_bool(cfg, "gegelu_pad_to_256", True, **kw):
         size = -(-size // 256) * 256
+    if not 1 <= size <= MAX_WIDTH:
+        raise CheckpointError(
+            f"{source}: ff_dim_multiplier {multiplier} gives an intermediate size of {size}"
+        )
     return size
 
 
@@ -153,90 +152,125 @@ def _long_rope(cfg: dict[str, Any], head_dim: int, max_positions: int, source: s
     if rs is None:
         return None
     if not isinstance(rs, dict):
-        raise CheckpointError(f"{source}: field 'rope_scaling' must be an object or null, got {rs!r}")
+        raise CheckpointError(f"{source}: field 'rope_scaling' must be an object or null, got {rs!r:.80}")
     kind = rs.get("type", rs.get("rope_type"))
     if kind not in ("longrope", "su"):
-        raise CheckpointError(f"{source}: rope_scaling type {kind!r} is not supported (only 'longrope'/'su')")
+        raise CheckpointError(
+            f"{source}: rope_scaling type {kind!r:.40} is not supported (only 'longrope'/'su')"
+        )
     factors = {}
     for name in ("short_factor", "long_factor"):
         f = rs.get(name)
-        if (
-            not isinstance(f, list)
-            or len(f) != head_dim // 2
-            or not all(isinstance(x, (int, float)) for x in f)
-        ):
+        if not isinstance(f, list) or len(f) != head_dim // 2:
             raise CheckpointError(
-                f"{source}: rope_scaling.{name} must be a list of {head_dim // 2} numbers, got {f!r}"
+                f"{source}: rope_scaling.{name} must be a list of {head_dim // 2} numbers, got {f!r:.80}"
             )
-        factors[name] = tuple(float(x) for x in f)
+        where = f"{source}: rope_scaling"
+        factors[name] = tuple(
+            get_float({f"{name}[{i}]": x}, f"{name}[{i}]", source=where, error=CheckpointError, positive=True)
+            for i, x in enumerate(f)
+        )
     original = rs.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
-    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+    if isinstance(original, bool) or not isinstance(original, int) or not 1 <= original <= max_positions:
         raise CheckpointError(
-            f"{source}: rope_scaling needs an int original_max_position_embeddings, got {original!r}"
+            f"{source}: rope_scaling needs an int original_max_position_embeddings in 1..{max_positions} "
+            f"(max_position_embeddings), got {original!r:.40}"
         )
     fallback = default_mscale(max_positions, original)
     mscales = {}
     for name in ("short_mscale", "long_mscale"):
-        m = rs.get(name)
-        if m is None:
-            m = fallback
-        if isinstance(m, bool) or not isinstance(m, (int, float)):
-            raise CheckpointError(f"{source}: rope_scaling.{name} must be a number, got {m!r}")
-        mscales[name] = float(m)
+        value = rs.get(name)
+        mscales[name] = fallback if value is None else get_float(
+            rs, name, source=f"{source}: rope_scaling", error=CheckpointError, positive=True
+        )  # fmt: skip
     return LongRopeConfig(original_max_position_embeddings=original, **factors, **mscales)
 
 
+def _token_id(cfg: dict[str, Any], key: str, default: int, vocab: int, source: str) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, list) and key == "eos_token_id":  # some configs list several; the first is the EOS
+        if not value:
+            raise CheckpointError(f"{source}: field 'eos_token_id' is an empty list")
+        for i, v in enumerate(value):
+            get_int({f"eos_token_id[{i}]": v}, f"eos_token_id[{i}]", source=source, error=CheckpointError,
+                    minimum=0, maximum=vocab - 1)  # fmt: skip
+        value = value[0]
+    return get_int({key: value}, key, source=source, error=CheckpointError, minimum=0, maximum=vocab - 1)
+
+
 def _from_hf_dict(cls: type, cfg: dict[str, Any], source: str) -> Phi3SmallConfig:
+    """Every field is checked for its exact type and range; each error names `source` and the field."""
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{source} must hold a JSON object, got {type(cfg).__name__}")
+    model_type = cfg.get("model_type", "phi3small")
+    if model_type != "phi3small":
+        raise CheckpointError(
+            f"{source}: model_type is {model_type!r:.40}; this loader reads Phi-3-Small ('phi3small') only"
+        )
+    act = cfg.get("hidden_act", "gegelu")
+    if act != "gegelu":
+        raise CheckpointError(
+            f"{source}: field 'hidden_act' must be 'gegelu' (Phi-3-Small's), got {act!r:.40}"
+        )
     d = cls()
-    f = lambda key, kind: _field(cfg, key, kind, getattr(d, key), source)  # noqa: E731
-    hidden = f("hidden_size", int)
-    heads = f("num_attention_heads", int)
-    kv_heads = f("num_key_value_heads", int)
-    if heads < 1 or kv_heads < 1 or hidden % heads or heads % kv_heads:
+    kw = {"source": source, "error": CheckpointError}
+    i = lambda key, **b: get_int(cfg, key, getattr(d, key), **kw, **b)  # noqa: E731
+    f = lambda key, **b: get_float(cfg, key, getattr(d, key), **kw, **b)  # noqa: E731
+    b = lambda key: get_bool(cfg, key, getattr(d, key), **kw)  # noqa: E731
+    vocab = i("vocab_size", minimum=1, maximum=MAX_VOCAB)
+    hidden = i("hidden_size", minimum=1, maximum=MAX_WIDTH)
+    heads = i("num_attention_heads", minimum=1)
+    kv_heads = i("num_key_value_heads", minimum=1)
+    if hidden % heads or heads % kv_heads:
         raise CheckpointError(
             f"{source}: hidden_size {hidden}, num_attention_heads {heads} and num_key_value_heads "
             f"{kv_heads} must divide evenly"
         )
-    max_positions = f("max_position_embeddings", int)
+    if (hidden // heads) % 2:
+        raise CheckpointError(f"{source}: head_dim {hidden // heads} must be even for rotary embeddings")
+    max_positions = i("max_position_embeddings", minimum=1, maximum=MAX_SEQ_LEN)
     dummy = cfg.get("dummy_token_indices")
     if dummy is not None:
-        if not isinstance(dummy, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in dummy
-        ):
-            raise CheckpointError(f"{source}: field 'dummy_token_indices' must be a list of ints")
-        dummy = tuple(dummy)
-    eos = cfg.get("eos_token_id", d.eos_token_id)
-    if isinstance(eos, list) and eos:  # some configs list several; the first is the EOS
-        eos = eos[0]
+        if not isinstance(dummy, list):
+            raise CheckpointError(
+                f"{source}: field 'dummy_token_indices' must be a list of ints, got {dummy!r:.80}"
+            )
+        dummy = tuple(
+            get_int({f"dummy_token_indices[{n}]": x}, f"dummy_token_indices[{n}]", minimum=0, maximum=vocab - 1, **kw)
+            for n, x in enumerate(dummy)
+        )  # fmt: skip
+    sparse = blocksparse_fields(cfg, source, CheckpointError)
     config = cls(
-        vocab_size=f("vocab_size", int),
+        vocab_size=vocab,
         hidden_size=hidden,
-        num_hidden_layers=f("num_hidden_layers", int),
+        num_hidden_layers=i("num_hidden_layers", minimum=1, maximum=MAX_LAYERS),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         ff_intermediate_size=_intermediate_size(cfg, hidden, source),
-        layer_norm_epsilon=f("layer_norm_epsilon", float),
-        gegelu_limit=f("gegelu_limit", float),
+        layer_norm_epsilon=f("layer_norm_epsilon", positive=True),
+        gegelu_limit=f("gegelu_limit", positive=True),
         max_position_embeddings=max_positions,
-        rope_embedding_base=f("rope_embedding_base", float),
-        rope_position_scale=f("rope_position_scale", float),
+        rope_embedding_base=f("rope_embedding_base", positive=True),
+        rope_position_scale=f("rope_position_scale", positive=True),
         rope_scaling=_long_rope(cfg, hidden // heads, max_positions, source),
-        mup_attn_multiplier=f("mup_attn_multiplier", float),
-        mup_embedding_multiplier=f("mup_embedding_multiplier", float),
-        mup_width_multiplier=f("mup_width_multiplier", float),
-        mup_use_scaling=f("mup_use_scaling", bool),
-        tie_word_embeddings=f("tie_word_embeddings", bool),
-        bos_token_id=_field(cfg, "bos_token_id", int, d.bos_token_id, source),
-        eos_token_id=_field({"eos_token_id": eos}, "eos_token_id", int, d.eos_token_id, source),
+        mup_attn_multiplier=f("mup_attn_multiplier", positive=True),
+        mup_embedding_multiplier=f("mup_embedding_multiplier", positive=True),
+        mup_width_multiplier=f("mup_width_multiplier", positive=True),
+        mup_use_scaling=b("mup_use_scaling"),
+        tie_word_embeddings=b("tie_word_embeddings"),
+        bos_token_id=_token_id(cfg, "bos_token_id", d.bos_token_id, vocab, source),
+        eos_token_id=_token_id(cfg, "eos_token_id", d.eos_token_id, vocab, source),
         dummy_token_indices=dummy,
-        blocksparse_block_size=f("blocksparse_block_size", int),
-        blocksparse_num_local_blocks=f("blocksparse_num_local_blocks", int),
-        blocksparse_vert_stride=f("blocksparse_vert_stride", int),
-        blocksparse_homo_head_pattern=f("blocksparse_homo_head_pattern", bool),
-        dense_attention_every_n_layers=f("dense_attention_every_n_layers", int),
+        blocksparse_block_size=sparse.block_size,
+        blocksparse_num_local_blocks=sparse.local_blocks,
+        blocksparse_vert_stride=sparse.vert_stride,
+        blocksparse_homo_head_pattern=sparse.homo_head,
+        dense_attention_every_n_layers=sparse.dense_every,
     )
-    if config.head_dim % 2:
-        raise CheckpointError(f"{source}: head_dim {config.head_dim} must be even for rotary embeddings")
+    try:  # the attention pattern, through the same parser as sparsegen.get_pattern
+        model_spec_from_hf(config.to_hf_dict(), name="phi3small", source=source)
+    except SpecError as exc:
+        raise CheckpointError(f"sparsegen cannot serve this model's attention: {exc}") from None
     return config
 
 

@@ -3,17 +3,21 @@
 A checkpoint folder holds `config.json` and `*.safetensors`, either sharded with a
 `model.safetensors.index.json` weight map or not. Tensors are matched by their HF names,
 `…rotary_emb.inv_freq` buffers are skipped, an absent `lm_head.weight` means tied embeddings,
-and every tensor is converted to the requested dtype. Anything missing, unexpected or of the
-wrong shape is a `CheckpointError` that names the file and the tensor. Nothing is downloaded.
+and every tensor is converted to the requested dtype. Anything missing, unexpected, of the
+wrong shape or dtype (weights are float16/bfloat16/float32/float64), or not finite is a
+`CheckpointError` that names the file and the tensor. Every file read (config.json, the index,
+the shards) must be a regular file inside the folder: index entries such as `../x.safetensors`
+or absolute paths, and links that lead outside, are refused (`sparsegen.folders`; links of an HF
+hub cache snapshot into its own `blobs/` are allowed). Nothing is downloaded.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from .. import folders, jsonio
 from .config import CheckpointError, Phi3SmallConfig, named_config
 from .memory import check_model_fits
 from .options import ModelOptions
@@ -59,21 +63,29 @@ def random_model(
     return model
 
 
+WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def contained_file(folder: Path, name: str, what: str) -> Path:
+    return folders.contained_file(folder, name, what, CheckpointError)
+
+
 def _index_weight_map(folder: Path) -> dict[str, Path]:
-    index_path = folder / INDEX_FILE
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {index_path}: {exc}") from None
+    index_path = contained_file(folder, INDEX_FILE, f"checkpoint {folder} has")
+    index = jsonio.read_json_file(index_path, CheckpointError)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index_path} has no 'weight_map' object of tensor name -> file name")
-    files = {}
+    files: dict[str, Path] = {}
+    checked: dict[str, Path] = {}
     for name, file in weight_map.items():
-        path = folder / file
-        if not path.is_file():
-            raise CheckpointError(f"{index_path} maps tensor {name!r} to {file}, which does not exist")
-        files[name] = path
+        if file not in checked:
+            what = f"{index_path} maps tensor {name!r:.120} to"
+            path = contained_file(folder, file, what)
+            if not file.endswith(".safetensors"):
+                raise CheckpointError(f"{what} {file!r:.120}, which is not a .safetensors file")
+            checked[file] = path
+        files[name] = checked[file]
     return files
 
 
@@ -87,7 +99,10 @@ def _open(path: Path):
 
 
 def _scan_weight_map(folder: Path) -> dict[str, Path]:
-    shards = sorted(folder.glob("*.safetensors"))
+    shards = [
+        contained_file(folder, p.name, f"checkpoint {folder} has")
+        for p in sorted(folder.glob("*.safetensors"))
+    ]
     if not shards:
         raise CheckpointError(f"{folder} has no *.safetensors files (and no {INDEX_FILE})")
     files: dict[str, Path] = {}
@@ -98,6 +113,29 @@ def _scan_weight_map(folder: Path) -> dict[str, Path]:
                     raise CheckpointError(f"tensor {name!r} appears in both {files[name]} and {path}")
                 files[name] = path
     return files
+
+
+def checked_tensor(f, name: str, path: Path, shape: tuple[int, ...]) -> torch.Tensor:
+    """Tensor `name` of an open safetensors file, checked: present, readable, the shape the
+    config implies, a float dtype and finite. Every failure is a CheckpointError naming it."""
+    if name not in set(f.keys()):
+        raise CheckpointError(f"{path} lacks tensor {name!r} (listed there by {INDEX_FILE})")
+    try:
+        tensor = f.get_tensor(name)
+    except Exception as exc:  # noqa: BLE001 - safetensors/torch raise several types for bad data
+        raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
+    if tuple(tensor.shape) != tuple(shape):
+        raise CheckpointError(
+            f"tensor {name!r} in {path} has shape {tuple(tensor.shape)}, but config.json implies {tuple(shape)}"
+        )
+    if tensor.dtype not in WEIGHT_DTYPES:
+        raise CheckpointError(
+            f"tensor {name!r} in {path} has dtype {tensor.dtype}; weights must be float16, bfloat16, "
+            "float32 or float64"
+        )
+    if not torch.isfinite(tensor).all():
+        raise CheckpointError(f"tensor {name!r} in {path} is not finite floating point (NaN or inf)")
+    return tensor
 
 
 def checkpoint_weight_map(folder: str | Path) -> dict[str, Path]:
@@ -119,8 +157,7 @@ def load_checkpoint(
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
-    config_path = folder / "config.json"
-    config = Phi3SmallConfig.from_file(config_path)
+    config = Phi3SmallConfig.from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
     weight_map = checkpoint_weight_map(folder)
     model = empty_model(config, options)
     params = dict(model.named_parameters())
@@ -135,23 +172,8 @@ def load_checkpoint(
     with torch.no_grad():
         for path, names in by_file.items():
             with _open(path) as f:
-                present = set(f.keys())
                 for name in names:
-                    if name not in present:
-                        raise CheckpointError(f"{path} lacks tensor {name!r} (listed there by {INDEX_FILE})")
-                    try:
-                        tensor = f.get_tensor(name)
-                    except Exception as exc:
-                        raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
-                    param = params[name]
-                    if tuple(tensor.shape) != tuple(param.shape):
-                        raise CheckpointError(
-                            f"tensor {name!r} in {path} has shape {tuple(tensor.shape)}, "
-                            f"but config.json implies {tuple(param.shape)}"
-                        )
-                    if not (tensor.is_floating_point() and torch.isfinite(tensor).all()):
-                        raise CheckpointError(f"tensor {name!r} in {path} is not finite floating point")
-                    param.copy_(tensor)
+                    params[name].copy_(checked_tensor(f, name, path, tuple(params[name].shape)))
                     loaded.add(name)
     missing = [n for n in params if n not in loaded and n != "lm_head.weight"]
     if missing:

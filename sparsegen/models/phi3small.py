@@ -17,6 +17,7 @@ from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
+from .kv_write import write_kv
 from .options import ATTN_IMPLS, ModelOptions
 from .rope import Rotary
 
@@ -75,12 +76,18 @@ class Embedding(_NoInit, nn.Embedding):
     pass
 
 
+def _fast(x: torch.Tensor) -> bool:
+    """Use the hand-fused Triton kernels: eagerly on a GPU. Under torch.compile the plain ops are
+    traced instead, and inductor fuses them itself."""
+    return x.is_cuda and not torch.compiler.is_compiling()
+
+
 def add_norm(
     norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual); with no residual yet, (norm(x), x). x, residual: [T, hidden].
     fused: one Triton kernel (GPU) instead of an add and a LayerNorm, same rounding points."""
-    if fused and x.is_cuda:
+    if fused and _fast(x):
         return fused_ops().add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
     if residual is not None:
         x = x + residual
@@ -117,7 +124,7 @@ class Attention(nn.Module):
         qkv = self.query_key_value(x).view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
         write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
         if (
-            self.fused and x.is_cuda and fused_ops().supports_rotary(qkv)
+            self.fused and _fast(x) and fused_ops().supports_rotary(qkv)
         ):  # one kernel: rotary, split, cache write
             q, k, v = fused_ops().rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
         else:
@@ -125,8 +132,7 @@ class Attention(nn.Module):
             k = Rotary.apply(qkv[:, :, g], cos, sin)  # [T, Hkv, D]
             v = qkv[:, :, g + 1].contiguous()  # [T, Hkv, D]
             if write is not None:
-                write[0].view(-1, hkv, d).index_copy_(0, batch.slot_mapping, k)
-                write[1].view(-1, hkv, d).index_copy_(0, batch.slot_mapping, v)
+                write_kv(write[0], write[1], batch.slot_mapping, k, v)
         if batch.is_decode:
             if kv_cache is None:
                 raise InputError("a decode step needs a KV cache")
@@ -156,6 +162,8 @@ class Attention(nn.Module):
                 scale=self.scale,
                 impl=self.prefill_impl,
                 check=False,  # the engine built cu_seqlens itself: skip the host read (no sync)
+                max_seqlen_q=batch.max_seqlen_q,  # known on the host: the kernel's grid needs no sync
+                max_seqlen_k=batch.max_seqlen_k,
             )
         return self.dense(out.reshape(t, h * d))
 
@@ -170,7 +178,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
         up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
-        if self.fused and x.is_cuda:
+        if self.fused and _fast(x):
             act = fused_ops().gegelu(up, self.limit)  # [T, F]
         else:
             act = gegelu(up, self.limit)

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..engine.sampling import SamplingParams, TokenLogprobs
-from ..errors import ServerOverloaded
+from ..errors import RequestError, ServerOverloaded
 from ..llm import LLM
 from .outputs import CompletionTracker
 
@@ -103,8 +103,16 @@ class AsyncEngine:
         """Queue len(prompts) * params.n sequences; choice i*n + j is prompt i's completion j."""
         per_prompt = params.n
         want = len(prompts) * per_prompt
-        if not self.accepting:
-            raise ServerOverloaded("the server is shutting down")
+        if not self.accepting or not self.alive:
+            raise ServerOverloaded(
+                "the server is shutting down" if not self.accepting else "the engine stopped"
+            )
+        if want > self.capacity:
+            raise RequestError(
+                f"the request asks for {want} sequences ({len(prompts)} prompts x n={per_prompt}); this server "
+                f"takes at most {self.capacity} at once",
+                "n" if per_prompt > 1 else "prompt",
+            )
         if self.inflight + want > self.capacity:
             raise ServerOverloaded(
                 f"the queue is full ({self.inflight} sequences in flight, room for {self.capacity}); retry later"
@@ -176,6 +184,24 @@ class AsyncEngine:
         return len(self.engine.scheduler.running)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug here must not leave handlers waiting forever
+            log.exception("the engine thread stopped")
+            self.failed = exc
+            out: list = []
+            for stream in {s for s, _ in self._live.values()}:
+                stream.error = exc
+                out.append((stream, None))
+            with self._cv:
+                waiting = [s for op, s in self._inbox if op == "add"]
+                self._inbox.clear()
+            for stream in waiting:
+                stream.error = exc
+                out.append((stream, None))
+            self._flush(out)
+
+    def _loop(self) -> None:
         engine = self.engine
         while True:
             with self._cv:

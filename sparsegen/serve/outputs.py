@@ -112,8 +112,10 @@ class CompletionTracker:
         if self.tokenizer is not None:
             if not ends_on_token and token_id not in self.special_ids:
                 self._text += self._decoder.decode(self.tokenizer.token_bytes(token_id))
-            if self.params.stop:
+            if self.params.stop and len(self.token_ids) >= self.params.min_tokens:
                 self._find_stop()
+            else:  # as vLLM: no stop string ends a completion before min_tokens
+                self._searched = len(self._text)
             if self.finished and not isinstance(self.stop_reason, str):
                 self._text += self._decoder.decode(b"", final=True)  # a cut-off character shows as U+FFFD
         return self._take()
