@@ -24,6 +24,7 @@ import os
 import pwd
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -422,6 +423,7 @@ LOCK_KINDS = [
     "dir-with-files",
     "dangling-link",
     "link-to-victim",
+    "hardlink-to-victim",
     "fifo",
     "socket",
     "foreign",
@@ -445,6 +447,9 @@ def test_lock_path_of_wrong_type(root, tmp_path, kind):
         lock.symlink_to(tmp_path / "nowhere")
     elif kind == "link-to-victim":
         lock.symlink_to(victim)
+    elif kind == "hardlink-to-victim":  # a loose-mode file of ours: its mode must not be changed
+        victim.chmod(0o664)
+        os.link(victim, lock)
     elif kind in ("fifo", "socket"):
         _make_entry_kind(lock, kind, tmp_path)
     else:
@@ -458,6 +463,7 @@ def test_lock_path_of_wrong_type(root, tmp_path, kind):
     st = os.lstat(lock)
     assert trusted_fs.untrusted(st, want_dir=False) is None and (st.st_mode & 0o777) == 0o600
     assert victim.read_text() == "precious" and not (tmp_path / "nowhere").exists()
+    assert kind != "hardlink-to-victim" or stat.S_IMODE(victim.stat().st_mode) == 0o664
     assert _lock_free(root)
 
 
@@ -920,6 +926,9 @@ def test_cli_ls_and_verify_report_each_entry(root, tmp_path):
     assert sorted(e["key"] for e in as_json if e["ok"]) == [_key("good").key]
     listing = json.loads(runner.invoke(cli, ["cache", "ls", "--json"]).stdout)
     assert {e["key"]: e["ok"] for e in listing} == {e["key"]: e["ok"] for e in as_json}
+    sizes = {e["key"]: e["bytes"] for e in listing}
+    assert sizes[_key("trunc").key] == sum(f.stat().st_size for f in entries["trunc"].iterdir())
+    assert sizes[_key("link").key] == os.lstat(entries["link"]).st_size  # the link itself, not followed
     table = runner.invoke(cli, ["cache", "ls"]).stdout
     assert table.count("BAD:") == 4 and "verdict" in table
     assert runner.invoke(cli, ["cache", "sweep", "--older-than", "0"]).exit_code == 0

@@ -69,9 +69,23 @@ class _EagerGraph:
         self.out.copy_(self.fn())
 
 
-def test_graph_bookkeeping_on_cpu_matches_eager():
-    """Static buffers, padding rows into the scratch page and width buckets, without a GPU."""
-    model = random_model("tiny", seed=0)
+def _longrope_tiny():
+    from dataclasses import replace
+
+    from sparsegen.models import LongRopeConfig, named_config
+
+    return replace(
+        named_config("tiny"),
+        max_position_embeddings=512,
+        rope_scaling=LongRopeConfig((1.0,) * 32, tuple(1.0 + i / 8 for i in range(32)), 64, 1.0, 1.3),
+    )
+
+
+@pytest.mark.parametrize("longrope", [False, True])
+def test_graph_bookkeeping_on_cpu_matches_eager(longrope):
+    """Static buffers, padding rows into the scratch page and width buckets, without a GPU
+    (with LongRoPE, the per-row factor flags too: prompts of 40 and 75 tokens cross 64)."""
+    model = random_model(_longrope_tiny() if longrope else "tiny", seed=0)
     gen = torch.Generator().manual_seed(9)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (40, 75, 130)]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -89,7 +103,9 @@ def test_graph_bookkeeping_on_cpu_matches_eager():
     engine.runner.graphs = graphs
     graphed = [r.output_ids for r in engine.generate(prompts, params)]
     assert graphed == eager
-    assert {b for b, _ in graphs.graphs} <= {1, 2, 4} and {w for _, w in graphs.graphs} == {64}
+    assert {b for b, _ in graphs.graphs} <= {1, 2, 4} and {w for _, w in graphs.graphs} == {
+        min(64, graphs.max_pages)
+    }
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 

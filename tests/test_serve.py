@@ -242,3 +242,15 @@ def test_a_failed_step_fails_its_requests_not_the_server(server, monkeypatch):
     assert all_pages_free(server)
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+
+
+def test_requests_larger_than_the_kv_cache_are_400(single_thread):  # noqa: F811
+    llm = LLM(random="tiny", num_pages=5)  # 4 usable pages of 16 tokens
+    with ServerThread(llm) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "0123456789", "max_tokens": 60})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "max_tokens" and "KV cache" in err["message"]
+        msgs = [{"role": "user", "content": "hi"}]
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs, "ignore_eos": True})
+        assert r.status_code == 200  # without max_tokens, the reply may take what the cache has left
+        assert r.json()["usage"]["total_tokens"] == 64 and r.json()["choices"][0]["finish_reason"] == "length"

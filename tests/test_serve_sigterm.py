@@ -70,7 +70,8 @@ def test_sigterm_drains_and_exits_zero():
         reader.join(10)
         log = "".join(lines)
         assert re.search(
-            r"request cmpl-0: 8 prompt \+ 60 completion tokens, ttft [\d.]+ s, latency [\d.]+ s", log
+            r"request cmpl-0-[0-9a-f]+: 8 prompt \+ 60 completion tokens, ttft [\d.]+ s, latency [\d.]+ s",
+            log,
         ), log
         assert "Traceback" not in log, log
         with pytest.raises(httpx.TransportError):

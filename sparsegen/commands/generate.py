@@ -13,8 +13,12 @@ from pathlib import Path
 
 import click
 
-from .. import dtypes
-from ..errors import SparsegenError
+from .. import dtypes, progress
+from ..errors import InputError
+from ..log import get_logger
+from .options import SEED, finite, torch_device
+
+log = get_logger(__name__)
 
 DTYPES = {d.name: d.torch_name for d in dtypes.TABLE}  # bf16 -> bfloat16, ...
 
@@ -43,29 +47,29 @@ def parse_prompt_ids(text: str, vocab_size: int, hint: str = "'--prompt-ids'") -
     return ids
 
 
-def _pick_device(device: str | None) -> str:
-    import torch
+def _build_tokenizer(model_dir, random_size, tokenizer_path):
+    """The tokenizer for the CLI's options (None: a checkpoint without one, and no --tokenizer)."""
+    from ..models import named_config
+    from ..models.config import TINY_SPECIAL_TOKENS
+    from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
 
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise click.BadParameter(
-            f"{device!r} was asked for, but torch sees no CUDA GPU", param_hint="'--device'"
-        )
-    return device
+    if tokenizer_path is not None:
+        return load_tokenizer(tokenizer_path)
+    if model_dir is not None:
+        return load_tokenizer(model_dir) if find_tiktoken_file(model_dir) is not None else None
+    config = named_config(random_size)
+    if random_size == "tiny":
+        return ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
+    # bytes plus Phi-3-Small's named special tokens; every other id is masked out
+    named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
+    return ByteTokenizer(named, config.vocab_size)
 
 
 def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
     """(model, tokenizer or None) for the CLI's options."""
     from ..models import load_checkpoint, named_config, random_model
-    from ..models.config import TINY_SPECIAL_TOKENS
-    from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
 
-    tokenizer = None
-    if tokenizer_path is not None:
-        tokenizer = load_tokenizer(tokenizer_path)
-    elif model_dir is not None and find_tiktoken_file(model_dir) is not None:
-        tokenizer = load_tokenizer(model_dir)
+    tokenizer = _build_tokenizer(model_dir, random_size, tokenizer_path)
     if model_dir is not None:
         dummies = tokenizer.dummy_token_indices if tokenizer is not None else ()
         model = load_checkpoint(
@@ -73,12 +77,6 @@ def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
         )
         return model, tokenizer
     config = named_config(random_size)
-    if tokenizer is None:
-        if random_size == "tiny":
-            tokenizer = ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
-        else:  # bytes plus Phi-3-Small's named special tokens; every other id is masked out
-            named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
-            tokenizer = ByteTokenizer(named, config.vocab_size)
     model = random_model(
         config,
         device=device,
@@ -134,11 +132,22 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option(
-    "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 is greedy."
+    "--temperature",
+    type=click.FloatRange(min=0),
+    callback=finite,
+    default=0.0,
+    show_default=True,
+    help="0 is greedy.",
 )
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
+@click.option(
+    "--top-p",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    callback=finite,
+    default=1.0,
+    show_default=True,
+)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 is off.")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=SEED, default=None)
 @click.option("--ignore-eos", is_flag=True, help="Keep going past EOS (for benchmarks).")
 @click.option("--device", default=None, help="cuda or cpu (default: cuda when available).")
 @click.option(
@@ -170,45 +179,79 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 @click.option("--chat", is_flag=True, help="Send each text prompt as a user turn of the chat template.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--stop-token-ids", default=None, help="Comma-separated token ids that end generation.")
+@click.option(
+    "--tp",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tensor-parallel size: this many processes (one GPU each), each holding whole KV groups.",
+)
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids,
+    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids, tp,
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
         raise click.UsageError("give exactly one of --model DIR or --random tiny|7b")
+    _generate(**locals())  # sparsegen's errors become one line in cli.py (exit 2 or 1)
+
+
+def _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense, engine_kwargs, warmup):
+    """A TPEngine for --tp N, its --tp checked against the model and the GPUs before any rank starts."""
+    from ..tp_engine import ModelSource, TPEngine
+
     try:
-        _generate(**locals())
-    except SparsegenError as exc:
-        raise click.UsageError(str(exc).splitlines()[0]) from None
+        tokenizer = _build_tokenizer(model_dir, random_size, tokenizer_path)
+        source = ModelSource(
+            model_dir=str(model_dir) if model_dir is not None else None,
+            random=random_size,
+            dtype=str(dtype).removeprefix("torch."),
+            force_dense=force_dense,
+            dummy_token_indices=tokenizer.dummy_token_indices if tokenizer is not None else (),
+        )
+        return TPEngine(source, tp, device=device, tokenizer=tokenizer, warmup=warmup, **engine_kwargs)
+    except InputError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tp'") from None
 
 
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids,
+    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids, tp,
 ):  # fmt: skip
     import torch
 
     from ..engine import LLMEngine, SamplingParams
 
-    device = _pick_device(device)
+    device = torch_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
-    model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
-    vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
+    engine_kwargs = dict(
+        page_size=page_size,
+        max_num_seqs=max_batch,
+        max_num_batched_tokens=chunk_size,
+        use_cuda_graphs=not no_cuda_graphs,
+    )
+    if tp > 1:  # ranks are separate processes; this one drives them
+        engine = _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense,
+                            engine_kwargs, warmup=not no_warmup)  # fmt: skip
+        tokenizer, config = engine.tokenizer, engine.model_config
+    else:
+        model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
+        engine, config = LLMEngine(model, tokenizer=tokenizer, **engine_kwargs), model.config
+    vocab = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
     if chat and prompt_ids:
         raise click.UsageError("--chat takes text prompts (--prompt, --prompts-file), not --prompt-ids")
     turn = _chat_wrapper(model_dir) if chat else None
     prompts = _collect_prompts(
-        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size), turn
+        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, config.vocab_size), turn
     )
     stop_ids = parse_prompt_ids(stop_token_ids, vocab, "'--stop-token-ids'") if stop_token_ids else []
     if (chat or model_dir is not None) and not ignore_eos:  # generation_config's turn-end tokens
         from ..llm import turn_end_ids
 
         stop_ids += turn_end_ids(
-            model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else model.config.eos_token_id, vocab
+            model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else config.eos_token_id, vocab
         )[1:]
     if stop and tokenizer is None:
         raise click.UsageError("--stop needs a tokenizer (this checkpoint has no .tiktoken file)")
@@ -222,17 +265,9 @@ def _generate(
         seed=seed,
         ignore_eos=ignore_eos,
     )
-    engine = LLMEngine(
-        model,
-        tokenizer=tokenizer,
-        page_size=page_size,
-        max_num_seqs=max_batch,
-        max_num_batched_tokens=chunk_size,
-        use_cuda_graphs=not no_cuda_graphs,
-    )
     if not no_warmup:
         seconds = engine.warmup()
-        click.echo(f"warm-up (kernel builds, first CUDA-graph capture): {seconds:.2f} s", err=True)
+        log.info(f"warm-up (kernel builds, first CUDA-graph capture): {seconds:.2f} s")
     live = stream and not as_json and len(prompts) == 1 and tokenizer is not None
     decode_piece = tokenizer.stream_decoder() if live else None
     eos = engine.eos_token_id
@@ -244,7 +279,14 @@ def _generate(
             engine, tokenizer, [params] * len(prompts), frozenset({eos, *params.stop_token_ids})
         )
 
+    # Many prompts: a bar over the finished ones with the token rate (drawn on a terminal only).
+    bar = progress.bar(len(prompts), "generate", unit="prompt", as_json=as_json or live)
+    tokens = [0]
+
     def on_token(event):
+        tokens[0] += 1
+        if event.finish_reason is not None:
+            bar.update(1, postfix=f"{tokens[0] / max(time.perf_counter() - start, 1e-9):.1f} tok/s")
         if watch is not None:  # stop strings: the text each token adds, held back near a stop string
             piece = watch(event)
             if live:
@@ -259,10 +301,13 @@ def _generate(
             sys.stdout.flush()
 
     start = time.perf_counter()
-    results = engine.generate(prompts, params, on_token=on_token)
+    with bar:
+        results = engine.generate(prompts, params, on_token=on_token)
     if watch is not None:
         results = watch.apply(results)
     wall = time.perf_counter() - start
+    if tp > 1:
+        engine.close()  # on an error, the TPEngine's finalizer stops the ranks
     if as_json:
         for res in results:
             click.echo(json.dumps(res.to_json_dict()))
@@ -277,8 +322,7 @@ def _generate(
     ttft = sum(r.ttft_s for r in results) / len(results)
     decode = [r.decode_tokens_per_s for r in results if r.decode_tokens_per_s > 0]
     per_seq = sum(decode) / len(decode) if decode else 0.0
-    click.echo(
-        f"-- {len(results)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
-        f"{per_seq:.1f} tokens/s per sequence while decoding, time to first token {ttft:.3f} s (mean)",
-        err=False,
+    log.info(
+        f"{len(results)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
+        f"{per_seq:.1f} tokens/s per sequence while decoding, time to first token {ttft:.3f} s (mean)"
     )

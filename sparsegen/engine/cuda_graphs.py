@@ -1,9 +1,10 @@
 """Decode steps captured as CUDA graphs, one per (padded batch size, block-table width).
 
 Each graph reads its inputs from static buffers sized for `max_num_seqs` and the model's
-longest context. A step copies the real rows in, pads the rest with a harmless row (token 0 at
-position 0, writing into the cache's scratch page, reading only that page), replays, and
-returns the real rows' logits.
+longest context. A step builds the rows on the host, the real ones and a harmless padding row
+for the rest (token 0 at position 0, writing into the cache's scratch page, reading only that
+page), copies them in with three host-to-device copies (ids/positions/slots, seq_lens, block
+tables; a fourth for LongRoPE flags), replays, and returns the real rows' logits.
 
 The block-table width is bucketed to a power of two of pages, not fixed at the longest
 context: the decode kernel sizes its split-KV grid from that width, so an 8K context must not
@@ -14,12 +15,16 @@ bucket, after one eager warm-up run (which also compiles the kernels) on a side 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..models.batch import ForwardBatch
 from ..models.phi3small import Phi3SmallForCausalLM
 from .kv_cache import KVCache, pages_for
+
+if TYPE_CHECKING:
+    from .model_runner import DecodeInputs
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_WIDTH_PAGES = 64
@@ -49,13 +54,13 @@ class DecodeGraphs:
         dev = model.device
         self.sizes = [b for b in BATCH_SIZES if b < max_num_seqs] + [max_num_seqs]
         n, width = max_num_seqs, pages_for(max_model_len, cache.page_size)
-        scratch = cache.scratch_page
-        self.ids = torch.zeros(n, dtype=torch.long, device=dev)  # [B]
-        self.positions = torch.zeros(n, dtype=torch.long, device=dev)  # [B]
+        self.i64 = torch.zeros((3, n), dtype=torch.long, device=dev)  # rows: ids, positions, slots
+        self.ids, self.positions, self.slots = self.i64[0], self.i64[1], self.i64[2]  # [B] each
         self.use_long = torch.zeros(n, dtype=torch.bool, device=dev)  # [B]
-        self.slots = torch.full((n,), scratch * cache.page_size, dtype=torch.long, device=dev)  # [B]
-        self.block_tables = torch.full((n, width), scratch, dtype=torch.int32, device=dev)  # [B, max_pages]
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)  # [B]
+        self.block_tables = torch.full(
+            (n, width), cache.scratch_page, dtype=torch.int32, device=dev
+        )  # [B, max_pages]
         self.has_long_rope = model.config.rope_scaling is not None
         self.max_pages = width
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -87,27 +92,24 @@ class DecodeGraphs:
         self.pool = graph.pool()
         return graph, logits
 
-    def _reset_padding(self) -> None:
-        scratch = self.cache.scratch_page
-        self.ids.zero_()
-        self.positions.zero_()
-        self.use_long.zero_()
-        self.slots.fill_(scratch * self.cache.page_size)
-        self.block_tables.fill_(scratch)
-        self.seq_lens.fill_(1)
-
-    def run(self, ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:  # [B, vocab] float32
-        n = ids.shape[0]
+    def run(self, inputs: DecodeInputs) -> torch.Tensor:  # [B, vocab] float32
+        n = len(inputs.ids)
         b = next(s for s in self.sizes if s >= n)
-        w = width_bucket(batch.block_tables.shape[1], self.max_pages)
-        self._reset_padding()
-        self.ids[:n] = ids
-        self.positions[:n] = batch.positions
-        if batch.use_long_rope is not None:
-            self.use_long[:n] = batch.use_long_rope
-        self.slots[:n] = batch.slot_mapping
-        self.block_tables[:n, : batch.block_tables.shape[1]] = batch.block_tables
-        self.seq_lens[:n] = batch.seq_lens
+        w = width_bucket(inputs.width, self.max_pages)
+        pad = b - n
+        scratch, ps = self.cache.scratch_page, self.cache.page_size
+        rows = torch.tensor(
+            [inputs.ids + [0] * pad, inputs.positions + [0] * pad, inputs.slots + [scratch * ps] * pad],
+            dtype=torch.long,
+        )  # [3, b] on the host
+        self.i64[:, :b].copy_(rows)
+        self.seq_lens[:b].copy_(torch.tensor(inputs.seq_lens + [1] * pad, dtype=torch.int32))
+        table = torch.full((b, w), scratch, dtype=torch.int32)  # [b, w] on the host
+        table[:n, : inputs.width] = torch.tensor(inputs.tables, dtype=torch.int32)
+        self.block_tables[:b, :w].copy_(table)
+        if self.has_long_rope:
+            flags = inputs.use_long if inputs.use_long is not None else [False] * n
+            self.use_long[:b].copy_(torch.tensor(flags + [False] * pad, dtype=torch.bool))
         if (b, w) not in self.graphs:
             self.graphs[b, w] = self._capture(b, w)
         graph, logits = self.graphs[b, w]

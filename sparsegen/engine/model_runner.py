@@ -11,6 +11,7 @@ a GPU), and returns the logits of the rows to sample.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 
@@ -30,7 +31,7 @@ GPU_HEADROOM_BYTES = 6 << 30  # activations of a prefill chunk, logits, graphs
 def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int) -> int:
     cfg = model.config
     return KVCache.bytes_per_page(
-        cfg.num_hidden_layers, page_size, cfg.num_key_value_heads, cfg.head_dim, model.dtype
+        cfg.num_hidden_layers, page_size, model.local_num_kv_heads, cfg.head_dim, model.dtype
     )
 
 
@@ -52,6 +53,33 @@ def default_num_pages(model: Phi3SmallForCausalLM, page_size: int, kv_cache_byte
     return pages
 
 
+@dataclass(frozen=True)
+class DecodeInputs:
+    """One decode step, one row per sequence, on the host."""
+
+    ids: list[int]  # the newest token of each sequence
+    positions: list[int]  # its position
+    slots: list[int]  # its flat cache slot
+    seq_lens: list[int]  # tokens including it
+    tables: list[list[int]]  # block tables padded with the scratch page to `width`
+    width: int
+    use_long: list[bool] | None  # LongRoPE long factors per row; None without LongRoPE
+
+    def to_batch(self, device: torch.device) -> tuple[torch.Tensor, ForwardBatch]:
+        def t(x, dtype=torch.long):
+            return torch.tensor(x, dtype=dtype, device=device)
+
+        batch = ForwardBatch(
+            is_decode=True,
+            positions=t(self.positions),  # [B]
+            use_long_rope=t(self.use_long, torch.bool) if self.use_long is not None else None,  # [B]
+            slot_mapping=t(self.slots),  # [B]
+            block_tables=t(self.tables, torch.int32),  # [B, width]
+            seq_lens=t(self.seq_lens, torch.int32),  # [B]
+        )
+        return t(self.ids), batch  # ids: [B]
+
+
 class ModelRunner:
     def __init__(self, model: Phi3SmallForCausalLM, config: EngineConfig, *, max_model_len: int):
         self.model = model
@@ -64,7 +92,7 @@ class ModelRunner:
             num_layers=cfg.num_hidden_layers,
             num_pages=pages,
             page_size=page_size,
-            num_kv_heads=cfg.num_key_value_heads,
+            num_kv_heads=model.local_num_kv_heads,  # a tensor-parallel rank holds its own groups only
             head_dim=cfg.head_dim,
             dtype=model.dtype,
             device=model.device,
@@ -133,34 +161,35 @@ class ModelRunner:
         )
         return t(ids), batch
 
-    def prepare_decode(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
-        dev, ps = self.model.device, self.cache.page_size
+    def decode_inputs(self, chunks: Seq[Chunk]) -> DecodeInputs:
+        """A decode step's inputs as host lists (no device work yet)."""
+        ps, scratch = self.cache.page_size, self.cache.scratch_page
         seqs = [c.seq for c in chunks]
         width = max(len(s.pages) for s in seqs)
-        tables = [s.pages + [self.cache.scratch_page] * (width - len(s.pages)) for s in seqs]
         positions = [len(s) - 1 for s in seqs]
         use_long = None
         if self.long_rope_after is not None:
-            flags = [self.use_long_rope(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)]
-            use_long = torch.tensor(flags, device=dev)
-        slots = [s.pages[p // ps] * ps + p % ps for s, p in zip(seqs, positions, strict=True)]
-        batch = ForwardBatch(
-            is_decode=True,
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),  # [B]
-            use_long_rope=use_long,  # [B] or None
-            slot_mapping=torch.tensor(slots, device=dev),  # [B]
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),  # [B, max_pages]
-            seq_lens=torch.tensor([len(s) for s in seqs], dtype=torch.int32, device=dev),  # [B]
+            use_long = [self.use_long_rope(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)]
+        return DecodeInputs(
+            ids=[s.tokens[-1] for s in seqs],
+            positions=positions,
+            slots=[s.pages[p // ps] * ps + p % ps for s, p in zip(seqs, positions, strict=True)],
+            seq_lens=[len(s) for s in seqs],
+            tables=[s.pages + [scratch] * (width - len(s.pages)) for s in seqs],
+            width=width,
+            use_long=use_long,
         )
-        ids = torch.tensor([s.tokens[-1] for s in seqs], dtype=torch.long, device=dev)  # [B]
-        return ids, batch
+
+    def prepare_decode(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
+        return self.decode_inputs(chunks).to_batch(self.model.device)
 
     @torch.inference_mode()
     def run(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
         if plan.is_decode:
-            ids, batch = self.prepare_decode(plan.chunks)
+            inputs = self.decode_inputs(plan.chunks)
             if self.graphs is not None and self.graphs.fits(len(plan.chunks)):
-                return self.graphs.run(ids, batch)
+                return self.graphs.run(inputs)
+            ids, batch = inputs.to_batch(self.model.device)
             return self.decode_forward(ids, batch, self.cache.layers)
         ids, batch = self.prepare_prefill(plan.chunks)
         return self.model(ids, batch, self.cache.layers)

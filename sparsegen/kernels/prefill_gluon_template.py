@@ -26,11 +26,16 @@ CONFIG = {
     "persistent": False,  # True: one program per SM loops over the work items (see config())
     "programs": 0,  # persistent grid size; 0 = the GPU's SM count (tests force a small one)
     "q_smem": False,
+    "pingpong": False,  # the two consumers take turns issuing their matmuls (FA3's inter-warpgroup overlap)
     "producer_regs": 24,
     "consumer_regs": 240,
     "maxnreg": 168,
 }
 HEAD_DIMS = (64, 128)
+# Each distinct head pattern is a branch of the schedule and of the masked softmax, so build time
+# grows with their number (CPU, AOT: 8 patterns ~1.4x the build of 1, 32 patterns ~5x); layers with
+# more go to the tl kernel, whose build is flat in the number of distinct heads.
+MAX_PATHS = 8
 DTYPES = ("bf16", "fp16")
 
 
@@ -57,6 +62,9 @@ def covers(layer: LayerSpec, dtype: str) -> str | None:
         return f"dtype {dtype} (the Gluon kernel is bf16/fp16)"
     if layer.head_dim not in HEAD_DIMS:
         return f"head_dim {layer.head_dim} (the Gluon kernel covers {HEAD_DIMS})"
+    n_paths = len({_path_key(head) for head in layer.heads})
+    if n_paths > MAX_PATHS:
+        return f"{n_paths} distinct head patterns (the Gluon kernel takes up to {MAX_PATHS})"
     for h, head in enumerate(layer.heads):
         if head.vert_stride and not head.dense and head.block_size % CONFIG["block_n"]:
             return (
@@ -133,6 +141,7 @@ def plan(layer: LayerSpec, dtype: str, cfg: dict[str, Any] | None = None) -> dic
         "group": layer.group_size,
         "dtype": dtype,
         **{k: cfg[k] for k in ("block_m", "block_n", "stages", "consumers", "wg_warps", "q_smem")},
+        "pingpong": cfg["pingpong"] and cfg["consumers"] == 2,
         **{k: cfg[k] for k in ("producer_regs", "consumer_regs")},
         "paths": paths(layer),
     }

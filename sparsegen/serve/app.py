@@ -17,7 +17,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -26,7 +25,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.kv_cache import pages_for
 from ..errors import RequestError, ServerOverloaded, SparsegenError
 from ..llm import LLM
 from .loop import AsyncEngine, RequestStream, Update
@@ -157,9 +155,13 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     app.add_middleware(_CountRequests, metrics=metrics)
 
     async def parse(request: Request, model: type[BaseModel]):
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise RequestError(f"the body is over {MAX_BODY_BYTES} bytes", "body", status=413)
+        chunks, size = [], 0
+        async for chunk in request.stream():  # read at most MAX_BODY_BYTES, whatever the client sends
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise RequestError(f"the body is over {MAX_BODY_BYTES} bytes", "body", status=413)
+            chunks.append(chunk)
+        body = b"".join(chunks)
         try:
             req = model.model_validate_json(body)
             req.check()
@@ -174,8 +176,7 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     def fit(prompt_ids: list[list[int]], max_tokens: int | None, default: int | None, where: str) -> int:
         """The request's max_tokens, checked against the context limit and the KV cache."""
         limit = llm.max_model_len
-        cache = llm.engine.cache
-        room = cache.allocator.capacity * cache.page_size
+        _, room = llm.engine.kv_capacity  # tokens the KV cache holds for sequences (whole pages)
         longest = max(len(p) for p in prompt_ids)
         if max_tokens is None:
             max_tokens = default if default is not None else min(limit, room) - longest
@@ -187,7 +188,7 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
                 "max_tokens",
                 "context_length_exceeded",
             )
-        if pages_for(longest + max_tokens, cache.page_size) > cache.allocator.capacity:
+        if longest + max_tokens > room:
             raise RequestError(
                 f"{longest} + {max_tokens} tokens do not fit in the KV cache ({room} tokens)",
                 "max_tokens",
@@ -270,7 +271,7 @@ class _Formatter:
 
     def __init__(self, llm: LLM, stream: RequestStream, model: str, chat: bool, token_ids: bool = False):
         self.llm, self.stream, self.model, self.chat, self.token_ids = llm, stream, model, chat, token_ids
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = stream.request_id
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self._offsets = [0] * len(stream.trackers)

@@ -15,6 +15,7 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -124,7 +125,8 @@ class AsyncEngine:
                 t.index = len(trackers)
                 trackers.append(t)
                 choices.append(ids)
-        stream = RequestStream(f"{kind}-{next(self._ids)}", choices, trackers, asyncio.get_running_loop())
+        rid = f"{kind}-{next(self._ids)}-{uuid.uuid4().hex[:12]}"  # the response's id, and the log line's
+        stream = RequestStream(rid, choices, trackers, asyncio.get_running_loop())
         self.inflight += want
         self._send(("add", stream))
         return stream
