@@ -143,6 +143,7 @@ def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
 BASE = {"block_n": 64, "stages": 3, "q_smem": False, "persistent": False, "consumers": 2}
 VARIANTS = {  # {} is the rule's choice for the case (prefill_gluon_template.config)
     "rule": {},
+    "rule_pingpong": {"pingpong": True},
     "c2_n64_s3": BASE,
     "c2_n64_s3_persist": {**BASE, "persistent": True},
     "c1_n64_s3": {**BASE, "consumers": 1},

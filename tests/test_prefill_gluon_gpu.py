@@ -45,9 +45,16 @@ def _poison(monkeypatch):
     monkeypatch.setenv("SPARSEGEN_POISON_OUTPUT", "1")
 
 
-# Launch shapes every fuzz case cycles through: the rule's, one program per work item, and a
-# persistent grid of 3 programs (many items per program: the ring's phases run on across items).
-CONFIGS = ({}, {"persistent": False}, {"persistent": True, "programs": 3})
+# Launch shapes besides the rule's: one program per work item, a persistent grid of 3 programs
+# (many items per program: the ring's phases run on across items), and ping-pong consumers.
+CONFIGS = (
+    {},
+    {"persistent": False},
+    {"persistent": True, "programs": 3},
+    {"pingpong": True},
+    {"pingpong": True, "persistent": True, "programs": 5},
+)
+TL = {}  # get_prefill_kernel's arguments for the tl twin (the lifecycle adds variant="tl")
 
 
 def _gluon(layer, dtype, **overrides):
@@ -66,10 +73,9 @@ def test_fuzzed_against_reference_and_tl(spec_id, dtype):
     from sparsegen.kernels.prefill import get_prefill_kernel
 
     layer = SPECS[spec_id]
-    tl_kernel = get_prefill_kernel(layer, dtype=dtype)
+    kernel, tl_kernel = _gluon(layer, dtype), get_prefill_kernel(layer, dtype=dtype, **TL)
     rng = random.Random(spec_id * 11 + (dtype == torch.float16))
-    for case in range(9):
-        kernel = _gluon(layer, dtype, **CONFIGS[case % len(CONFIGS)])
+    for case in range(8):
         batch = rng.randint(1, 3)
         k_lens = [
             rng.choice([1, 63, 64, 65, 127, 129, 777, 1000, 2049, rng.randint(1, 3000)]) for _ in range(batch)
@@ -86,9 +92,21 @@ def test_fuzzed_against_reference_and_tl(spec_id, dtype):
         )
         out = kernel(*p.args())
         err = rel_err(out, _reference(p))
-        assert err < TOL[dtype], f"rel err {err:.3g} ({kernel.config}): {p.repro()}"
+        assert err < TOL[dtype], f"rel err {err:.3g}: {p.repro()}"
         err_tl = rel_err(out, tl_kernel(*p.args()))
         assert err_tl < 2e-2, f"rel err vs the tl kernel {err_tl:.3g}: {p.repro()}"
+
+
+@pytest.mark.parametrize("config", CONFIGS[1:], ids=lambda c: "_".join(f"{k}{int(v)}" for k, v in c.items()))
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_launch_shapes_agree(which, config):
+    """Other launch shapes compute the same function (persistent grids run many items per program)."""
+    layer = SPECS[which]
+    kernel = _gluon(layer, torch.bfloat16, **config)
+    for case, (q_lens, k_lens) in enumerate([([700, 1, 3000], [1000, 64, 3000]), ([129, 4097], [129, 5000])]):
+        p = PrefillProblem(layer, q_lens, k_lens, seed=case, dtype=torch.bfloat16, device="cuda")
+        err = rel_err(kernel(*p.args()), _reference(p))
+        assert err < TOL[torch.bfloat16], f"rel err {err:.3g} with {config}: {p.repro()}"
 
 
 @pytest.mark.parametrize("which", [0, 1, 2])

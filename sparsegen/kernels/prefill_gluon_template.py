@@ -26,6 +26,7 @@ CONFIG = {
     "persistent": False,  # True: one program per SM loops over the work items (see config())
     "programs": 0,  # persistent grid size; 0 = the GPU's SM count (tests force a small one)
     "q_smem": False,
+    "pingpong": False,  # the two consumers take turns issuing their matmuls (FA3's inter-warpgroup overlap)
     "producer_regs": 24,
     "consumer_regs": 240,
     "maxnreg": 168,
@@ -133,6 +134,7 @@ def plan(layer: LayerSpec, dtype: str, cfg: dict[str, Any] | None = None) -> dic
         "group": layer.group_size,
         "dtype": dtype,
         **{k: cfg[k] for k in ("block_m", "block_n", "stages", "consumers", "wg_warps", "q_smem")},
+        "pingpong": cfg["pingpong"] and cfg["consumers"] == 2,
         **{k: cfg[k] for k in ("producer_regs", "consumer_regs")},
         "paths": paths(layer),
     }
