@@ -1,6 +1,14 @@
-"""sparsegen: JIT-compiled block-sparse attention kernels from per-head sparsity specs."""
+"""sparsegen: JIT-compiled block-sparse attention kernels from per-head sparsity specs.
 
-from . import reference
+The public names load on first use (PEP 562), so `import sparsegen.cli` and
+`sparsegen --version` do not pay for torch; `import sparsegen; sparsegen.prefill` behaves
+as an eager import would.
+"""
+
+from __future__ import annotations
+
+import importlib
+
 from .errors import (
     ArchError,
     CacheError,
@@ -13,18 +21,46 @@ from .errors import (
     InputError,
     JitDisabledError,
     MemoryLimitError,
+    MissingExtraError,
     RequestError,
     ServerOverloaded,
     SparsegenError,
     SpecError,
     TokenizerError,
 )
-from .layout import density, visible_mask
-from .ops import get_kernel, paged_decode, prefill
-from .presets import get_pattern
-from .spec import HeadSpec, LayerSpec, ModelSpec
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it (relative to this package)
+_LAZY = {
+    "reference": ".reference",
+    "density": ".layout",
+    "visible_mask": ".layout",
+    "get_kernel": ".ops",
+    "paged_decode": ".ops",
+    "prefill": ".ops",
+    "get_pattern": ".presets",
+    "HeadSpec": ".spec",
+    "LayerSpec": ".spec",
+    "ModelSpec": ".spec",
+    # the serving API loads the model code and jinja2's sandbox: only when first asked for
+    "LLM": ".llm",
+    "SamplingParams": ".engine.sampling",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'sparsegen' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name], __name__)
+    value = module if name == "reference" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ArchError",
@@ -41,6 +77,7 @@ __all__ = [
     "LLM",
     "LayerSpec",
     "MemoryLimitError",
+    "MissingExtraError",
     "ModelSpec",
     "RequestError",
     "SamplingParams",
@@ -56,16 +93,3 @@ __all__ = [
     "reference",
     "visible_mask",
 ]
-
-
-def __getattr__(name: str):
-    # The serving API loads the model code and jinja2's sandbox: only when first asked for.
-    if name == "LLM":
-        from .llm import LLM
-
-        return LLM
-    if name == "SamplingParams":
-        from .engine.sampling import SamplingParams
-
-        return SamplingParams
-    raise AttributeError(f"module 'sparsegen' has no attribute {name!r}")

@@ -48,9 +48,9 @@ FLAGS: dict[str, Flag] = {
              "a CUDA include/ directory with cuda_fp16.h and cuda_bf16.h, for NVRTC"),
         Flag("SPARSEGEN_POISON_OUTPUT", "bool", "0",
              "fill kernel outputs with NaN before launch, so unwritten rows show up in tests"),
-        Flag("SPARSEGEN_LOG_LEVEL", "level", "WARNING",
+        Flag("SPARSEGEN_LOG_LEVEL", "level", "INFO",
              f"level of the 'sparsegen' logger ({', '.join(LOG_LEVELS)})"),
-        Flag("SPARSEGEN_QUIET", "bool", "0", "no 'compiling ...' progress lines on stderr"),
+        Flag("SPARSEGEN_QUIET", "bool", "0", "only errors on stderr: no 'compiling ...' lines, no progress bars"),
     )
 }  # fmt: skip
 
@@ -91,7 +91,7 @@ def path(name: str) -> Path | None:
 
 
 def log_level() -> str:
-    """SPARSEGEN_LOG_LEVEL, upper-cased and checked; WARNING when unset."""
+    """SPARSEGEN_LOG_LEVEL, upper-cased and checked; INFO when unset."""
     raw = os.environ.get("SPARSEGEN_LOG_LEVEL")
     if not raw:
         return FLAGS["SPARSEGEN_LOG_LEVEL"].default

@@ -69,3 +69,7 @@ class RequestError(InputError):
 
 class ServerOverloaded(SparsegenError, RuntimeError):
     """The server's queue is full, or it is shutting down; the client should retry later (HTTP 503)."""
+
+
+class MissingExtraError(SparsegenError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra that brings it."""

@@ -17,7 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from hypothesis import strategies as st
+
+from .errors import MissingExtraError
+
+try:
+    from hypothesis import strategies as st
+except ImportError as _exc:
+    raise MissingExtraError(
+        f"sparsegen.testing needs hypothesis ({_exc}): pip install 'sparsegen[fuzz]'"
+    ) from None
 
 from . import reference
 from .spec import SUPPORTED_HEAD_DIMS, HeadSpec, LayerSpec

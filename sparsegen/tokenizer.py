@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from .errors import TokenizerError
+from .errors import MissingExtraError, TokenizerError
 
 # GPT-4's cl100k pre-tokenisation pattern.
 CL100K_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
@@ -135,7 +135,12 @@ class TiktokenTokenizer(_BytesVocabTokenizer):
     def __init__(
         self, ranks: dict[bytes, int], special_tokens: dict[str, int], vocab_size: int | None = None
     ):
-        import tiktoken
+        try:
+            import tiktoken
+        except ImportError as exc:
+            raise MissingExtraError(
+                f"reading a .tiktoken vocabulary needs tiktoken ({exc}): pip install 'sparsegen[model]'"
+            ) from None
 
         self.special_tokens = dict(special_tokens)
         size = max([*ranks.values(), *special_tokens.values()]) + 1

@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..spec import LayerSpec
-
 
 def median_ms(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     """Median time of fn() in milliseconds, with CUDA events (triton.testing.do_bench)."""
@@ -57,48 +55,6 @@ def measure_ceilings() -> Ceilings:
     b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
     mm_ms = median_ms(lambda: a @ b)
     return Ceilings(copy_tb_s=copy, matmul_tflop_s=2 * m**3 / (mm_ms * 1e-3) / 1e12)
-
-
-def flex_mask_mod(layer: LayerSpec, n_q: int, n_k: int, device):
-    """A FlexAttention mask_mod equal to DESIGN §1 (queries are the last n_q of n_k positions).
-
-    Fields shared by every head become Python constants, so FlexAttention's generated kernel
-    does plain integer arithmetic; only fields that differ per head are looked up by head index.
-    """
-    names = ("block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window", "dense")
-    per_head = {}
-    for name in names:
-        values = [int(getattr(h, name)) for h in layer.heads]
-        per_head[name] = values[0] if len(set(values)) == 1 else torch.tensor(values, device=device)
-    shift = n_k - n_q
-
-    def field(name, h):
-        value = per_head[name]
-        return value[h] if isinstance(value, torch.Tensor) else value
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        i, j = q_idx + shift, kv_idx
-        causal = j <= i
-        dense = field("dense", h)
-        if isinstance(dense, int) and dense:
-            return causal
-        bs = field("block_size", h)
-        seen = (i - j) < field("sliding_window", h)
-        local = field("local_blocks", h)
-        if not isinstance(local, int) or local:
-            seen = seen | ((i // bs - j // bs) < local)
-        stride = field("vert_stride", h)
-        if not isinstance(stride, int):
-            seen = seen | (
-                (stride > 0) & ((j // bs + field("vert_offset", h) + 1) % stride.clamp(min=1) == 0)
-            )
-        elif stride:
-            seen = seen | ((j // bs + field("vert_offset", h) + 1) % stride == 0)
-        if not isinstance(dense, int):
-            seen = seen | (dense > 0)
-        return causal & seen
-
-    return mask_mod
 
 
 def format_table(headers: list[str], rows: list[list]) -> str:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from .. import flex as sg_flex
 from .. import ops
 from ..layout import layer_visible
 from ..spec import LayerSpec
-from .common import Ceilings, flex_mask_mod, median_ms_graph
+from .common import Ceilings, median_ms_graph
 
 PAGE_SIZE = 16
 
@@ -59,10 +60,9 @@ def bench_case(layer: LayerSpec, batch: int, seq_len: int, ceilings: Ceilings, *
 
 
 def _flex_us(layer: LayerSpec, qd, kc, vc, seq_len: int) -> float:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-    mask_mod = flex_mask_mod(layer, 1, seq_len, "cuda")
-    block_mask = create_block_mask(mask_mod, None, layer.num_heads, 1, seq_len, device="cuda")
+    block_mask = sg_flex.block_mask(layer, 1, seq_len, device="cuda")
     flex = torch.compile(flex_attention)
     flex(qd, kc, vc, block_mask=block_mask, enable_gqa=True)
     return median_ms_graph(lambda: flex(qd, kc, vc, block_mask=block_mask, enable_gqa=True))[0] * 1e3

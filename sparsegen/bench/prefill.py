@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from .. import flex as sg_flex
 from .. import ops
 from ..kernels.prefill import get_prefill_kernel
 from ..layout import density
 from ..spec import LayerSpec
 from ..testing import rel_err
-from .common import Ceilings, flex_mask_mod, median_ms
+from .common import Ceilings, median_ms
 
 
 def visible_pairs(layer: LayerSpec, seq_len: int) -> float:
@@ -58,12 +59,9 @@ def bench_case(layer: LayerSpec, seq_len: int, ceilings: Ceilings, *, flex: bool
 
 
 def _flex(layer: LayerSpec, qt, kt, vt, seq_len: int):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-    mask_mod = flex_mask_mod(layer, seq_len, seq_len, "cuda")
-    block_mask = torch.compile(create_block_mask)(
-        mask_mod, None, layer.num_heads, seq_len, seq_len, device="cuda"
-    )
+    block_mask = sg_flex.block_mask(layer, seq_len, seq_len, device="cuda", compile=True)
     flex = torch.compile(flex_attention)
     out = flex(qt, kt, vt, block_mask=block_mask, enable_gqa=True)
     return median_ms(lambda: flex(qt, kt, vt, block_mask=block_mask, enable_gqa=True)), out

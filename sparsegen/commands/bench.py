@@ -7,12 +7,16 @@ import json
 import click
 import torch
 
+from .. import progress
+from ..errors import ImplUnavailableError
+from ..log import get_logger
 from ..presets import get_pattern
 from ..spec import ModelSpec
 
 PREFILL_CASES = [("phi3small", 8192), ("phi3small", 32768), ("phi3small", 131072),
                  ("sliding-window", 32768), ("sliding-window", 131072)]  # fmt: skip
 NAN = float("nan")
+log = get_logger(__name__)
 
 # The summary tables: (header, value from one result row); "x_*" are speed-ups of sparsegen.
 SUMMARY_COLUMNS = {
@@ -67,18 +71,19 @@ def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, o
     measured first, in the same run.
     """
     if not torch.cuda.is_available():
-        raise click.UsageError("sparsegen bench needs a CUDA GPU")
+        raise ImplUnavailableError("sparsegen bench needs a CUDA GPU; torch sees none")
     from ..bench import decode, prefill
     from ..bench.common import format_table, measure_ceilings
 
     def flex(seq: int) -> bool:
         return not no_flex and seq <= flex_max_seq_len
 
+    prefill_cases = [(p, s) for p, s in PREFILL_CASES if kind in ("prefill", "all") and s <= max_seq_len]
+    decode_cases = [(p, b, s) for p, b, s in DECODE_CASES if kind in ("decode", "all") and s <= max_seq_len]
     ceilings = measure_ceilings()
     gpu = torch.cuda.get_device_name()
-    click.echo(
-        f"{gpu}: copy {ceilings.copy_tb_s:.2f} TB/s, bf16 matmul {ceilings.matmul_tflop_s:.0f} TFLOP/s"
-    )
+    log.info(f"{gpu}: copy {ceilings.copy_tb_s:.2f} TB/s, bf16 matmul {ceilings.matmul_tflop_s:.0f} TFLOP/s")
+    bar = progress.bar(len(prefill_cases) + len(decode_cases), "bench", unit="case")
     result = {
         "gpu": gpu,
         "torch": torch.__version__,
@@ -86,24 +91,23 @@ def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, o
         "prefill": [],
         "decode": [],
     }
-    if kind in ("prefill", "all"):
-        for pattern, seq in PREFILL_CASES:
-            if seq > max_seq_len:
-                continue
+    with bar:
+        for pattern, seq in prefill_cases:
+            bar.note(f"prefill {pattern} {seq}")
             row = prefill.bench_case(_sparse_layer(get_pattern(pattern)), seq, ceilings, flex=flex(seq))
             row["pattern"] = pattern
             result["prefill"].append(row)
-            click.echo(json.dumps(row))
-    if kind in ("decode", "all"):
-        for pattern, batch, seq in DECODE_CASES:
-            if seq > max_seq_len:
-                continue
+            bar.echo(json.dumps(row))
+            bar.update(1)
+        for pattern, batch, seq in decode_cases:
+            bar.note(f"decode {pattern} {batch}x{seq}")
             row = decode.bench_case(
                 _sparse_layer(get_pattern(pattern)), batch, seq, ceilings, flex=not no_flex
             )
             row["pattern"] = pattern
             result["decode"].append(row)
-            click.echo(json.dumps(row))
+            bar.echo(json.dumps(row))
+            bar.update(1)
     if out:
         with open(out, "w") as f:
             json.dump(result, f, indent=1)

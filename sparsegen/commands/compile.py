@@ -8,47 +8,69 @@ summary table, or with --json the list DESIGN §3 promises:
 
 from __future__ import annotations
 
+import contextlib
 import json
-import sys
+import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import click
 
-from .. import dtypes, env
+from .. import dtypes, env, progress
 from ..bench.common import format_table
-from .options import load_pattern
+from ..kernels.decode import PAGE_SIZES
+from ..log import get_logger
+from .options import check_arch, load_pattern
 
 DTYPES = {name: dtypes.resolve(name).torch for name in dtypes.CLI_NAMES}
 NO_GPU_ARCH = "sm_90"
+log = get_logger(__name__)
 
 
 def default_arch() -> str:
     return env.current_arch() or NO_GPU_ARCH
 
 
-def build_all(model, kinds, dtype, arch: str, page_size: int, progress=None) -> list[dict]:
+def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool = False) -> list[dict]:
     """Build each (kind, distinct layer) kernel; returns DESIGN §3 records in job order.
 
     Builds run side by side in threads: NVRTC releases the GIL, so every decode kernel gets a
     thread of its own, while the prefill kernels build one after another in one thread
     (Triton's compiler is not meant to run twice at once in one process).
+
+    Progress: one line per kernel as it finishes (through the "sparsegen" logger, whose handler
+    writes whole lines under a lock, so parallel builds never interleave). On a terminal, one
+    bar over the kernels names the ones building; the cache's own "compiling ..." lines are
+    then left out, since the bar says the same.
     """
     jobs = [(kind, layer) for kind in kinds for layer, _ in model.distinct_layers()]
     total = len(jobs)
+    bar = progress.bar(total, "compile", unit="kernel", as_json=as_json)
+    building: dict[int, str] = {}
+    lock = threading.Lock()
+
+    def building_now() -> str:
+        return ", ".join(building[n] for n in sorted(building))
 
     def build(n: int, kind: str, layer) -> dict:
         from .. import ops
 
-        if progress:
-            progress(f"[{n}/{total}] {kind} kernel for a {layer.kinds} layer ({arch}) ...")
+        with lock:
+            building[n] = f"{kind} {'/'.join(layer.kinds)}"  # e.g. "decode local+vert"
+            bar.note(building_now())
         start = time.perf_counter()
         extra = {"page_size": page_size} if kind == "decode" else {}
-        kernel = ops.get_kernel(layer, kind, dtype=dtype, arch=arch, **extra)
+        try:
+            kernel = ops.get_kernel(layer, kind, dtype=dtype, arch=arch, **extra)
+        finally:
+            with lock:
+                building.pop(n)
+                now = building_now()
         seconds = time.perf_counter() - start
         status = "cached" if kernel.status in ("cached", "memory") else kernel.status
-        if progress:
-            progress(f"[{n}/{total}] {status} {kernel.name} in {seconds:.2f} s")
+        log.info(f"[{n}/{total}] {status} {kernel.name} ({arch}) in {seconds:.2f} s")
+        bar.update(1, postfix=now)
         return {
             "kind": kind,
             "name": kernel.name,
@@ -67,14 +89,32 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, progress=None) -> 
     def build_group(group) -> list[tuple[int, dict]]:
         return [(n, build(n, kind, layer)) for n, (kind, layer) in group]
 
-    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
+    with _quiet_cache_log(bar.drawn), bar, ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
         done = [item for part in pool.map(build_group, groups) for item in part]
     return [record for _, record in sorted(done, key=lambda item: item[0])]
 
 
+@contextlib.contextmanager
+def _quiet_cache_log(quiet: bool):
+    """While a bar names the kernels, the cache's INFO lines (compiling / compiled) repeat it."""
+    cache_log = logging.getLogger("sparsegen.jit.cache")
+    before = cache_log.level
+    if quiet:
+        cache_log.setLevel(max(logging.WARNING, before))
+    try:
+        yield
+    finally:
+        cache_log.setLevel(before)
+
+
 @click.command(name="compile")
 @click.option("--pattern", required=True, help="Preset name, sparsegen JSON spec or HF config.json.")
-@click.option("--arch", default=None, help="Target, e.g. sm_90 (default: this GPU; sm_90 without one).")
+@click.option(
+    "--arch",
+    default=None,
+    callback=check_arch,
+    help="Target, e.g. sm_90 (default: this GPU; sm_90 without one).",
+)
 @click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="bf16", show_default=True)
 @click.option("--kind", type=click.Choice(["prefill", "decode", "all"]), default="all", show_default=True)
 @click.option("--page-size", type=int, default=16, show_default=True, help="Decode kernels' page size.")
@@ -82,12 +122,15 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, progress=None) -> 
 def command(pattern, arch, dtype, kind, page_size, as_json):
     """Compile (or fetch from the cache) every distinct kernel of a pattern."""
     model = load_pattern(pattern)
-    arch = arch or default_arch()
+    arch = default_arch() if arch is None else arch  # '' is refused by check_arch, not defaulted
     kinds = ["prefill", "decode"] if kind == "all" else [kind]
+    if "decode" in kinds and page_size not in PAGE_SIZES:  # before any kernel is built
+        raise click.BadParameter(
+            f"decode page size must be in {PAGE_SIZES.start}..{PAGE_SIZES.stop - 1}, got {page_size}",
+            param_hint="'--page-size'",
+        )
     start = time.perf_counter()
-    records = build_all(
-        model, kinds, DTYPES[dtype], arch, page_size, progress=lambda m: click.echo(m, err=True)
-    )
+    records = build_all(model, kinds, DTYPES[dtype], arch, page_size, as_json=as_json)
     total = time.perf_counter() - start
     if as_json:
         click.echo(json.dumps(records, indent=1))
@@ -95,9 +138,7 @@ def command(pattern, arch, dtype, kind, page_size, as_json):
         rows = [[r["kind"], r["name"], r["status"], r["seconds"], r["path"]] for r in records]
         click.echo(format_table(["kind", "name", "status", "seconds", "path"], rows))
     built = sum(r["status"] == "compiled" for r in records)
-    click.echo(
+    log.info(
         f"{len(records)} kernels for {model.name} ({arch}, {dtype}): {built} compiled, "
-        f"{len(records) - built} cached, {total:.2f} s",
-        err=True,
+        f"{len(records) - built} cached, {total:.2f} s"
     )
-    sys.stderr.flush()

@@ -17,13 +17,21 @@ import random
 import click
 import torch
 
-from .. import env
+from .. import env, progress
+from ..errors import ImplUnavailableError
+from ..log import get_logger
+from .options import SEED
+
+log = get_logger(__name__)
 
 KERNELS = ("prefill", "decode")
 
 
-def _run(kernel: str, strategy, examples: int, tol: float, exact: bool, seed: int) -> tuple[int, float, list]:
-    """(cases run, worst relative error, failure lines) for one spec's strategy."""
+def _run(
+    kernel: str, strategy, examples: int, tol: float, exact: bool, seed: int, bar, tally: dict
+) -> tuple[int, float, list]:
+    """(cases run, worst relative error, failure lines) for one spec's strategy; every case
+    advances `bar`, and `tally["failed"]` counts failures over the whole run."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hseed
 
@@ -48,7 +56,9 @@ def _run(kernel: str, strategy, examples: int, tol: float, exact: bool, seed: in
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if reason:
             failures.append(f"FAIL {kernel} ({reason}): {problem.repro()}")
-            click.echo(failures[-1])
+            bar.echo(failures[-1])
+            tally["failed"] += 1
+        bar.update(1, postfix=f"{kernel}, {tally['failed']} failed")
 
     check()
     return stats["cases"], stats["worst"], failures
@@ -112,21 +122,21 @@ def _precompile(specs: list, kernels: list[str], page_sizes: list[int]) -> None:
 @click.option(
     "--max-len", type=click.IntRange(1), default=None, help="Longest sequence (default 2048 GPU, 200 CPU)."
 )
-@click.option("--seed", type=int, default=None, help="Seed for the specs and shapes (default: a fresh one).")
+@click.option("--seed", type=SEED, default=None, help="Seed for the specs and shapes (default: a fresh one).")
 def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     """Fuzz the generated kernels against the reference on this device."""
     if bool(pattern) == random_specs:
         raise click.UsageError("give exactly one of --pattern P or --random")
     on_gpu = env.gpu_capable()
     if kernel == "decode" and not on_gpu:
-        raise click.UsageError("the CUDA paged-decode kernel needs an sm_80+ GPU; this machine has none")
+        raise ImplUnavailableError("the CUDA paged-decode kernel needs an sm_80+ GPU; this machine has none")
     kernels = [k for k in KERNELS if kernel in (k, "all") and (k == "prefill" or on_gpu)]
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel is fetched
     os.environ["SPARSEGEN_POISON_OUTPUT"] = "1"
-    from hypothesis import strategies as st
+    from ..testing import PAGE_SIZES, decode_problems, prefill_problems  # MissingExtraError without [fuzz]
 
-    from ..testing import PAGE_SIZES, decode_problems, prefill_problems
+    from hypothesis import strategies as st  # isort: skip
 
     seed = random.randrange(2**31) if seed is None else seed
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float16)
@@ -135,15 +145,16 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     specs = _specs(pattern, num_specs, seed, on_gpu)
     where = "GPU, bf16" if on_gpu else "CPU interpreter, fp16"
     skipped = " (decode needs a GPU: not run)" if kernel == "all" and not on_gpu else ""
-    click.echo(
+    log.info(
         f"fuzzing {', '.join(kernels)}{skipped}: {len(specs)} spec(s) x {examples} shapes on the {where}, "
-        f"sequences up to {max_len} tokens, seed {seed}",
-        err=True,
+        f"sequences up to {max_len} tokens, seed {seed}"
     )
     page_sizes = [random.Random(seed + i).choice(PAGE_SIZES) for i in range(len(specs))]
     if on_gpu:
         _precompile(specs, kernels, page_sizes)
     failed = 0
+    bar = progress.bar(len(kernels) * len(specs) * examples, "fuzz", unit="case")
+    tally = {"failed": 0}
     for name in kernels:
         cases, worst, failures = 0, 0.0, []
         for i, layer in enumerate(specs):
@@ -160,12 +171,17 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
                     dtype=dtype,
                     device=device,
                 )
-            n, w, f = _run(name, strategy, examples, tol, exact=not on_gpu, seed=seed + i)
+            n, w, f = _run(
+                name, strategy, examples, tol, exact=not on_gpu, seed=seed + i, bar=bar, tally=tally
+            )
             cases, worst, failures = cases + n, max(worst, w), failures + f
         failed += len(failures)
-        click.echo(
+        bar.echo(
             f"{name}: {cases} cases over {len(specs)} spec(s), {len(failures)} failed, worst rel err {worst:.2e}"
         )
-    click.echo(f"seed {seed}: rerun with --seed {seed}", err=True)
+    bar.close()
+    if skipped:  # part of the result: say what was not checked
+        click.echo("decode: not run (the CUDA kernel needs a GPU)")
+    log.info(f"seed {seed}: rerun with --seed {seed}")
     if failed:
         raise SystemExit(1)

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import click
 
-from .. import dtypes
-from ..errors import SparsegenError
+from .. import dtypes, progress
+from ..log import get_logger
+from .options import SEED, finite, torch_device
+
+log = get_logger(__name__)
 
 DTYPES = {d.name: d.torch_name for d in dtypes.TABLE}  # bf16 -> bfloat16, ...
 
@@ -41,18 +44,6 @@ def parse_prompt_ids(text: str, vocab_size: int, hint: str = "'--prompt-ids'") -
             f"token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}", param_hint=hint
         )
     return ids
-
-
-def _pick_device(device: str | None) -> str:
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise click.BadParameter(
-            f"{device!r} was asked for, but torch sees no CUDA GPU", param_hint="'--device'"
-        )
-    return device
 
 
 def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
@@ -134,11 +125,22 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option(
-    "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 is greedy."
+    "--temperature",
+    type=click.FloatRange(min=0),
+    callback=finite,
+    default=0.0,
+    show_default=True,
+    help="0 is greedy.",
 )
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
+@click.option(
+    "--top-p",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    callback=finite,
+    default=1.0,
+    show_default=True,
+)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 is off.")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=SEED, default=None)
 @click.option("--ignore-eos", is_flag=True, help="Keep going past EOS (for benchmarks).")
 @click.option("--device", default=None, help="cuda or cpu (default: cuda when available).")
 @click.option(
@@ -178,10 +180,7 @@ def command(
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
         raise click.UsageError("give exactly one of --model DIR or --random tiny|7b")
-    try:
-        _generate(**locals())
-    except SparsegenError as exc:
-        raise click.UsageError(str(exc).splitlines()[0]) from None
+    _generate(**locals())  # sparsegen's errors become one line in cli.py (exit 2 or 1)
 
 
 def _generate(
@@ -193,7 +192,7 @@ def _generate(
 
     from ..engine import LLMEngine, SamplingParams
 
-    device = _pick_device(device)
+    device = torch_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
     model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
     vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
@@ -232,7 +231,7 @@ def _generate(
     )
     if not no_warmup:
         seconds = engine.warmup()
-        click.echo(f"warm-up (kernel builds, first CUDA-graph capture): {seconds:.2f} s", err=True)
+        log.info(f"warm-up (kernel builds, first CUDA-graph capture): {seconds:.2f} s")
     live = stream and not as_json and len(prompts) == 1 and tokenizer is not None
     decode_piece = tokenizer.stream_decoder() if live else None
     eos = engine.eos_token_id
@@ -244,7 +243,14 @@ def _generate(
             engine, tokenizer, [params] * len(prompts), frozenset({eos, *params.stop_token_ids})
         )
 
+    # Many prompts: a bar over the finished ones with the token rate (drawn on a terminal only).
+    bar = progress.bar(len(prompts), "generate", unit="prompt", as_json=as_json or live)
+    tokens = [0]
+
     def on_token(event):
+        tokens[0] += 1
+        if event.finish_reason is not None:
+            bar.update(1, postfix=f"{tokens[0] / max(time.perf_counter() - start, 1e-9):.1f} tok/s")
         if watch is not None:  # stop strings: the text each token adds, held back near a stop string
             piece = watch(event)
             if live:
@@ -259,7 +265,8 @@ def _generate(
             sys.stdout.flush()
 
     start = time.perf_counter()
-    results = engine.generate(prompts, params, on_token=on_token)
+    with bar:
+        results = engine.generate(prompts, params, on_token=on_token)
     if watch is not None:
         results = watch.apply(results)
     wall = time.perf_counter() - start
@@ -277,8 +284,7 @@ def _generate(
     ttft = sum(r.ttft_s for r in results) / len(results)
     decode = [r.decode_tokens_per_s for r in results if r.decode_tokens_per_s > 0]
     per_seq = sum(decode) / len(decode) if decode else 0.0
-    click.echo(
-        f"-- {len(results)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
-        f"{per_seq:.1f} tokens/s per sequence while decoding, time to first token {ttft:.3f} s (mean)",
-        err=False,
+    log.info(
+        f"{len(results)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
+        f"{per_seq:.1f} tokens/s per sequence while decoding, time to first token {ttft:.3f} s (mean)"
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from ..errors import SpecError
@@ -14,6 +16,10 @@ def load_pattern(name_or_path: str) -> ModelSpec:
         return get_pattern(name_or_path)
     except SpecError as exc:
         raise click.BadParameter(str(exc), param_hint="'--pattern'") from None
+    except RecursionError:  # json's decoder on absurdly nested input
+        raise click.BadParameter(
+            f"{name_or_path} is nested too deeply to be a spec", param_hint="'--pattern'"
+        ) from None
 
 
 def pick_layer(model: ModelSpec, layer: int | None) -> int:
@@ -26,3 +32,52 @@ def pick_layer(model: ModelSpec, layer: int | None) -> int:
             param_hint="'--layer'",
         )
     return layer
+
+
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback: NaN and infinities are usage errors (FloatRange lets NaN through)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number")
+    return value
+
+
+SEED = click.IntRange(0, 2**63 - 1)  # what torch.Generator and hypothesis both take
+
+
+def check_arch(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: None (pick one) or an arch env.parse_arch accepts, e.g. sm_90."""
+    if value is None:
+        return None
+    from ..env import parse_arch
+    from ..errors import ArchError
+
+    try:
+        parse_arch(value)
+    except ArchError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def torch_device(value: str | None) -> str:
+    """'cpu', 'cuda' or 'cuda:N' (an existing GPU); None picks cuda when torch sees one."""
+    import torch
+
+    if value is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(value.strip()) if value.strip() else None
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise click.BadParameter(f"{value!r} is not 'cpu', 'cuda' or 'cuda:N'", param_hint="'--device'")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise click.BadParameter(
+                f"{value!r} was asked for, but torch sees no CUDA GPU", param_hint="'--device'"
+            )
+        if device.index is not None and device.index >= count:
+            raise click.BadParameter(
+                f"{value!r}: torch sees {count} CUDA GPU(s), 0..{count - 1}", param_hint="'--device'"
+            )
+    return str(device)

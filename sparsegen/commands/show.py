@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 
 import click
 import torch
 
+from ..errors import MissingExtraError
 from ..layout import block_mask, density
+from ..log import get_logger
 from .options import load_pattern, pick_layer
+
+log = get_logger(__name__)
 
 # The ASCII picture is at most this many cells wide; larger masks are pooled (any-visible).
 _PICTURE_CELLS = 64
+# What `--png FILE` may end in: formats matplotlib's Agg and vector backends write.
+IMAGE_FORMATS = frozenset({"png", "svg", "pdf", "jpg", "jpeg", "webp", "eps", "ps", "tif", "tiff"})
 
 
 def ascii_block_mask(mask: torch.Tensor) -> str:
@@ -40,10 +48,22 @@ def ascii_block_mask(mask: torch.Tensor) -> str:
     "--png",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
-    help="Write a picture of every head's block mask (needs matplotlib).",
+    help="Write a picture: the block mask of each distinct head pattern and the pages each KV group "
+    "reads in decode (needs matplotlib; the extension picks the format).",
 )
-def command(pattern: str, layer: int | None, seq_len: int, head: int, as_json: bool, png: str | None) -> None:
+@click.option(
+    "--page-size",
+    type=click.IntRange(1, 1 << 16),
+    default=16,
+    show_default=True,
+    help="Decode pages in --png.",
+)
+def command(
+    pattern: str, layer: int | None, seq_len: int, head: int, as_json: bool, png: str | None, page_size: int
+) -> None:
     """Show per-head density (visible pairs / causal pairs) and the block mask of one layer."""
+    if png is not None:
+        png = _check_png(png)  # before anything is printed
     model = load_pattern(pattern)
     index = pick_layer(model, layer)
     spec = model.layers[index]
@@ -72,31 +92,25 @@ def command(pattern: str, layer: int | None, seq_len: int, head: int, as_json: b
             "(rows: query blocks, columns: key blocks; '#' visible, '.' causal but skipped)"
         )
         click.echo(ascii_block_mask(mask))
-    if png:
-        _write_png(spec, seq_len, png, f"{model.name} layer {index}")
-        if not as_json:
-            click.echo(f"wrote {png}")
+    if png is not None:
+        from ..figure import draw
+
+        draw(spec, seq_len, png, f"{model.name} layer {index}", page_size=page_size)
+        log.info(f"wrote {png}")
 
 
-def _write_png(spec, seq_len: int, path: str, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise click.UsageError("--png needs matplotlib: pip install 'sparsegen[plot]'") from None
-    block = spec.heads[0].block_size
-    length = min(seq_len, 256 * block)
-    masks = block_mask(spec, length, block)
-    cols = min(8, spec.num_heads)
-    rows = -(-spec.num_heads // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2 * cols, 2 * rows), squeeze=False)
-    for h, ax in enumerate(axes.flat):
-        ax.axis("off")
-        if h < spec.num_heads:
-            ax.imshow(masks[h].numpy(), cmap="Greys", interpolation="nearest")
-            ax.set_title(f"head {h}", fontsize=8)
-    fig.suptitle(f"{title}: block masks, first {length} tokens")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def _check_png(path: str) -> str:
+    """`path` once matplotlib is importable and can write it: MissingExtraError without matplotlib,
+    a usage error for a missing folder or a format matplotlib cannot write."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MissingExtraError("--png needs matplotlib: pip install 'sparsegen[plot]'")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"folder {folder} does not exist", param_hint="'--png'")
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in IMAGE_FORMATS:
+        raise click.BadParameter(
+            f"{path!r} has no image extension matplotlib writes ({', '.join(sorted(IMAGE_FORMATS))})",
+            param_hint="'--png'",
+        )
+    return path

@@ -37,7 +37,6 @@ import os
 import re
 import secrets
 import stat
-import sys
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from typing import Any, TypeVar
 
 from .. import env
 from ..errors import CacheError, JitDisabledError
+from ..log import get_logger
 from . import trusted_fs as tfs
 from .trusted_fs import MISSING, QUARANTINE_PREFIX
 
@@ -437,8 +437,7 @@ def _write_entry(
 
 
 def _say(message: str) -> None:
-    if not env.flag("SPARSEGEN_QUIET"):
-        print(f"sparsegen: {message}", file=sys.stderr, flush=True)
+    get_logger(__name__).info(message)  # SPARSEGEN_QUIET=1 / SPARSEGEN_LOG_LEVEL: see sparsegen.log
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,163 @@
+"""`sparsegen env`: what a bug report needs: versions, the GPU, the cache and the environment.
+
+Reads, never builds: no kernel is compiled and the cache directory is not created. With
+--json, one object:
+    {"sparsegen", "python", "platform", "packages": {dist: version or null},
+     "nvrtc", "cuda_include", "gpus": [{"index", "name", "arch", "memory_gib"}],
+     "driver": {"version", "cuda"}, "cache": {"dir", "exists", "verdict", "entries"},
+     "variables": [{"name", "value", "default", "meaning"}], "other_variables": {name: value}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import click
+
+from .. import __version__
+
+PACKAGES = ("torch", "triton", "cuda-core", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc",
+            "nvidia-cuda-nvrtc-cu12", "numpy", "jinja2", "click", "tqdm", "safetensors", "hypothesis",
+            "tiktoken", "matplotlib")  # fmt: skip
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _driver() -> dict:
+    """The kernel driver's release (Linux: /proc/driver/nvidia/version) and the CUDA version it
+    supports (cuDriverGetVersion through cuda-bindings, when both are there)."""
+    out: dict = {"version": None, "cuda": None}
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        words = text.split("Kernel Module", 1)[1].split() if "Kernel Module" in text else []
+        out["version"] = words[0] if words else None
+    except OSError:
+        pass
+    try:
+        from cuda.bindings import driver
+
+        err, = driver.cuInit(0)[:1]  # fmt: skip
+        if int(err) == 0:
+            err, version = driver.cuDriverGetVersion()
+            if int(err) == 0:
+                out["cuda"] = f"{version // 1000}.{version % 1000 // 10}"
+    except Exception:  # noqa: BLE001 - no cuda-bindings or no driver: reported as null
+        pass
+    return out
+
+
+def _gpus() -> list[dict]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        out.append({"index": i, "name": props.name, "arch": f"sm_{props.major}{props.minor}",
+                    "memory_gib": round(props.total_memory / 2**30, 1)})  # fmt: skip
+    return out
+
+
+def _cache() -> dict:
+    from .. import env
+    from ..errors import SparsegenError
+
+    root = env.cache_dir()
+    info: dict = {"dir": str(root), "exists": root.exists(), "verdict": None, "entries": None}
+    if not root.exists():
+        info["verdict"] = "absent: created (private) by the first compile"
+        return info
+    from ..jit import cache
+
+    try:
+        cache.cache_dir()  # the safety checks; it exists, so nothing is created
+        info["entries"] = len(cache.list_entries())
+        info["verdict"] = "ok"
+    except SparsegenError as exc:
+        info["verdict"] = f"refused: {str(exc).splitlines()[0]}"
+    return info
+
+
+def _cuda_include() -> str | None:
+    try:
+        from ..jit.nvrtc_build import cuda_include_dir
+
+        return cuda_include_dir()
+    except Exception:  # noqa: BLE001 - reported as "not found"
+        return None
+
+
+def _variables() -> list[dict]:
+    from .. import env
+
+    return [
+        {"name": f.name, "value": os.environ.get(f.name), "default": f.default, "meaning": f.meaning}
+        for f in env.FLAGS.values()
+    ]
+
+
+def collect() -> dict:
+    from .. import env
+    from ..jit.cache import nvrtc_version
+
+    return {
+        "sparsegen": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": {name: _version(name) for name in PACKAGES},
+        "nvrtc": nvrtc_version(),
+        "cuda_include": _cuda_include(),
+        "gpus": _gpus(),
+        "driver": _driver(),
+        "cache": _cache(),
+        "variables": _variables(),
+        "other_variables": {name: os.environ.get(name) for name in env.OTHER_VARS},
+    }
+
+
+def _text(report: dict) -> str:
+    lines = [f"sparsegen {report['sparsegen']}  python {report['python']}  {report['platform']}", ""]
+    lines.append("packages")
+    for name, version in report["packages"].items():
+        lines.append(f"  {name:<24} {version or '-'}")
+    lines.append(f"  {'NVRTC':<24} {report['nvrtc']}")
+    lines.append(f"  {'CUDA headers for NVRTC':<24} {report['cuda_include'] or 'not found'}")
+    lines += ["", "GPU"]
+    drv = report["driver"]
+    lines.append(f"  driver {drv['version'] or '-'} (CUDA {drv['cuda'] or '-'})")
+    if not report["gpus"]:
+        lines.append("  none seen by torch: kernels compile ahead of time (sm_90 by default)")
+    for g in report["gpus"]:
+        lines.append(f"  cuda:{g['index']} {g['name']} {g['arch']} {g['memory_gib']} GiB")
+    c = report["cache"]
+    lines += ["", "kernel cache", f"  {c['dir']}: {c['verdict']}" + (
+        f", {c['entries']} entries" if c["entries"] is not None else "")]  # fmt: skip
+    lines += ["", "environment (set / default: meaning)"]
+    for v in report["variables"]:
+        shown = repr(v["value"]) if v["value"] is not None else f"unset (default {v['default']})"
+        lines.append(f"  {v['name']} = {shown}")
+        lines.append(f"      {v['meaning']}")
+    others = {k: v for k, v in report["other_variables"].items() if v is not None}
+    lines.append(
+        "  other tools' variables: " + (", ".join(f"{k}={v!r}" for k, v in others.items()) or "none set")
+    )
+    return "\n".join(lines)
+
+
+@click.command(name="env")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def command(as_json: bool) -> None:
+    """Report versions, the GPU, the cache directory and every SPARSEGEN_* variable."""
+    report = collect()
+    click.echo(json.dumps(report, indent=1) if as_json else _text(report))
