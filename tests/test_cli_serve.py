@@ -41,3 +41,13 @@ def test_a_port_in_use_is_one_line_and_exit_1():
         res = CliRunner().invoke(cli, ["serve", "--random", "tiny", "--no-warmup", "--port", str(port)])
     assert res.exit_code == 1 and f"cannot serve on 127.0.0.1:{port}" in res.output
     assert "Traceback" not in res.output
+
+
+def test_without_the_serve_extra_it_names_the_extra(monkeypatch):
+    import sys
+
+    for mod in ("fastapi", "sparsegen.serve.server", "sparsegen.serve.app"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi now raises ImportError
+    res = CliRunner().invoke(cli, ["serve", "--random", "tiny"])
+    assert res.exit_code == 1 and "pip install 'sparsegen[serve]'" in res.output

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import SparsegenError
+from ..errors import MissingExtraError, SparsegenError
 
 
 def _log_to_stderr() -> None:
@@ -95,8 +95,8 @@ def command(
     try:
         from ..serve.server import serve
     except ImportError as exc:
-        raise click.UsageError(
-            f"sparsegen serve needs the [serve] extra (pip install 'sparsegen[serve]'): {exc}"
+        raise MissingExtraError(
+            f"sparsegen serve needs {exc.name or exc}: pip install 'sparsegen[serve]'"
         ) from None
     _log_to_stderr()
     from ..llm import LLM
