@@ -925,6 +925,9 @@ def test_cli_ls_and_verify_report_each_entry(root, tmp_path):
     assert sorted(e["key"] for e in as_json if e["ok"]) == [_key("good").key]
     listing = json.loads(runner.invoke(cli, ["cache", "ls", "--json"]).stdout)
     assert {e["key"]: e["ok"] for e in listing} == {e["key"]: e["ok"] for e in as_json}
+    sizes = {e["key"]: e["bytes"] for e in listing}
+    assert sizes[_key("trunc").key] == sum(f.stat().st_size for f in entries["trunc"].iterdir())
+    assert sizes[_key("link").key] == os.lstat(entries["link"]).st_size  # the link itself, not followed
     table = runner.invoke(cli, ["cache", "ls"]).stdout
     assert table.count("BAD:") == 4 and "verdict" in table
     assert runner.invoke(cli, ["cache", "sweep", "--older-than", "0"]).exit_code == 0

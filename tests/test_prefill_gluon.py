@@ -94,6 +94,16 @@ def test_covers_and_rejects():
         heads=(HeadSpec(block_size=32, local_blocks=2, vert_stride=4),),
     )
     assert "narrower" in tpl.covers(narrow, "bf16")
+    many = LayerSpec(
+        num_heads=16,
+        num_kv_heads=4,
+        head_dim=64,
+        heads=tuple(HeadSpec(local_blocks=1 + h) for h in range(16)),
+    )
+    assert "16 distinct head patterns" in tpl.covers(many, "bf16")
+    eight = LayerSpec(num_heads=16, num_kv_heads=4, head_dim=64,
+                      heads=tuple(HeadSpec(local_blocks=1 + h % 8) for h in range(16)))  # fmt: skip
+    assert tpl.covers(eight, "bf16") is None
     local_small = LayerSpec(
         num_heads=1, num_kv_heads=1, head_dim=64, heads=(HeadSpec(block_size=16, local_blocks=3),)
     )

@@ -32,7 +32,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 import os
 import re
 import secrets
@@ -60,8 +59,6 @@ WAIT_NOTICE_SECONDS = 1.0  # a waiter on another process's build says so after t
 # File and kernel names: one path component, no leading dot (dot-names are the cache's own).
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
-
-_log = logging.getLogger("sparsegen")
 
 T = TypeVar("T")
 
@@ -516,6 +513,23 @@ def _is_entry_name(name: str) -> bool:
     return not name.startswith(".") and not name.endswith(LOCK_SUFFIX)
 
 
+def _disk_bytes(root_fd: int, name: str) -> int:
+    """Bytes a (bad) entry takes: its own size, plus its children's if it is a real directory."""
+    try:
+        st = os.lstat(name, dir_fd=root_fd)
+        if not stat.S_ISDIR(st.st_mode):
+            return st.st_size
+        dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+    except OSError:
+        return 0
+    try:
+        return sum(os.lstat(child, dir_fd=dfd).st_size for child in os.listdir(dfd))
+    except OSError:
+        return 0
+    finally:
+        os.close(dfd)
+
+
 def verify_entries() -> list[dict[str, Any]]:
     """Every entry on disk, re-checked and re-hashed: key, path, ok, problem, bytes, meta.
 
@@ -530,13 +544,14 @@ def verify_entries() -> list[dict[str, Any]]:
                 continue
             found = _inspect(root, rfd, name, None, ())
             meta = found.meta if isinstance(found.meta, dict) else {}
+            nbytes = found.nbytes if found.ok else _disk_bytes(rfd, name)
             out.append(
                 {
                     "key": name,
                     "path": str(root / name),
                     "ok": found.ok,
                     "problem": found.problem,
-                    "bytes": found.nbytes,
+                    "bytes": nbytes,
                     "meta": meta,
                 }
             )
@@ -563,7 +578,9 @@ def clear() -> int:
             if tfs.remove_if_ours(rfd, name):
                 removed += _is_entry_name(name)
             else:
-                _log.warning("left %s in the kernel cache: it is not owned by this user", name)
+                get_logger(__name__).warning(
+                    "left %s in the kernel cache: it is not owned by this user", name
+                )
     _MEMORY.clear()
     return removed
 

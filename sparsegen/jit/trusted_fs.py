@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 import secrets
 import shutil
@@ -24,11 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import CacheError
+from ..log import get_logger
 
 MISSING = "is not in the cache"
 QUARANTINE_PREFIX = ".quarantine-"
-
-_log = logging.getLogger("sparsegen")
 
 
 def uid() -> int:
@@ -145,7 +143,9 @@ def set_aside(root: Path, dir_fd: int, name: str, why: str) -> None:
             f"cannot move the untrusted cache path {root / name} aside: {exc.strerror}"
         ) from None
     if not remove_if_ours(dir_fd, aside):
-        _log.warning("moved %s aside to %s (it %s); it is not ours to delete", name, aside, why)
+        get_logger(__name__).warning(
+            "moved %s aside to %s (it %s); it is not ours to delete", name, aside, why
+        )
 
 
 def lock_is_free(dir_fd: int, lock_name: str) -> bool:
@@ -203,7 +203,7 @@ def _flock_saying_so(fd: int, label: str, notice_after: float) -> None:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.02)
-    _log.info("waiting for %s (locked by another process)", label)
+    get_logger(__name__).info("waiting for %s (locked by another process)", label)
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 

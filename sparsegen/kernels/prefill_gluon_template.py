@@ -32,6 +32,10 @@ CONFIG = {
     "maxnreg": 168,
 }
 HEAD_DIMS = (64, 128)
+# Each distinct head pattern is a branch of the schedule and of the masked softmax, so build time
+# grows with their number (CPU, AOT: 8 patterns ~1.4x the build of 1, 32 patterns ~5x); layers with
+# more go to the tl kernel, whose build is flat in the number of distinct heads.
+MAX_PATHS = 8
 DTYPES = ("bf16", "fp16")
 
 
@@ -58,6 +62,9 @@ def covers(layer: LayerSpec, dtype: str) -> str | None:
         return f"dtype {dtype} (the Gluon kernel is bf16/fp16)"
     if layer.head_dim not in HEAD_DIMS:
         return f"head_dim {layer.head_dim} (the Gluon kernel covers {HEAD_DIMS})"
+    n_paths = len({_path_key(head) for head in layer.heads})
+    if n_paths > MAX_PATHS:
+        return f"{n_paths} distinct head patterns (the Gluon kernel takes up to {MAX_PATHS})"
     for h, head in enumerate(layer.heads):
         if head.vert_stride and not head.dense and head.block_size % CONFIG["block_n"]:
             return (
