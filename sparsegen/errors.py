@@ -73,3 +73,7 @@ class ServerOverloaded(SparsegenError, RuntimeError):
 
 class MissingExtraError(SparsegenError, ImportError):
     """An optional dependency is not installed; the message names the pip extra that brings it."""
+
+
+class DistributedError(SparsegenError, RuntimeError):
+    """A tensor-parallel rank died, timed out in a collective, or could not start; names the rank."""

@@ -70,17 +70,29 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     raise InputError(f"dtype must be one of {sorted(DTYPE_NAMES)} or 'auto', got {dtype!r}")
 
 
-def build_model(model_dir, random, tokenizer_path, device, dtype, force_dense=False, seed=0):
-    """(model, tokenizer or None) for a checkpoint folder or a named random size."""
-    from .models import load_checkpoint, named_config, random_model
+def build_tokenizer(model_dir, random, tokenizer_path):
+    """The tokenizer for a checkpoint folder (None if it has none) or a named random size."""
+    from .models import named_config
     from .models.config import TINY_SPECIAL_TOKENS
     from .tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
 
-    tokenizer = None
     if tokenizer_path is not None:
-        tokenizer = load_tokenizer(tokenizer_path)
-    elif model_dir is not None and find_tiktoken_file(model_dir) is not None:
-        tokenizer = load_tokenizer(model_dir)
+        return load_tokenizer(tokenizer_path)
+    if model_dir is not None:
+        return load_tokenizer(model_dir) if find_tiktoken_file(model_dir) is not None else None
+    config = named_config(random)
+    if random == "tiny":
+        return ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
+    # bytes plus Phi-3-Small's named special tokens; every other id is masked out
+    named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
+    return ByteTokenizer(named, config.vocab_size)
+
+
+def build_model(model_dir, random, tokenizer_path, device, dtype, force_dense=False, seed=0):
+    """(model, tokenizer or None) for a checkpoint folder or a named random size."""
+    from .models import load_checkpoint, named_config, random_model
+
+    tokenizer = build_tokenizer(model_dir, random, tokenizer_path)
     if model_dir is not None:
         dummies = tokenizer.dummy_token_indices if tokenizer is not None else ()
         model = load_checkpoint(
@@ -88,12 +100,6 @@ def build_model(model_dir, random, tokenizer_path, device, dtype, force_dense=Fa
         )
         return model, tokenizer
     config = named_config(random)
-    if tokenizer is None:
-        if random == "tiny":
-            tokenizer = ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
-        else:  # bytes plus Phi-3-Small's named special tokens; every other id is masked out
-            named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
-            tokenizer = ByteTokenizer(named, config.vocab_size)
     model = random_model(
         config,
         device=device,
@@ -134,7 +140,8 @@ class LLM:
     """Phi-3-Small through sparsegen's kernels: `model=DIR` (a local HF checkpoint) or
     `random="tiny"|"7b"`. `dtype` defaults to bf16 on a GPU and fp32 on the CPU; `device` to
     cuda when available. Other keyword arguments go to `LLMEngine` (`max_num_seqs`,
-    `max_model_len`, `page_size`, `num_pages`, `kv_cache_bytes`, ...)."""
+    `max_model_len`, `page_size`, `num_pages`, `kv_cache_bytes`, ...). `tensor_parallel_size=N`
+    runs the model over N processes (one GPU each), driven from this one (`sparsegen.tp_engine`)."""
 
     def __init__(
         self,
@@ -146,6 +153,7 @@ class LLM:
         device=None,
         seed: int = 0,
         force_dense: bool = False,
+        tensor_parallel_size: int = 1,
         **engine_options,
     ):
         if (model is None) == (random is None):
@@ -164,11 +172,20 @@ class LLM:
         if "tokenizer" in engine_options:
             raise InputError("pass the tokenizer as a path with tokenizer=")
         dev = resolve_device(device)
-        net, tok = build_model(model, random, tokenizer, dev, resolve_dtype(dtype, dev), force_dense, seed)
+        if tensor_parallel_size != 1:  # ranks in their own processes (sparsegen.tp_engine)
+            from .tp_engine import tp_engine_for
+
+            self.engine = tp_engine_for(model, random, tokenizer, dev, resolve_dtype(dtype, dev), force_dense,
+                                        seed, tensor_parallel_size, engine_options)  # fmt: skip
+            tok, model_config = self.engine.tokenizer, self.engine.model_config
+        else:
+            net, tok = build_model(
+                model, random, tokenizer, dev, resolve_dtype(dtype, dev), force_dense, seed
+            )
+            self.engine, model_config = LLMEngine(net, tokenizer=tok, **engine_options), net.config
         self.model_name = str(model) if model is not None else f"random-{random}"
         self.tokenizer = tok
-        self.engine = LLMEngine(net, tokenizer=tok, **engine_options)
-        vocab = net.config.vocab_size
+        vocab = model_config.vocab_size
         self.vocab_size = vocab
         folder = Path(model) if model is not None else None
         self.chat_template = ChatTemplate.from_folder(folder)

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from .. import dtypes, progress
+from ..errors import InputError
 from ..log import get_logger
 from .options import SEED, finite, torch_device
 
@@ -46,17 +47,29 @@ def parse_prompt_ids(text: str, vocab_size: int, hint: str = "'--prompt-ids'") -
     return ids
 
 
-def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
-    """(model, tokenizer or None) for the CLI's options."""
-    from ..models import load_checkpoint, named_config, random_model
+def _build_tokenizer(model_dir, random_size, tokenizer_path):
+    """The tokenizer for the CLI's options (None: a checkpoint without one, and no --tokenizer)."""
+    from ..models import named_config
     from ..models.config import TINY_SPECIAL_TOKENS
     from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
 
-    tokenizer = None
     if tokenizer_path is not None:
-        tokenizer = load_tokenizer(tokenizer_path)
-    elif model_dir is not None and find_tiktoken_file(model_dir) is not None:
-        tokenizer = load_tokenizer(model_dir)
+        return load_tokenizer(tokenizer_path)
+    if model_dir is not None:
+        return load_tokenizer(model_dir) if find_tiktoken_file(model_dir) is not None else None
+    config = named_config(random_size)
+    if random_size == "tiny":
+        return ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
+    # bytes plus Phi-3-Small's named special tokens; every other id is masked out
+    named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
+    return ByteTokenizer(named, config.vocab_size)
+
+
+def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
+    """(model, tokenizer or None) for the CLI's options."""
+    from ..models import load_checkpoint, named_config, random_model
+
+    tokenizer = _build_tokenizer(model_dir, random_size, tokenizer_path)
     if model_dir is not None:
         dummies = tokenizer.dummy_token_indices if tokenizer is not None else ()
         model = load_checkpoint(
@@ -64,12 +77,6 @@ def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
         )
         return model, tokenizer
     config = named_config(random_size)
-    if tokenizer is None:
-        if random_size == "tiny":
-            tokenizer = ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
-        else:  # bytes plus Phi-3-Small's named special tokens; every other id is masked out
-            named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
-            tokenizer = ByteTokenizer(named, config.vocab_size)
     model = random_model(
         config,
         device=device,
@@ -172,10 +179,17 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 @click.option("--chat", is_flag=True, help="Send each text prompt as a user turn of the chat template.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--stop-token-ids", default=None, help="Comma-separated token ids that end generation.")
+@click.option(
+    "--tp",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tensor-parallel size: this many processes (one GPU each), each holding whole KV groups.",
+)
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids,
+    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids, tp,
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
@@ -183,10 +197,28 @@ def command(
     _generate(**locals())  # sparsegen's errors become one line in cli.py (exit 2 or 1)
 
 
+def _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense, engine_kwargs, warmup):
+    """A TPEngine for --tp N, its --tp checked against the model and the GPUs before any rank starts."""
+    from ..tp_engine import ModelSource, TPEngine
+
+    try:
+        tokenizer = _build_tokenizer(model_dir, random_size, tokenizer_path)
+        source = ModelSource(
+            model_dir=str(model_dir) if model_dir is not None else None,
+            random=random_size,
+            dtype=str(dtype).removeprefix("torch."),
+            force_dense=force_dense,
+            dummy_token_indices=tokenizer.dummy_token_indices if tokenizer is not None else (),
+        )
+        return TPEngine(source, tp, device=device, tokenizer=tokenizer, warmup=warmup, **engine_kwargs)
+    except InputError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tp'") from None
+
+
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids,
+    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids, tp,
 ):  # fmt: skip
     import torch
 
@@ -194,20 +226,32 @@ def _generate(
 
     device = torch_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
-    model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
-    vocab = tokenizer.vocab_size if tokenizer is not None else model.config.vocab_size
+    engine_kwargs = dict(
+        page_size=page_size,
+        max_num_seqs=max_batch,
+        max_num_batched_tokens=chunk_size,
+        use_cuda_graphs=not no_cuda_graphs,
+    )
+    if tp > 1:  # ranks are separate processes; this one drives them
+        engine = _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense,
+                            engine_kwargs, warmup=not no_warmup)  # fmt: skip
+        tokenizer, config = engine.tokenizer, engine.model_config
+    else:
+        model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
+        engine, config = LLMEngine(model, tokenizer=tokenizer, **engine_kwargs), model.config
+    vocab = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
     if chat and prompt_ids:
         raise click.UsageError("--chat takes text prompts (--prompt, --prompts-file), not --prompt-ids")
     turn = _chat_wrapper(model_dir) if chat else None
     prompts = _collect_prompts(
-        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, model.config.vocab_size), turn
+        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, config.vocab_size), turn
     )
     stop_ids = parse_prompt_ids(stop_token_ids, vocab, "'--stop-token-ids'") if stop_token_ids else []
     if (chat or model_dir is not None) and not ignore_eos:  # generation_config's turn-end tokens
         from ..llm import turn_end_ids
 
         stop_ids += turn_end_ids(
-            model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else model.config.eos_token_id, vocab
+            model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else config.eos_token_id, vocab
         )[1:]
     if stop and tokenizer is None:
         raise click.UsageError("--stop needs a tokenizer (this checkpoint has no .tiktoken file)")
@@ -220,14 +264,6 @@ def _generate(
         top_p=top_p,
         seed=seed,
         ignore_eos=ignore_eos,
-    )
-    engine = LLMEngine(
-        model,
-        tokenizer=tokenizer,
-        page_size=page_size,
-        max_num_seqs=max_batch,
-        max_num_batched_tokens=chunk_size,
-        use_cuda_graphs=not no_cuda_graphs,
     )
     if not no_warmup:
         seconds = engine.warmup()
@@ -270,6 +306,8 @@ def _generate(
     if watch is not None:
         results = watch.apply(results)
     wall = time.perf_counter() - start
+    if tp > 1:
+        engine.close()  # on an error, the TPEngine's finalizer stops the ranks
     if as_json:
         for res in results:
             click.echo(json.dumps(res.to_json_dict()))

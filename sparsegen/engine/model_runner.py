@@ -31,7 +31,7 @@ GPU_HEADROOM_BYTES = 6 << 30  # activations of a prefill chunk, logits, graphs
 def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int) -> int:
     cfg = model.config
     return KVCache.bytes_per_page(
-        cfg.num_hidden_layers, page_size, cfg.num_key_value_heads, cfg.head_dim, model.dtype
+        cfg.num_hidden_layers, page_size, model.local_num_kv_heads, cfg.head_dim, model.dtype
     )
 
 
@@ -92,7 +92,7 @@ class ModelRunner:
             num_layers=cfg.num_hidden_layers,
             num_pages=pages,
             page_size=page_size,
-            num_kv_heads=cfg.num_key_value_heads,
+            num_kv_heads=model.local_num_kv_heads,  # a tensor-parallel rank holds its own groups only
             head_dim=cfg.head_dim,
             dtype=model.dtype,
             device=model.device,

@@ -52,15 +52,23 @@ def random_model(
     gen = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("layernorm.weight"):
-                param.normal_(1.0, 0.1, generator=gen)
-            elif name.endswith(".bias"):
-                param.normal_(0.0, 0.02, generator=gen)
-            elif name == "model.embed_tokens.weight":
-                param.normal_(0.0, 0.1, generator=gen)
-            else:
-                param.normal_(0.0, param.shape[1] ** -0.5, generator=gen)
+            init_random_(name, param, gen)
     return model
+
+
+def init_random_(name: str, param: torch.Tensor, gen: torch.Generator) -> None:
+    """Fill the whole (unsharded) tensor `name` as `random_model` does, drawing from `gen`.
+
+    Hook for tensor parallelism: a rank draws each full tensor in the same order, then keeps
+    its shard, so its weights are exactly the matching slices of `random_model`'s."""
+    if name.endswith("layernorm.weight"):
+        param.normal_(1.0, 0.1, generator=gen)
+    elif name.endswith(".bias"):
+        param.normal_(0.0, 0.02, generator=gen)
+    elif name == "model.embed_tokens.weight":
+        param.normal_(0.0, 0.1, generator=gen)
+    else:
+        param.normal_(0.0, param.shape[1] ** -0.5, generator=gen)
 
 
 WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

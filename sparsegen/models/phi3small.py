@@ -254,6 +254,12 @@ class Phi3SmallForCausalLM(nn.Module):
         self.lm_head.weight = self.model.embed_tokens.weight
 
     @property
+    def local_num_kv_heads(self) -> int:
+        """KV heads whose cache this process holds: all of them here; a rank's own groups under
+        tensor parallelism (`models.tensor_parallel`). The engine sizes its KV cache by this."""
+        return self.config.num_key_value_heads
+
+    @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 

@@ -1,0 +1,308 @@
+"""Phi-3-Small split over `world_size` ranks (Megatron-style tensor parallelism).
+
+What each rank holds (H query heads, Hkv KV heads, G = H / Hkv, D head_dim, F intermediate):
+- `query_key_value`, column-parallel **by KV group**: rank r keeps whole groups m in
+  [r·Hkv/w, (r+1)·Hkv/w), i.e. query heads G·m .. G·m+G-1 with their k and v. The fused output is
+  laid out per group (G queries, k, v), so a rank's rows are one contiguous block.
+- `dense` (output projection), row-parallel: the columns of the rank's heads; the partial sums
+  are all-reduced, then the bias is added once.
+- `up_proj`, column-parallel over the F GeGeLU units. Its 2F outputs are *interleaved* (gate at
+  2i, linear at 2i+1), so unit i lives in rows 2i and 2i+1: rank r keeps rows 2·f0 .. 2·f1-1, an
+  even-aligned contiguous block, and the plain `gegelu` (`x[..., 0::2]`, `x[..., 1::2]`) pairs
+  them correctly on every rank. (Cutting the rows as "first half gate, second half linear"
+  would pair the wrong columns.)
+- `down_proj`, row-parallel over the same units, with an all-reduce, then the bias.
+- `embed_tokens`, replicated: a lookup reads only B rows, so splitting it would buy memory
+  (0.8 GB at 7b) with one more all-reduce per step, on the latency path.
+- `lm_head`, vocab-parallel: the largest single matrix read every step (0.8 GB at 7b); each rank
+  reads 1/w of it and the logits are all-gathered. The gather copies values without arithmetic,
+  so every rank holds bitwise the same logits and samples the same tokens: this is what lets
+  every rank run the scheduler and the sampler itself (see `sparsegen.tp_engine`).
+- LayerNorms and their biases, replicated.
+
+Each rank's `LayerSpec`s keep the **global** head numbers (DESIGN §1): rank r's heads are
+`heads[h0:h1]` of the whole model's layer, so their vertical offsets are those of global heads
+h0..h1-1, and each rank compiles kernels for its own head range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import distributed
+from ..errors import InputError
+from ..spec import LayerSpec, ModelSpec
+from .config import Phi3SmallConfig
+from .loader import init_random_
+from .memory import check_fits, weight_bytes
+from .phi3small import Linear, Phi3SmallForCausalLM, model_spec
+
+
+@dataclass(frozen=True)
+class TPShard:
+    """Which part of the model one rank holds."""
+
+    rank: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("rank", "world_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InputError(f"TPShard.{name} must be an int, got {v!r}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise InputError(
+                f"TPShard needs 0 <= rank < world_size, got rank {self.rank} of {self.world_size}"
+            )
+
+    def span(self, n: int, what: str) -> tuple[int, int]:
+        """This rank's [start, stop) of `n` equal parts' worth of `what`."""
+        if n % self.world_size:
+            raise InputError(f"{n} {what} cannot be split evenly over {self.world_size} ranks")
+        per = n // self.world_size
+        return self.rank * per, (self.rank + 1) * per
+
+    def vocab_span(self, vocab: int) -> tuple[int, int, int]:
+        """(start, stop, rows per rank): rows are ceil(V / w); the last rank's tail is zero padding."""
+        per = -(-vocab // self.world_size)
+        start = min(self.rank * per, vocab)
+        return start, min(start + per, vocab), per
+
+
+def shard_layer_spec(layer: LayerSpec, shard: TPShard) -> LayerSpec:
+    """Rank's heads of `layer` with their global HeadSpecs (global vertical offsets)."""
+    k0, k1 = shard.span(layer.num_kv_heads, "KV heads")
+    g = layer.group_size
+    return LayerSpec(
+        num_heads=(k1 - k0) * g,
+        num_kv_heads=k1 - k0,
+        head_dim=layer.head_dim,
+        heads=layer.heads[k0 * g : k1 * g],
+    )
+
+
+def shard_model_spec(spec: ModelSpec, shard: TPShard) -> ModelSpec:
+    name = spec.name if shard.world_size == 1 else f"{spec.name}-tp{shard.world_size}-rank{shard.rank}"
+    return ModelSpec(name=name, layers=tuple(shard_layer_spec(layer, shard) for layer in spec.layers))
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x @ W_r^T) + b: W_r is this rank's columns of W, b the whole bias."""
+
+    def __init__(
+        self, in_local: int, out_features: int, world_size: int, group=None, device=None, dtype=None
+    ):
+        super().__init__()
+        self.world_size, self.group = world_size, group
+        self.weight = nn.Parameter(torch.empty(out_features, in_local, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in_local] -> [T, out]
+        y = F.linear(x, self.weight)  # [T, out], this rank's partial sum
+        if self.world_size > 1:
+            distributed.all_reduce_(y, self.group)
+        return y.add_(self.bias)
+
+
+class VocabParallelLMHead(nn.Module):
+    """logits = all_gather(x @ W_r^T): W_r is this rank's rows of the vocabulary (zero-padded)."""
+
+    def __init__(self, hidden: int, vocab: int, shard: TPShard, group=None, device=None, dtype=None):
+        super().__init__()
+        self.vocab, self.world_size, self.group = vocab, shard.world_size, group
+        _, _, per = shard.vocab_span(vocab)
+        self.weight = nn.Parameter(torch.empty(per, hidden, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, hidden] -> [B, vocab]
+        local = F.linear(x, self.weight)  # [B, V / w]
+        if self.world_size == 1:
+            return local[:, : self.vocab]
+        return distributed.all_gather_rows(local, self.world_size, self.group)[:, : self.vocab]
+
+
+# How each checkpoint tensor is cut: (dimension, unit) with unit in "kv_group", "head", "ff_pair",
+# "ff", "vocab"; tensors not named here are replicated.
+_RULES = {
+    "self_attn.query_key_value.weight": (0, "kv_group"),
+    "self_attn.query_key_value.bias": (0, "kv_group"),
+    "self_attn.dense.weight": (1, "head"),
+    "mlp.up_proj.weight": (0, "ff_pair"),
+    "mlp.up_proj.bias": (0, "ff_pair"),
+    "mlp.down_proj.weight": (1, "ff"),
+    "lm_head.weight": (0, "vocab"),
+}
+
+
+def shard_rule(name: str) -> tuple[int, str] | None:
+    key = name if name == "lm_head.weight" else ".".join(name.split(".")[-3:])
+    return _RULES.get(key)
+
+
+def shard_range(name: str, config: Phi3SmallConfig, shard: TPShard) -> tuple[int, int, int] | None:
+    """(dim, start, stop) of tensor `name` that this rank keeps; None: the whole tensor."""
+    rule = shard_rule(name)
+    if rule is None:
+        return None
+    dim, unit = rule
+    d, g = config.head_dim, config.group_size
+    if unit == "kv_group":
+        k0, k1 = shard.span(config.num_key_value_heads, "KV heads")
+        return dim, k0 * (g + 2) * d, k1 * (g + 2) * d
+    if unit == "head":
+        k0, k1 = shard.span(config.num_key_value_heads, "KV heads")
+        return dim, k0 * g * d, k1 * g * d
+    f0, f1 = shard.span(config.ff_intermediate_size, "GeGeLU units")
+    if unit == "ff_pair":
+        return dim, 2 * f0, 2 * f1
+    if unit == "ff":
+        return dim, f0, f1
+    v0, v1, _ = shard.vocab_span(config.vocab_size)
+    return dim, v0, v1
+
+
+def full_shape(name: str, local: torch.Tensor, config: Phi3SmallConfig, shard: TPShard) -> tuple[int, ...]:
+    """The unsharded shape of tensor `name`, whose local part is `local`."""
+    shape = list(local.shape)
+    rule = shard_rule(name)
+    if rule is not None:
+        dim, unit = rule
+        shape[dim] = config.vocab_size if unit == "vocab" else shape[dim] * shard.world_size
+    return tuple(shape)
+
+
+def take_shard(
+    name: str, full, config: Phi3SmallConfig, shard: TPShard, local: torch.Tensor | None = None
+) -> torch.Tensor:
+    """This rank's part of `full` (a tensor, or a safetensors `get_slice` of a sharded one),
+    padded to `local`'s shape."""
+    rng = shard_range(name, config, shard)
+    if rng is None:
+        return full
+    dim, start, stop = rng
+    index = (slice(None),) * dim + (slice(start, stop),)
+    part = full[index]
+    if local is not None and tuple(part.shape) != tuple(local.shape):  # the vocabulary's padded tail
+        padded = torch.zeros(local.shape, dtype=part.dtype, device=part.device)
+        padded[: part.shape[0]] = part
+        part = padded
+    return part
+
+
+class TensorParallelPhi3Small(Phi3SmallForCausalLM):
+    """One rank's Phi-3-Small: the same module tree and tensor names, each sharded tensor
+    holding this rank's part. Forward is the parent's; sharded modules do the collectives."""
+
+    def __init__(
+        self,
+        config: Phi3SmallConfig,
+        shard: TPShard,
+        *,
+        group=None,
+        force_dense: bool = False,
+        attn_impl: str | None = None,
+        dummy_token_indices: tuple[int, ...] = (),
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        """`group`: the torch.distributed group of the collectives (None: the default group)."""
+        distributed.check_tp_size(shard.world_size, config.num_key_value_heads, "cpu")
+        shard.span(config.ff_intermediate_size, "GeGeLU units")
+        w = shard.world_size
+        embed = config.vocab_size * config.hidden_size * torch.empty((), dtype=dtype).element_size()
+        check_fits(
+            (weight_bytes(config, dtype or torch.get_default_dtype()) - embed) // w + embed,
+            device if device is not None else "cpu",
+            f"rank {shard.rank}'s weights (1/{w} of the model; the embedding whole)",
+        )
+        # The whole tree is built on the CPU first: parameters are allocated but never written
+        # (phi3small._NoInit), so the unsharded matrices cost address space, not memory, and are
+        # replaced below before anything touches them.
+        super().__init__(
+            config,
+            force_dense=force_dense,
+            attn_impl=attn_impl,
+            dummy_token_indices=dummy_token_indices,
+            device="cpu",
+            dtype=dtype,
+        )
+        self.shard = shard
+        self.global_spec = self.spec
+        self.spec = shard_model_spec(self.global_spec, shard)
+        fk = {"device": device, "dtype": dtype}
+        hidden, d = config.hidden_size, config.head_dim
+        k0, k1 = shard.span(config.num_key_value_heads, "KV heads")
+        hkv, h = k1 - k0, (k1 - k0) * config.group_size
+        f = config.ff_intermediate_size // w
+        for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
+            attn = block.self_attn
+            attn.num_heads, attn.num_kv_heads, attn.layer = h, hkv, layer
+            attn.query_key_value = Linear(hidden, (h + 2 * hkv) * d, bias=True, **fk)
+            attn.dense = RowParallelLinear(h * d, hidden, w, group, **fk)
+            block.mlp.up_proj = Linear(hidden, 2 * f, bias=True, **fk)
+            block.mlp.down_proj = RowParallelLinear(f, hidden, w, group, **fk)
+        self.lm_head = VocabParallelLMHead(hidden, config.vocab_size, shard, group, **fk)
+        target = torch.device(device if device is not None else "cpu")
+        self.to(target)  # the replicated parts: embedding, LayerNorms, rotary, dummy ids
+        self.options = dataclasses.replace(self.options, device=target)  # it was built on the CPU
+        self.eval().requires_grad_(False)
+
+    @property
+    def local_num_kv_heads(self) -> int:
+        k0, k1 = self.shard.span(self.config.num_key_value_heads, "KV heads")
+        return k1 - k0
+
+    def set_force_dense(self, force_dense: bool) -> None:
+        self.global_spec = model_spec(self.config, force_dense)
+        self.spec = shard_model_spec(self.global_spec, self.shard)
+        for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
+            block.self_attn.layer = layer
+
+    def tie_embeddings(self) -> None:
+        """lm_head = this rank's rows of the (replicated) embedding: a view when V divides."""
+        emb = self.model.embed_tokens.weight
+        v0, v1, per = self.shard.vocab_span(self.config.vocab_size)
+        with torch.no_grad():
+            if v1 - v0 == per:
+                self.lm_head.weight = nn.Parameter(emb[v0:v1], requires_grad=False)
+            else:
+                self.lm_head.weight.zero_()
+                self.lm_head.weight[: v1 - v0] = emb[v0:v1]
+
+
+def random_tp_model(
+    config: Phi3SmallConfig,
+    shard: TPShard,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    group=None,
+    force_dense: bool = False,
+    attn_impl: str | None = None,
+    dummy_token_indices: tuple[int, ...] = (),
+) -> TensorParallelPhi3Small:
+    """This rank's part of exactly the weights `loader.random_model` draws with `seed`: every
+    full tensor is drawn in the same order on `device`, then cut (one full tensor at a time)."""
+    model = TensorParallelPhi3Small(
+        config,
+        shard,
+        group=group,
+        force_dense=force_dense,
+        attn_impl=attn_impl,
+        dummy_token_indices=dummy_token_indices,
+        device=device,
+        dtype=dtype,
+    )
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            full = torch.empty(full_shape(name, param, config, shard), device=param.device, dtype=param.dtype)
+            init_random_(name, full, gen)
+            param.copy_(take_shard(name, full, config, shard, param))
+            del full
+    return model

@@ -1,0 +1,104 @@
+"""Load one tensor-parallel rank's part of a normal HF checkpoint folder.
+
+The folder is the one `loader.load_checkpoint` reads (config.json plus *.safetensors, sharded
+with an index or not). Each rank opens every file but reads only its rows or columns of each
+sharded tensor, through safetensors' `get_slice` (nothing else is read from disk), and the
+replicated tensors whole. The checks are `load_checkpoint`'s: unknown, missing, wrongly shaped
+(against the *full* shape that config.json implies) or non-finite tensors are a
+`CheckpointError` naming the file and the tensor; an absent `lm_head.weight` means tied
+embeddings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .config import CheckpointError, Phi3SmallConfig
+from .loader import INDEX_FILE, SKIPPED_SUFFIXES, WEIGHT_DTYPES, _open, checkpoint_weight_map, contained_file
+from .tensor_parallel import TensorParallelPhi3Small, TPShard, full_shape, shard_range, take_shard
+
+
+def _read(f, name: str, path: Path, model_param: torch.Tensor, config, shard) -> torch.Tensor:
+    try:
+        view = f.get_slice(name)
+        shape = tuple(view.get_shape())
+    except Exception as exc:
+        raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
+    want = full_shape(name, model_param, config, shard)
+    if shape != want:
+        raise CheckpointError(f"tensor {name!r} in {path} has shape {shape}, but config.json implies {want}")
+    try:
+        if shard_range(name, config, shard) is None:
+            tensor = f.get_tensor(name)
+        else:
+            tensor = take_shard(name, view, config, shard, model_param)
+    except Exception as exc:
+        raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
+    if tensor.dtype not in WEIGHT_DTYPES:
+        raise CheckpointError(
+            f"tensor {name!r} in {path} has dtype {tensor.dtype}; weights must be float16, bfloat16, "
+            "float32 or float64"
+        )
+    if not torch.isfinite(tensor).all():
+        raise CheckpointError(f"tensor {name!r} in {path} is not finite floating point (NaN or inf)")
+    return tensor
+
+
+def load_tp_checkpoint(
+    folder: str | Path,
+    shard: TPShard,
+    *,
+    group=None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    force_dense: bool = False,
+    attn_impl: str | None = None,
+    dummy_token_indices: tuple[int, ...] = (),
+) -> TensorParallelPhi3Small:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder {folder} does not exist")
+    config = Phi3SmallConfig.from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
+    weight_map = checkpoint_weight_map(folder)
+    model = TensorParallelPhi3Small(
+        config,
+        shard,
+        group=group,
+        force_dense=force_dense,
+        attn_impl=attn_impl,
+        dummy_token_indices=dummy_token_indices,
+        device=device,
+        dtype=dtype,
+    )
+    params = dict(model.named_parameters())
+    by_file: dict[Path, list[str]] = {}
+    for name, path in weight_map.items():
+        if name.endswith(SKIPPED_SUFFIXES):
+            continue
+        if name not in params:
+            raise CheckpointError(f"{path} holds tensor {name!r}, which Phi-3-Small has no place for")
+        by_file.setdefault(path, []).append(name)
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for path, names in by_file.items():
+            with _open(path) as f:
+                present = set(f.keys())
+                for name in names:
+                    if name not in present:
+                        raise CheckpointError(f"{path} lacks tensor {name!r} (listed there by {INDEX_FILE})")
+                    params[name].copy_(_read(f, name, path, params[name], config, shard))
+                    loaded.add(name)
+    missing = [n for n in params if n not in loaded and n != "lm_head.weight"]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise CheckpointError(f"checkpoint {folder} lacks tensor {missing[0]!r}{more}")
+    if "lm_head.weight" not in loaded:
+        if not config.tie_word_embeddings:
+            raise CheckpointError(
+                f"checkpoint {folder} lacks tensor 'lm_head.weight' and config.json sets "
+                "tie_word_embeddings=false"
+            )
+        model.tie_embeddings()
+    return model

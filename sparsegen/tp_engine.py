@@ -1,0 +1,464 @@
+"""`TPEngine`: the decoding engine over N tensor-parallel processes, driven from this one.
+
+    with TPEngine(ModelSource(model_dir="ckpt"), 2, device="cuda") as engine:
+        results = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=32))
+
+This process (the driver) spawns ranks 0..N-1 with torch.multiprocessing (each with torchrun's
+variables, see `sparsegen.distributed`), sends every rank the same commands over a queue, and
+gets rank 0's answers and any rank's errors back over another.
+
+**Scheduling: every rank runs the scheduler and the sampler itself, deterministically.** Each
+rank holds an `LLMEngine` over its shard of the model and its own KV cache (its KV groups only,
+with the same number of pages on every rank: the smallest any rank can afford). Given the same
+requests, the scheduler's plans depend only on the tokens sampled so far, and the tokens depend
+only on the logits, which are all-gathered from the vocab-parallel lm_head and so bitwise the
+same on every rank (the gather copies, it does not add). Seeded requests draw from per-request
+generators; unseeded ones from the global generator, seeded identically on every rank. So no
+plan is broadcast each step: the per-step cost of tensor parallelism is the model's collectives
+only (two all-reduces per layer and one all-gather), which CUDA graphs capture. The price is
+that every rank must see the same engine calls in the same order: the driver sends each call
+(`submit`, `step`, `abort`, `results`, `call`) to every rank's queue and takes rank 0's answer,
+so `TPEngine` offers `LLMEngine`'s surface (a request that one rank refuses, every rank refuses
+alike, and none is changed). Each `step()` costs one queue round trip besides the forward;
+`call(fn)` runs a whole loop on the ranks without it (the benchmarks use that).
+
+**Failures never hang.** The driver polls the ranks while it waits: a rank that exits (crash,
+kill, OOM) or reports an exception makes the driver stop the others and raise one error naming
+the rank, within about a second; a rank that is alive but stuck in a collective is ended by the
+collective's timeout (`timeout_s`); a rank whose driver is gone ends itself
+(`distributed.ParentWatchdog`). After a failure the engine is closed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import queue
+import secrets
+import sys
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import distributed
+from .errors import DistributedError, InputError, SparsegenError
+
+log = logging.getLogger("sparsegen")
+
+POLL_S = 0.2  # how often the driver checks that every rank is alive while it waits
+GRACE_S = 1.0  # after a first failure, how long to collect the other ranks' reports
+STOP_S = 10.0  # how long close() waits for ranks to exit before killing them
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where every rank gets its weights: a checkpoint folder, or random weights of a named size
+    (or of an explicit config) drawn with `seed`, identical to `models.random_model`'s."""
+
+    model_dir: str | None = None
+    random: str | None = None
+    config: Any = None  # Phi3SmallConfig for random weights of a custom size
+    seed: int = 0
+    dtype: str = "float32"  # a torch dtype name
+    force_dense: bool = False
+    attn_impl: str | None = None
+    dummy_token_indices: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        given = [x for x in (self.model_dir, self.random, self.config) if x is not None]
+        if len(given) != 1:
+            raise InputError("ModelSource needs exactly one of model_dir, random or config")
+        dtype = getattr(torch, self.dtype, None) if isinstance(self.dtype, str) else None
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise InputError(f"ModelSource.dtype must name a floating-point torch dtype, got {self.dtype!r}")
+
+    def load_config(self):
+        from .models import Phi3SmallConfig, named_config
+
+        if self.model_dir is not None:
+            from .models.loader import contained_file
+
+            folder = Path(self.model_dir)
+            return Phi3SmallConfig.from_file(
+                contained_file(folder, "config.json", f"checkpoint {folder} has")
+            )
+        return named_config(self.random) if self.random is not None else self.config
+
+    def build(self, shard, device: torch.device, group=None):
+        from .models.tensor_parallel import random_tp_model
+        from .models.tp_loader import load_tp_checkpoint
+
+        kw = dict(
+            group=group,
+            device=device,
+            dtype=getattr(torch, self.dtype),
+            force_dense=self.force_dense,
+            attn_impl=self.attn_impl,
+            dummy_token_indices=self.dummy_token_indices,
+        )
+        if self.model_dir is not None:
+            return load_tp_checkpoint(self.model_dir, shard, **kw)
+        return random_tp_model(self.load_config(), shard, seed=self.seed, **kw)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a function sent with `TPEngine.call` gets on each rank."""
+
+    info: distributed.RankInfo
+    model: Any  # models.tensor_parallel.TensorParallelPhi3Small
+    engine: Any  # engine.LLMEngine
+
+
+@dataclass(frozen=True)
+class RequestHandle:
+    """What `TPEngine.submit` returns per prompt: the request id that `abort` takes."""
+
+    seq_id: int
+
+
+@dataclass(frozen=True)
+class _Failure:
+    module: str
+    name: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A request every rank refused alike (so every rank goes on)."""
+
+    failure: _Failure
+
+
+def _describe(exc: BaseException) -> _Failure:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return _Failure(type(exc).__module__, type(exc).__qualname__, str(exc), tb)
+
+
+def _engine_on_rank(model, info, tokenizer, engine_kwargs: dict):
+    from .engine import LLMEngine
+    from .engine.model_runner import default_num_pages
+
+    kw = dict(engine_kwargs)
+    kv_bytes = kw.pop("kv_cache_bytes", None)
+    if kw.get("num_pages") is None:  # the scheduler must see the same cache size on every rank
+        mine = default_num_pages(model, kw.get("page_size", 16), kv_bytes)
+        kw["num_pages"] = distributed.min_int(mine, info.device)
+    return LLMEngine(model, tokenizer=tokenizer, **kw)
+
+
+def _command(ctx: RankContext, seqs: dict, kind: str, payload):
+    """One engine call, the same on every rank and in the same order; rank 0's value is sent."""
+    engine = ctx.engine
+    if kind == "submit":  # checks everything before queueing: a bad request changes no rank
+        try:
+            new = engine.submit(*payload)
+        except SparsegenError as exc:
+            return _Refused(_describe(exc))
+        seqs.update((s.seq_id, s) for s in new)
+        return [s.seq_id for s in new]
+    if kind == "step":
+        return engine.step(), engine.has_unfinished
+    if kind == "abort":
+        return engine.abort(payload)
+    if kind == "results":
+        return [engine.result(seqs.pop(i)) for i in payload]
+    fn, args = payload  # "call"
+    return fn(ctx, *args)
+
+
+def _rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs, warmup, timeout_s,
+               seed, cmds, out):  # fmt: skip
+    os.environ.update(distributed.rank_env(rank, world, port))
+    distributed.ParentWatchdog().start()
+    try:
+        from .models.tensor_parallel import TPShard
+
+        if device_type == "cpu":  # ranks share the cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        torch.manual_seed(seed)  # the same global stream on every rank (unseeded sampling)
+        info = distributed.init_from_env(device_type)
+        group = distributed.new_group(timeout_s)  # the model's collectives: the short timeout
+        model = source.build(TPShard(rank, world), info.device, group)
+        engine = _engine_on_rank(model, info, tokenizer, engine_kwargs)
+        seconds = engine.warmup() if warmup else 0.0
+        out.put(("ready", rank, {"warmup_s": seconds, "max_model_len": engine.max_model_len}))
+        ctx = RankContext(info, model, engine)
+        seqs: dict[int, Any] = {}  # seq_id -> Sequence, until its result is taken
+        while (cmd := cmds.get()) is not None:
+            value = _command(ctx, seqs, *cmd)
+            if rank == 0:
+                out.put(("done", 0, value))
+    except BaseException as exc:  # report everything, even KeyboardInterrupt, then leave at once
+        out.put(("error", rank, _describe(exc)))
+        _leave(out, 1)  # no process-group teardown: peers may be dead, and NCCL's can block
+    distributed.shutdown()
+    _leave(out, 0)
+
+
+def _leave(out, code: int) -> None:
+    """Flush the report queue and exit without the interpreter's teardown (seconds per rank
+    with torch loaded, for nothing: the driver has what it needs)."""
+    out.close()
+    out.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _reraise(rank: int, f: _Failure, others: str) -> BaseException:
+    """The rank's own error type when it is one of sparsegen's (the same on every rank: a bad
+    checkpoint, a bad request), else a DistributedError naming the rank."""
+    try:
+        cls = getattr(importlib.import_module(f.module), f.name)
+    except Exception:
+        cls = None
+    if isinstance(cls, type) and issubclass(cls, SparsegenError) and cls is not DistributedError:
+        try:
+            return cls(f.message + others)
+        except Exception:
+            pass
+    first = f.message.strip().splitlines()[0] if f.message.strip() else ""
+    if f.name == "DistributedError":
+        return DistributedError(first + others)
+    return DistributedError(f"tensor-parallel rank {rank} failed: {f.name}: {first}{others}")
+
+
+def _terminate(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+class TPEngine:
+    """`LLMEngine`'s `generate` and `warmup`, run by `tensor_parallel_size` ranks."""
+
+    def __init__(
+        self,
+        source: ModelSource,
+        tensor_parallel_size: int,
+        *,
+        device: str = "cpu",
+        tokenizer=None,
+        warmup: bool = False,
+        timeout_s: float = distributed.DEFAULT_TIMEOUT_S,
+        **engine_kwargs,
+    ):
+        device_type = torch.device(device).type
+        config = self.model_config = source.load_config()
+        self.world_size = distributed.check_tp_size(
+            tensor_parallel_size, config.num_key_value_heads, device_type
+        )
+        if config.ff_intermediate_size % self.world_size:
+            raise InputError(
+                f"tensor_parallel_size {self.world_size} does not divide ff_intermediate_size "
+                f"{config.ff_intermediate_size}"
+            )
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else config.eos_token_id
+        self.warmup_s = 0.0
+        self._closed = False
+        ctx = torch.multiprocessing.get_context("spawn")
+        self._out = ctx.Queue()
+        self._cmds = [ctx.Queue() for _ in range(self.world_size)]
+        args = (self.world_size, distributed.free_port(), device_type, source, tokenizer, engine_kwargs,
+                warmup, timeout_s, secrets.randbits(62))  # fmt: skip
+        self._procs = [
+            ctx.Process(target=_rank_main, args=(r, *args, self._cmds[r], self._out), name=f"sparsegen-tp{r}")
+            for r in range(self.world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        self._finalizer = weakref.finalize(self, _terminate, self._procs)
+        ready = self._wait(want="ready")
+        self.warmup_s = max(r["warmup_s"] for r in ready)
+        self.max_model_len = ready[0]["max_model_len"]
+        self.has_unfinished = False
+        self._aborted: set[int] = set()
+
+    # -- waiting on the ranks -------------------------------------------------------------------
+    def _wait(self, want: str):
+        ready: dict[int, dict] = {}
+        while True:
+            try:
+                kind, rank, value = self._out.get(timeout=POLL_S)
+            except queue.Empty:
+                dead = {r: p.exitcode for r, p in enumerate(self._procs) if p.exitcode is not None}
+                if dead:
+                    self._fail({}, dead)
+                continue
+            if kind == "error":
+                self._fail({rank: value}, {})
+            elif kind == "ready" and want == "ready":
+                ready[rank] = value
+                if len(ready) == self.world_size:
+                    return [ready[r] for r in range(self.world_size)]
+            elif kind == "done" and want == "done":
+                return value
+
+    def _fail(self, errors: dict[int, _Failure], dead: dict[int, int]) -> None:
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and len(errors) + len(dead) < self.world_size:
+            try:
+                kind, rank, value = self._out.get(timeout=0.05)
+                if kind == "error":
+                    errors.setdefault(rank, value)
+            except queue.Empty:
+                pass
+        for r, p in enumerate(self._procs):  # gone before we stop the rest, without a report
+            if r not in errors and p.exitcode is not None:
+                dead.setdefault(r, p.exitcode)
+        self.close(kill=True)
+        lost = [f"rank {r} {_exit_text(c)}" for r, c in sorted(dead.items()) if r not in errors]
+        # The cause: a rank's own exception rather than a peer's broken collective, else a lost rank.
+        causes = [r for r, f in sorted(errors.items()) if f.name != "DistributedError"]
+        if causes:
+            r = causes[0]
+            if errors[r].name not in ("InputError", "CheckpointError", "TokenizerError", "CacheOutOfMemory"):
+                log.error("tensor-parallel rank %d failed:\n%s", r, errors[r].traceback.rstrip())
+            others = f" (also: {'; '.join(lost)})" if lost else ""
+            raise _reraise(r, errors[r], others) from None
+        if lost:
+            seen = (
+                f"; rank {min(errors)} saw: {errors[min(errors)].message.splitlines()[0]}" if errors else ""
+            )
+            raise DistributedError(f"tensor-parallel {', '.join(lost)}; the other ranks were stopped{seen}")
+        r = min(errors)
+        raise _reraise(r, errors[r], "")
+
+    def _run(self, kind: str, payload):
+        if self._closed:
+            raise DistributedError(
+                "this tensor-parallel engine is closed (a rank failed, or close() was called)"
+            )
+        for q in self._cmds:
+            q.put((kind, payload))
+        return self._wait(want="done")
+
+    # -- the LLMEngine-like surface ---------------------------------------------------------------
+    def submit(self, prompts: Seq[list[int]], params) -> list[RequestHandle]:
+        """Queue the prompts on every rank (checked first there: all or none, as LLMEngine.submit)."""
+        value = self._run("submit", (prompts, params))
+        if isinstance(value, _Refused):
+            raise _reraise(0, value.failure, "")
+        return [RequestHandle(i) for i in value]
+
+    def step(self) -> list:
+        """One forward pass on every rank; rank 0's TokenEvents."""
+        events, self.has_unfinished = self._run("step", None)
+        return events
+
+    def abort(self, request_id: int) -> bool:
+        """Drop an unfinished request on every rank (before the next step)."""
+        done = self._run("abort", request_id)
+        if done:
+            self._aborted.add(request_id)
+        return done
+
+    def results(self, handles: Seq[RequestHandle]) -> list:
+        """Rank 0's GenerationResult per handle (each can be taken once, when it is done)."""
+        return self._run("results", [h.seq_id for h in handles])
+
+    def generate(self, prompts: Seq[list[int]], params, on_token: Callable | None = None):
+        """LLMEngine.generate over the ranks: results in input order; `on_token` sees each of
+        these requests' TokenEvents (and may `abort` a request, as stop strings do)."""
+        handles = self.submit(prompts, params)
+        left = {h.seq_id for h in handles}
+        try:
+            while left:
+                for event in self.step():
+                    if event.request_id in left:
+                        if event.finish_reason is not None:
+                            left.discard(event.request_id)
+                        if on_token is not None:
+                            on_token(event)
+                left = {i for i in left if i not in self._aborted}
+                if left and not self.has_unfinished:
+                    raise DistributedError(f"requests {sorted(left)} are unfinished, but every rank is idle")
+        finally:
+            if not self._closed:
+                for i in left:
+                    self.abort(i)
+        return self.results(handles)
+
+    def warmup(self) -> float:
+        """Kernel builds and first graph captures ran when the ranks started (`warmup=True`);
+        this returns how long that took on the slowest rank, or runs one now."""
+        if self.warmup_s:
+            return self.warmup_s
+        start = time.perf_counter()
+        self.call(_warmup)
+        return time.perf_counter() - start
+
+    def call(self, fn: Callable, *args):
+        """Run `fn(RankContext, *args)` on every rank (a module-level function, so it pickles);
+        returns rank 0's result. For inspection, tests and benchmarks."""
+        return self._run("call", (fn, args))
+
+    def close(self, kill: bool = False) -> None:
+        if not self._closed:
+            self._closed = True
+            if not kill:
+                for q in self._cmds:
+                    q.put(None)
+                deadline = time.monotonic() + STOP_S
+                for p in self._procs:
+                    p.join(max(0.0, deadline - time.monotonic()))
+        self._finalizer()
+
+    def __enter__(self) -> TPEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(kill=exc[0] is not None)
+
+
+def tp_engine_for(model_dir, random, tokenizer_path, device, dtype, force_dense, seed, tp, engine_options):
+    """`LLM(..., tensor_parallel_size=tp)`'s engine: a TPEngine over the same weights and tokenizer
+    that `llm.build_model` would give one process."""
+    from .llm import build_tokenizer
+
+    tokenizer = build_tokenizer(model_dir, random, tokenizer_path)
+    source = ModelSource(
+        model_dir=str(model_dir) if model_dir is not None else None,
+        random=random,
+        seed=seed,
+        dtype=str(dtype).removeprefix("torch."),
+        force_dense=force_dense,
+        dummy_token_indices=tokenizer.dummy_token_indices if tokenizer is not None else (),
+    )
+    return TPEngine(source, tp, device=str(device), tokenizer=tokenizer, **engine_options)
+
+
+def _warmup(ctx: RankContext) -> float:
+    return ctx.engine.warmup()
+
+
+__all__ = ["ModelSource", "RankContext", "TPEngine"]
