@@ -26,7 +26,7 @@ COMMANDS = {
     "patterns": "List the preset patterns.",
     "show": "Show per-head density and a picture of a pattern's block mask.",
     "compile": "Compile (or fetch from the cache) every distinct kernel of a pattern.",
-    "cache": "Inspect or clear the kernel cache.",
+    "cache": "Inspect, verify (re-hash) or clear the kernel cache.",
     "fuzz": "Fuzz the generated kernels against the reference.",
     "generate": "Generate text with Phi-3-Small through sparsegen's kernels.",
     "serve": "Serve the OpenAI API over HTTP (needs the [serve] extra).",

@@ -149,6 +149,13 @@ def test_bad_sampling_params_are_refused_before_queueing(engine, field, value):
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 
+@pytest.mark.parametrize("index", ["0", 1.0, True, [1]])
+def test_add_request_index_must_be_an_int(engine, index):
+    with pytest.raises(InputError, match="index"):
+        engine.add_request([1, 2], PARAMS, index=index)
+    assert not engine.has_unfinished
+
+
 @pytest.mark.parametrize(
     "params", [[PARAMS], [PARAMS] * 3, {"max_tokens": 3}, None, "greedy", [PARAMS, {"max_tokens": 3}]]
 )

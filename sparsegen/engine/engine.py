@@ -168,6 +168,8 @@ class LLMEngine:
         self, prompt_ids: list[int], params: SamplingParams, index: int | None = None
     ) -> Sequence:
         """Check and queue one request; its events carry `index` (default: its seq_id)."""
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+            raise InputError(f"index must be None or an int, got {index!r}")
         ids, params = self._checked(prompt_ids, params, "prompt")
         return self._enqueue(ids, params, index)
 
