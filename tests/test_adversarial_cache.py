@@ -109,6 +109,11 @@ def _rehash(entry: Path, drop: tuple[str, ...] = (), required: list | None = Non
     (entry / "manifest.json").write_text(json.dumps(manifest))
 
 
+def _created(entry: Path) -> float:
+    """The build time an entry's manifest records (a rebuild writes a new one)."""
+    return json.loads((entry / "manifest.json").read_text())["created"]
+
+
 def _planted(marker: Path) -> bytes:
     return f"import pathlib\npathlib.Path({str(marker)!r}).write_text('planted code ran')\nTAG = 'planted'\n".encode()
 
@@ -254,10 +259,13 @@ def test_real_interpreter_prefill_planted_kernel_never_runs(root, tmp_path, monk
     _rehash(entry)
     os.chown(entry, NOBODY, NOBODY)
     os.chmod(entry, 0o777)
+    before = _created(entry)
     prefill_mod.forget()
     again = prefill_mod.get_prefill_kernel(layer, dtype=torch.float16)
-    assert again.status == "compiled" and not marker.exists()
+    assert Path(again.path) == entry and _created(entry) != before and not marker.exists()  # rebuilt
     assert (entry / "kernel.py").read_bytes() == good and os.lstat(entry).st_uid == os.getuid()
+    (aside,) = [n for n in os.listdir(root) if n.startswith(".quarantine-")]  # foreign: kept aside
+    assert (root / aside / "kernel.py").read_bytes().startswith(_planted(marker))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,9 +370,11 @@ def test_real_prefill_entry_checks_cubin_and_metadata(root):
     verify = runner.invoke(cli, ["cache", "verify", "--json"])
     assert verify.exit_code == 1 and [e["ok"] for e in json.loads(verify.stdout)] == [False]
     for drop in ("prefill_kernel.cubin", "prefill_kernel.json", None):
+        before = _created(entry)
         prefill_mod.forget()
         again = prefill_mod.get_prefill_kernel(layer, dtype=torch.float16, arch="sm_90")
-        assert again.status == "compiled" and cubin.stat().st_size > 1000
+        assert Path(again.path) == entry and _created(entry) != before  # rebuilt, not trusted
+        assert cubin.stat().st_size > 1000
         assert runner.invoke(cli, ["cache", "verify"]).exit_code == 0
         if drop:
             (entry / drop).unlink()
