@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import SparsegenError
+from ..errors import MissingExtraError, SparsegenError
 
 
 def _log_to_stderr() -> None:
@@ -92,7 +92,7 @@ def command(
     try:
         from ..serve.server import serve
     except ImportError as exc:
-        raise click.UsageError(
+        raise MissingExtraError(  # a runtime failure: exit 1, one line (cli.py)
             f"sparsegen serve needs the [serve] extra (pip install 'sparsegen[serve]'): {exc}"
         ) from None
     _log_to_stderr()
@@ -116,8 +116,12 @@ def command(
             logging.getLogger("sparsegen").info(
                 "warm-up (kernel builds, first CUDA-graph capture): %.2f s", seconds
             )
-    except SparsegenError as exc:
-        raise click.UsageError(str(exc).splitlines()[0]) from None
+    except SparsegenError as exc:  # bad input: exit 2; a runtime failure (e.g. MemoryLimitError): exit 1
+        from ..cli import RuntimeFailure, first_line, is_usage_error
+
+        if is_usage_error(exc):
+            raise click.UsageError(first_line(exc)) from None
+        raise RuntimeFailure(first_line(exc)) from None
     try:
         serve(llm, host, port, max_queue=max_queue, drain_timeout=drain_timeout, model_name=served_model_name)
     except OSError as exc:
