@@ -8,6 +8,7 @@ alternation, Mistral's `sliding_window`.
 
 from __future__ import annotations
 
+import os
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -85,11 +86,11 @@ def get_pattern(name_or_path: str | Path) -> ModelSpec:
 
     Errors are `SpecError`s; one caused by a file starts with the file's path.
     """
-    if not isinstance(name_or_path, (str, PathLike)):
+    key = os.fspath(name_or_path) if isinstance(name_or_path, PathLike) else name_or_path
+    if not isinstance(key, str):  # bytes, None, a number, a PathLike that gives bytes...
         raise InputError(
             f"get_pattern takes a preset name or a path, got {type(name_or_path).__name__}: {name_or_path!r:.80}"
         )
-    key = str(Path(name_or_path)) if isinstance(name_or_path, PathLike) else name_or_path
     if key in PRESETS:
         return PRESETS[key][0]()
     if not key or "\0" in key:

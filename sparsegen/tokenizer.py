@@ -1,8 +1,10 @@
 """Tokenizers whose vocabulary is bytes, consistently.
 
 - `TiktokenTokenizer`: Phi-3-Small's cl100k-style BPE, read from a local `.tiktoken` file (one
-  `base64(token) rank` per line) or a checkpoint folder holding one, plus special tokens.
-  Nothing is downloaded: tiktoken only gets the ranks we parsed.
+  `base64(token) rank` per line) or a checkpoint folder holding one, plus special tokens. The
+  file is read by tiktoken's own `load_tiktoken_bpe`, with its SHA-256 check (the published hash
+  for cl100k_base.tiktoken). Nothing is downloaded. tiktoken is the `[model]` extra, imported on
+  first use (`MissingExtraError` naming the extra when it is absent).
 - `ByteTokenizer`: ids 0..255 are the bytes themselves; used by `--random tiny`.
 
 `vocab()` returns `list[bytes]` indexed by token id, special tokens included as their UTF-8
@@ -11,13 +13,14 @@ text, so it sorts (mixing `str` and `bytes` in a vocabulary crashes consumers th
 
 from __future__ import annotations
 
-import base64
 import codecs
-import json
+import hashlib
 import re
 from pathlib import Path
 
+from . import jsonio
 from .errors import MissingExtraError, TokenizerError
+from .folders import contained_file
 
 # GPT-4's cl100k pre-tokenisation pattern.
 CL100K_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
@@ -46,6 +49,11 @@ PHI3SMALL_SPECIAL_TOKENS = _phi3small_special_tokens()
 UNUSED_SPECIAL_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|endofprompt|>")
 
 
+def _check_text(text: object) -> None:
+    if not isinstance(text, str):
+        raise TokenizerError(f"encode takes a str, got {type(text).__name__}: {text!r:.40}")
+
+
 class _BytesVocabTokenizer:
     """Shared decoding over a bytes vocabulary: `_vocab[i]` is token i's bytes."""
 
@@ -64,11 +72,17 @@ class _BytesVocabTokenizer:
         return list(self._vocab)
 
     def token_bytes(self, token_id: int) -> bytes:
+        if isinstance(token_id, bool) or not isinstance(token_id, int):  # True is not token 1
+            raise TokenizerError(
+                f"a token id must be an int, got {type(token_id).__name__}: {token_id!r:.40}"
+            )
         if not 0 <= token_id < len(self._vocab):
             raise TokenizerError(f"token id {token_id} is outside the vocabulary 0..{len(self._vocab) - 1}")
         return self._vocab[token_id]
 
     def decode(self, ids: list[int]) -> str:
+        if not isinstance(ids, (list, tuple)):
+            raise TokenizerError(f"decode takes a list of token ids, got {type(ids).__name__}: {ids!r:.40}")
         return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
     def stream_decoder(self):
@@ -101,6 +115,7 @@ class ByteTokenizer(_BytesVocabTokenizer):
         self._split = re.compile("(" + "|".join(map(re.escape, named)) + ")")  # dummies never come from text
 
     def encode(self, text: str) -> list[int]:
+        _check_text(text)
         ids: list[int] = []
         for part in self._split.split(text):
             if part in self.special_tokens:
@@ -110,24 +125,68 @@ class ByteTokenizer(_BytesVocabTokenizer):
         return ids
 
 
-def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
-    """Parse a `.tiktoken` file: lines of `base64(token) rank`."""
+# SHA-256 of the published files, as tiktoken_ext.openai_public checks them on download; Phi-3-Small
+# ships OpenAI's cl100k_base.tiktoken unchanged.
+KNOWN_TIKTOKEN_HASHES = {
+    "cl100k_base.tiktoken": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+}
+MAX_TIKTOKEN_BYTES = 64 << 20  # cl100k is 1.7 MB, o200k 3.6 MB
+MAX_TOKEN_ID = 2**24  # the largest id a vocabulary (ranks or special tokens) may use
+
+
+def _tiktoken():
+    """The tiktoken module (with `tiktoken.load`), imported on first use: it is the [model] extra."""
+    try:
+        import tiktoken
+        import tiktoken.load
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"reading a .tiktoken vocabulary needs tiktoken ({exc}): pip install 'sparsegen[model]'"
+        ) from None
+    return tiktoken
+
+
+def read_tiktoken_ranks(path: str | Path, expected_hash: str | None = None) -> dict[bytes, int]:
+    """Parse a `.tiktoken` file (lines of `base64(token) rank`) with tiktoken's `load_tiktoken_bpe`.
+
+    The file's SHA-256 must equal `expected_hash`, or by default the published hash of a file of
+    that name (`KNOWN_TIKTOKEN_HASHES`: cl100k_base.tiktoken). The ranks must be 0..n-1, each once.
+    """
     path = Path(path)
     try:
-        lines = path.read_bytes().splitlines()
+        size = path.stat().st_size
+        if size > MAX_TIKTOKEN_BYTES:
+            raise TokenizerError(
+                f"{path} is {size} bytes; a .tiktoken file of at most {MAX_TIKTOKEN_BYTES} is expected"
+            )
+        data = path.read_bytes()
     except OSError as exc:
         raise TokenizerError(f"cannot read {path}: {exc}") from None
-    ranks: dict[bytes, int] = {}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
-        except ValueError:
-            raise TokenizerError(f"{path}:{n} is not 'base64-token rank': {line[:60]!r}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    want = expected_hash if expected_hash is not None else KNOWN_TIKTOKEN_HASHES.get(path.name)
+    if want is not None and digest != want:
+        raise TokenizerError(
+            f"{path} has SHA-256 {digest}, expected {want}: the file is corrupt or not the published {path.name}"
+        )
+    tiktoken = _tiktoken()
+    try:
+        # tiktoken caches what it reads under a key made from the path (TIKTOKEN_CACHE_DIR, else a
+        # shared temp folder) and, given no hash, would hand back that cached copy even after the
+        # file changed, or one planted by someone else. With the digest of the bytes just read it
+        # returns exactly those bytes, parsed.
+        ranks = tiktoken.load.load_tiktoken_bpe(str(path), expected_hash=digest)
+    except ValueError as exc:  # a line that is not `base64 rank` (or the file changed meanwhile)
+        raise TokenizerError(f"{path} is not a .tiktoken file: {exc}") from None
+    except OSError as exc:  # e.g. an unwritable TIKTOKEN_CACHE_DIR
+        raise TokenizerError(f"cannot read {path} through tiktoken: {exc}") from None
     if not ranks:
         raise TokenizerError(f"{path} holds no tokens")
+    lines = sum(1 for line in data.splitlines() if line)
+    if len(ranks) != lines or set(ranks.values()) != set(range(len(ranks))):
+        raise TokenizerError(
+            f"{path} has {lines} lines but {len(ranks)} distinct tokens with ranks "
+            f"{min(ranks.values())}..{max(ranks.values())}; each token must appear once, ranked 0..n-1"
+        )
     return ranks
 
 
@@ -135,13 +194,15 @@ class TiktokenTokenizer(_BytesVocabTokenizer):
     def __init__(
         self, ranks: dict[bytes, int], special_tokens: dict[str, int], vocab_size: int | None = None
     ):
-        try:
-            import tiktoken
-        except ImportError as exc:
-            raise MissingExtraError(
-                f"reading a .tiktoken vocabulary needs tiktoken ({exc}): pip install 'sparsegen[model]'"
-            ) from None
-
+        tiktoken = _tiktoken()
+        for text, i in special_tokens.items():
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_TOKEN_ID:
+                raise TokenizerError(
+                    f"special token {text!r:.60} has id {i!r:.40}, outside 0..{MAX_TOKEN_ID - 1}"
+                )
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                       or not 1 <= vocab_size <= MAX_TOKEN_ID):  # fmt: skip
+            raise TokenizerError(f"vocab_size must be an int in 1..{MAX_TOKEN_ID}, got {vocab_size!r:.40}")
         self.special_tokens = dict(special_tokens)
         size = max([*ranks.values(), *special_tokens.values()]) + 1
         size = max(size, vocab_size or 0)
@@ -160,6 +221,7 @@ class TiktokenTokenizer(_BytesVocabTokenizer):
         )
 
     def encode(self, text: str) -> list[int]:
+        _check_text(text)
         return self._enc.encode(text, allowed_special="all")
 
 
@@ -174,11 +236,23 @@ def _special_tokens_for(folder: Path, num_ranks: int) -> dict[str, int]:
     config = folder / "tokenizer_config.json"
     if not config.is_file():
         return specials
-    try:
-        added = json.loads(config.read_text()).get("added_tokens_decoder") or {}
-        added = {v["content"]: int(k) for k, v in added.items()}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise TokenizerError(f"cannot read added_tokens_decoder from {config}: {exc}") from None
+    config = contained_file(folder, config.name, f"tokenizer folder {folder} has", TokenizerError)
+    data = jsonio.read_json_file(config, TokenizerError)
+    added = data.get("added_tokens_decoder") if isinstance(data, dict) else None
+    if added is not None and not isinstance(added, dict):
+        raise TokenizerError(
+            f"{config}: added_tokens_decoder must be an object of id -> token, got {added!r:.60}"
+        )
+    out: dict[str, int] = {}
+    for key, value in (added or {}).items():
+        content = value.get("content") if isinstance(value, dict) else None
+        if not isinstance(content, str) or not key.isdigit() or not 0 <= int(key) < MAX_TOKEN_ID:
+            raise TokenizerError(
+                f"{config}: added_tokens_decoder[{key!r:.20}] must map an id in 0..{MAX_TOKEN_ID - 1} "
+                f"to {{'content': str}}, got {value!r:.60}"
+            )
+        out[content] = int(key)
+    added = out
     if not added:
         return specials
     if num_ranks != CL100K_NUM_RANKS:
@@ -188,20 +262,26 @@ def _special_tokens_for(folder: Path, num_ranks: int) -> dict[str, int]:
 
 
 def find_tiktoken_file(path: str | Path) -> Path | None:
+    """The file itself, or the first `*.tiktoken` inside a folder (never a link leading out of it)."""
     path = Path(path)
     if path.is_file():
         return path
     found = sorted(path.glob("*.tiktoken")) if path.is_dir() else []
-    return found[0] if found else None
+    if not found:
+        return None
+    return contained_file(path, found[0].name, f"tokenizer folder {path} has", TokenizerError)
 
 
-def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> TiktokenTokenizer:
+def load_tokenizer(
+    path: str | Path, vocab_size: int | None = None, *, expected_hash: str | None = None
+) -> TiktokenTokenizer:
     """From a `.tiktoken` file or a folder holding one (special tokens from tokenizer_config.json,
-    else Phi-3-Small's table for a full cl100k file, else placed right after the ranks)."""
+    else Phi-3-Small's table for a full cl100k file, else placed right after the ranks).
+    `expected_hash`: the file's SHA-256 (default: the published one for a known file name)."""
     file = find_tiktoken_file(path)
     if file is None:
         raise TokenizerError(f"no .tiktoken file at {path}")
-    ranks = read_tiktoken_ranks(file)
+    ranks = read_tiktoken_ranks(file, expected_hash)
     specials = _special_tokens_for(file.parent, len(ranks))
     if "<|endoftext|>" not in specials:
         raise TokenizerError(f"the special tokens for {file} lack <|endoftext|>")

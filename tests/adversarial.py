@@ -67,3 +67,23 @@ def accepted(check: Callable[[Any], bool], fn: Callable[..., Any], *args, **kwar
         pytest.fail(f"{what}: wrong result {result!r:.200}")
     _tally("value", what)
     return result
+
+
+def either(
+    error: type[SparsegenError], check: Callable[[Any], bool], fn: Callable[..., Any], *args, **kwargs
+):
+    """For fuzzed inputs that may be valid: a typed `error`, or a result for which check holds."""
+    what = f"{getattr(fn, '__name__', fn)}{args!r:.60}{kwargs!r:.40}"
+    try:
+        result = fn(*args, **kwargs)
+    except error as exc:
+        _tally("typed", what)
+        return exc
+    except Exception as exc:  # noqa: BLE001
+        _tally("crash", what)
+        pytest.fail(f"{what}: crashed with {type(exc).__name__}: {exc}")
+    if not check(result):
+        _tally("wrong", what)
+        pytest.fail(f"{what}: wrong result {result!r:.200}")
+    _tally("value", what)
+    return result

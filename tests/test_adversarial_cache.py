@@ -36,7 +36,6 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sparsegen
 from sparsegen import CacheError, HeadSpec, JitDisabledError, LayerSpec
 from sparsegen.cli import cli
 from sparsegen.jit import cache, trusted_fs
@@ -108,6 +107,11 @@ def _rehash(entry: Path, drop: tuple[str, ...] = (), required: list | None = Non
     if required is not None:
         manifest["required"] = required
     (entry / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _created(entry: Path) -> float:
+    """The build time an entry's manifest records (a rebuild writes a new one)."""
+    return json.loads((entry / "manifest.json").read_text())["created"]
 
 
 def _planted(marker: Path) -> bytes:
@@ -255,10 +259,13 @@ def test_real_interpreter_prefill_planted_kernel_never_runs(root, tmp_path, monk
     _rehash(entry)
     os.chown(entry, NOBODY, NOBODY)
     os.chmod(entry, 0o777)
+    before = _created(entry)
     prefill_mod.forget()
-    again = sparsegen.lookup_kernel(layer, "prefill", dtype=torch.float16)  # the status is beside the kernel
-    assert again.status == "compiled" and not marker.exists()
+    again = prefill_mod.get_prefill_kernel(layer, dtype=torch.float16)
+    assert Path(again.path) == entry and _created(entry) != before and not marker.exists()  # rebuilt
     assert (entry / "kernel.py").read_bytes() == good and os.lstat(entry).st_uid == os.getuid()
+    (aside,) = [n for n in os.listdir(root) if n.startswith(".quarantine-")]  # foreign: kept aside
+    assert (root / aside / "kernel.py").read_bytes().startswith(_planted(marker))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,6 +287,12 @@ def _unsafe_roots(tmp_path: Path):
         d.mkdir(mode=0o700)
         os.chown(d, NOBODY, NOBODY)
         cases.append((d, "not owned by this user"))
+        link = tmp_path / "root-link-to-nobody"
+        link.symlink_to(d)
+        cases.append((link, "not owned by this user"))
+    loose = tmp_path / "root-link-to-loose"
+    loose.symlink_to(tmp_path / "root-777")
+    cases.append((loose, "writable by group or others"))
     return cases
 
 
@@ -295,6 +308,16 @@ def test_unsafe_root_is_one_line_cache_error(tmp_path, monkeypatch):
         assert build.calls == 0
         result = CliRunner().invoke(cli, ["cache", "verify"])
         assert result.exit_code != 0 and words in result.output and "Traceback" not in result.output
+
+
+def test_root_may_be_a_link_the_user_made_to_a_safe_directory(tmp_path, monkeypatch):
+    real = tmp_path / "real-root"
+    real.mkdir(mode=0o700)
+    (tmp_path / "root-link").symlink_to(real)
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "root-link"))
+    build = Builds()
+    assert _get(build=build).status == "compiled" and _get().status == "cached"
+    assert os.path.isdir(real / _key().key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,9 +370,11 @@ def test_real_prefill_entry_checks_cubin_and_metadata(root):
     verify = runner.invoke(cli, ["cache", "verify", "--json"])
     assert verify.exit_code == 1 and [e["ok"] for e in json.loads(verify.stdout)] == [False]
     for drop in ("prefill_kernel.cubin", "prefill_kernel.json", None):
+        before = _created(entry)
         prefill_mod.forget()
-        again = sparsegen.lookup_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90")
-        assert again.status == "compiled" and cubin.stat().st_size > 1000
+        again = prefill_mod.get_prefill_kernel(layer, dtype=torch.float16, arch="sm_90")
+        assert Path(again.path) == entry and _created(entry) != before  # rebuilt, not trusted
+        assert cubin.stat().st_size > 1000
         assert runner.invoke(cli, ["cache", "verify"]).exit_code == 0
         if drop:
             (entry / drop).unlink()
@@ -881,7 +906,7 @@ def sparsegen_log():
 
 
 def test_waiter_logs_that_another_process_holds_the_lock(root, sparsegen_log):
-    holder = _hold_lock(root, 1.6)
+    holder = _hold_lock(root, 2.5)  # > 1 s notice, with margin for a loaded machine
     try:
         start = time.monotonic()
         build = Builds()

@@ -7,6 +7,8 @@ tensor), or in a model whose weights equal the checkpoint's.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import os
@@ -14,17 +16,24 @@ import struct
 
 import pytest
 import torch
-from adversarial import accepted, refused
-from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, write_checkpoint
+from adversarial import accepted, either, refused
+from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, write_bpe_file, write_checkpoint
 from hf_configs import GEMMA2_9B, GPT_OSS_20B, MISTRAL_7B_V01, QWEN3_8B
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from sparsegen import CheckpointError
+from sparsegen import CheckpointError, MissingExtraError, TokenizerError
 from sparsegen.models import Phi3SmallConfig, load_checkpoint
+from sparsegen.tokenizer import load_tokenizer
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _private_tiktoken_cache(tmp_path, monkeypatch):
+    """tiktoken copies every file it reads into its cache; keep those copies in tmp_path."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
 
 
 def _load(folder):
@@ -210,10 +219,10 @@ json_values = st.recursive(
 @given(field=st.sampled_from(sorted(TINY_HF_CONFIG)), value=json_values)
 def test_fuzzed_config_fields(field, value):
     cfg = {**TINY_HF_CONFIG, field: value}
-    try:
-        config = Phi3SmallConfig.from_hf_dict(json.loads(json.dumps(cfg)), source="fuzz/config.json")
-    except CheckpointError as exc:
-        assert "fuzz/config.json" in str(exc)
+    config = either(CheckpointError, lambda c: isinstance(c, Phi3SmallConfig), Phi3SmallConfig.from_hf_dict,
+                    json.loads(json.dumps(cfg)), source="fuzz/config.json")  # fmt: skip
+    if isinstance(config, CheckpointError):
+        assert "fuzz/config.json" in str(config)
         return
     kept = getattr(config, field, None)
     if (
@@ -434,17 +443,18 @@ def test_fuzzed_safetensors_bytes(tmp_path_factory, good, data):
     folder = tmp_path_factory.mktemp("fz")
     (folder / "config.json").write_bytes((src / "config.json").read_bytes())
     (folder / "model.safetensors").write_bytes(bytes(blob))
-    try:
-        model = _load(folder)
-    except CheckpointError:
-        return
     from safetensors.torch import load_file
 
-    now = load_file(str(folder / "model.safetensors"))
-    state = model.state_dict()
-    for name, t in now.items():
-        if not name.endswith("inv_freq"):
-            assert torch.equal(state[name], t.float()) and torch.isfinite(t).all(), name
+    def holds_the_file_values(model) -> bool:
+        state = model.state_dict()
+        now = load_file(str(folder / "model.safetensors"))
+        return all(
+            torch.equal(state[n], t.float()) and bool(torch.isfinite(t).all())
+            for n, t in now.items()
+            if not n.endswith("inv_freq")
+        )
+
+    either(CheckpointError, holds_the_file_values, _load, folder)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,3 +481,127 @@ def test_refused_checkpoints_leave_no_file_open(tmp_path, good):
         for folder in folders:
             refused(CheckpointError, ".", _load, folder)
     assert _open_fds() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer files: read by tiktoken with a hash check; hostile files are TokenizerErrors.
+
+
+def _bpe(path, lines=None):
+    if lines is None:
+        return write_bpe_file(path)
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize(
+    "lines, match",
+    [
+        ([], "holds no tokens"),
+        (["YQ== 0", "not-base64!! 1"], "not a .tiktoken file"),
+        (["YQ== 0", "Yg== x"], "not a .tiktoken file"),
+        (["YQ== 0", "Yg== 1 2"], "not a .tiktoken file"),
+        (["YQ== 0", "YQ== 1"], "each token must appear once"),
+        (["YQ== 0", "Yg== 2"], "ranked 0..n-1"),
+        (["YQ== 0", "Yg== 0"], "ranked 0..n-1"),
+        (["YQ== 0", f"Yg== {10**12}"], "ranked 0..n-1"),
+        (["YQ== -1"], "ranked 0..n-1"),
+    ],
+)
+def test_malformed_tiktoken_files(tmp_path, lines, match):
+    refused(TokenizerError, match, load_tokenizer, _bpe(tmp_path / "v.tiktoken", lines))
+
+
+def test_tiktoken_hash_check(tmp_path):
+    fake = _bpe(tmp_path / "cl100k_base.tiktoken")  # the published name, other bytes
+    refused(TokenizerError, "SHA-256 .* expected 223921b7", load_tokenizer, fake)
+    own = _bpe(tmp_path / "own.tiktoken")
+    digest = hashlib.sha256(own.read_bytes()).hexdigest()
+    accepted(lambda t: t.encode("hello world") == [259, 263], load_tokenizer, own, expected_hash=digest)
+    refused(TokenizerError, "SHA-256", load_tokenizer, own, expected_hash="0" * 64)
+
+
+def test_tiktoken_cache_never_serves_stale_or_planted_ranks(tmp_path, monkeypatch):
+    """tiktoken keys its file cache by path; without a hash it returns a stale or planted copy."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    path = _bpe(tmp_path / "v.tiktoken")
+    accepted(lambda t: t.encode("hello") == [259], load_tokenizer, path)
+    assert any(cache.iterdir())  # tiktoken did cache it
+    # the file changes: the new ranks are read, not the cached ones
+    _bpe(path, [f"{base64.b64encode(bytes([i])).decode()} {i}" for i in range(256)])
+    accepted(lambda t: t.encode("hello") == list(b"hello"), load_tokenizer, path)
+    # someone plants other ranks under the key of this path
+    other = tmp_path / "other.tiktoken"
+    _bpe(other)
+    for entry in cache.iterdir():
+        entry.write_bytes(other.read_bytes())
+    accepted(lambda t: t.encode("hello") == list(b"hello"), load_tokenizer, path)
+
+
+def test_tokenizer_files_stay_inside_the_folder(tmp_path):
+    outside = _bpe(tmp_path / "outside.tiktoken")
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "a.tiktoken").symlink_to(outside)
+    refused(TokenizerError, "leads outside", load_tokenizer, folder)
+    fifo = tmp_path / "f"
+    fifo.mkdir()
+    os.mkfifo(fifo / "a.tiktoken")
+    refused(TokenizerError, "not a regular file", load_tokenizer, fifo)
+    d = tmp_path / "d"
+    (d / "a.tiktoken").mkdir(parents=True)
+    refused(TokenizerError, "not a regular file", load_tokenizer, d)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested 100000 levels"),
+        ('{"added_tokens_decoder": []}', "added_tokens_decoder must be an object"),
+        ('{"added_tokens_decoder": {"x": {"content": "<|a|>"}}}', "added_tokens_decoder"),
+        ('{"added_tokens_decoder": {"-1": {"content": "<|a|>"}}}', "added_tokens_decoder"),
+        ('{"added_tokens_decoder": {"99999999999": {"content": "<|a|>"}}}', "added_tokens_decoder"),
+        ('{"added_tokens_decoder": {"300": {"content": 5}}}', "added_tokens_decoder"),
+        ('{"added_tokens_decoder": {"300": "x"}}', "added_tokens_decoder"),
+        ('{"added_tokens_decoder": {"300": {"content": "<|a|>"}}}', "lack <|endoftext|>"),
+        ('{"added_tokens_decoder": {"3": {"content": "<|endoftext|>"}}}', "reuses id 3"),
+        ('{"a": 1, "a": 2}', "appears twice"),
+    ],
+)
+def test_hostile_tokenizer_config(tmp_path, text, match):
+    _bpe(tmp_path / "v.tiktoken")
+    (tmp_path / "tokenizer_config.json").write_text(text)
+    refused(TokenizerError, match, load_tokenizer, tmp_path)
+
+
+def test_tokenizer_vocab_size_is_exact(tmp_path):
+    path = _bpe(tmp_path / "v.tiktoken")
+    for bad in (True, 300.0, "300", 0, -1, 2**40):
+        refused(TokenizerError, "vocab_size", load_tokenizer, path, vocab_size=bad)
+
+
+def test_missing_tiktoken_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken -> ImportError
+    monkeypatch.setitem(sys.modules, "tiktoken.load", None)
+    refused(MissingExtraError, r"sparsegen\[model\]", load_tokenizer, _bpe(tmp_path / "v.tiktoken"))
+
+
+def test_token_ids_and_text_take_exact_types(tmp_path):
+    from sparsegen.models.config import TINY_SPECIAL_TOKENS, TINY_VOCAB_SIZE
+    from sparsegen.tokenizer import ByteTokenizer
+
+    for tok in (
+        load_tokenizer(_bpe(tmp_path / "v.tiktoken")),
+        ByteTokenizer(TINY_SPECIAL_TOKENS, TINY_VOCAB_SIZE),
+    ):
+        for bad in ([1, True, 2], [1.0], ["a"], [None], [-1], [10**9], [2**70]):
+            refused(TokenizerError, "token id", tok.decode, bad)
+        for bad in ("abc", 5, None, b"ab"):
+            refused(TokenizerError, "decode takes a list", tok.decode, bad)
+        for bad in (b"hello", 5, None, ["hello"]):
+            refused(TokenizerError, "encode takes a str", tok.encode, bad)
+        refused(TokenizerError, "token id", tok.stream_decoder(), True)
+        accepted(lambda s: s == "hello", tok.decode, tok.encode("hello"))

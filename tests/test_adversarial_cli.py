@@ -242,7 +242,6 @@ def test_python_dash_m_gives_the_same_one_line(tmp_path):
     for argv, code, needle in [
         (["generate", "--random", "tiny", "--prompt-ids", "1", "--temperature", "nan"], 2, "--temperature"),
         (["compile", "--pattern", "phi3small", "--arch", ""], 2, "--arch"),
-        (["show", "--pattern", "phi3small", "--png", str(tmp_path / "none" / "x.png")], 2, "--png"),
     ]:
         res = subprocess.run(
             [sys.executable, "-m", "sparsegen", *argv], capture_output=True, text=True, env=env, timeout=120
@@ -250,3 +249,22 @@ def test_python_dash_m_gives_the_same_one_line(tmp_path):
         assert res.returncode == code and res.stdout == "", (argv, res.returncode, res.stdout, res.stderr)
         lines = res.stderr.splitlines()
         assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("Error: "), (argv, res.stderr)
+
+
+def test_serve_without_its_extra_names_it(monkeypatch, fresh_cache):
+    monkeypatch.setitem(sys.modules, "sparsegen.serve.server", None)  # import -> ImportError
+    argv = ["serve", "--random", "tiny"]
+    assert_one_line_error(CliRunner().invoke(cli, argv), 1, "sparsegen[serve]", argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["serve"], "--random"),
+        (["serve", "--random", "tiny", "--port", "-1"], "--port"),
+        (["serve", "--random", "tiny", "--port", "70000"], "--port"),
+        (["serve", "--random", "huge"], "--random"),
+    ],
+)
+def test_serve_bad_arguments(argv, needle, fresh_cache):
+    assert_one_line_error(CliRunner().invoke(cli, argv), 2, needle, argv)

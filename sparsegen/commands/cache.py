@@ -8,6 +8,7 @@ import json
 import click
 
 from ..bench.common import format_table
+from ..log import get_logger
 
 
 @click.group(name="cache")
@@ -80,7 +81,9 @@ def cache_verify(as_json):
             click.echo(
                 f"{'ok ' if e['ok'] else 'BAD'}  {e['key']}" + ("" if e["ok"] else f": {e['problem']}")
             )
-    click.echo(f"{len(entries) - len(bad)} of {len(entries)} entries verify in {cache.cache_dir()}", err=True)
+    get_logger(__name__).info(
+        f"{len(entries) - len(bad)} of {len(entries)} entries verify in {cache.cache_dir()}"
+    )
     if bad:
         raise click.exceptions.Exit(1)
 

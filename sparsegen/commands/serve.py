@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import SparsegenError
+from ..errors import MissingExtraError, SparsegenError
 
 
 def _log_to_stderr() -> None:
@@ -77,6 +77,9 @@ def _log_to_stderr() -> None:
 )
 @click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")
+@click.option(
+    "--compile-model", is_flag=True, help="Decode steps through torch.compile inside the CUDA graphs."
+)
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up request before listening.")
 @click.option(
     "--drain-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
@@ -84,7 +87,7 @@ def _log_to_stderr() -> None:
 )  # fmt: skip
 def command(
     model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
-    max_model_len, chunk_size, page_size, no_cuda_graphs, no_warmup, drain_timeout,
+    max_model_len, chunk_size, page_size, no_cuda_graphs, compile_model, no_warmup, drain_timeout,
 ):  # fmt: skip
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
     if (model_dir is None) == (random_size is None):
@@ -92,7 +95,7 @@ def command(
     try:
         from ..serve.server import serve
     except ImportError as exc:
-        raise click.UsageError(
+        raise MissingExtraError(  # a runtime failure: exit 1, one line (cli.py)
             f"sparsegen serve needs the [serve] extra (pip install 'sparsegen[serve]'): {exc}"
         ) from None
     _log_to_stderr()
@@ -110,14 +113,19 @@ def command(
             max_num_batched_tokens=chunk_size,
             page_size=page_size,
             use_cuda_graphs=not no_cuda_graphs,
+            compile_model=compile_model,
         )
         if not no_warmup:
             seconds = llm.engine.warmup()
             logging.getLogger("sparsegen").info(
                 "warm-up (kernel builds, first CUDA-graph capture): %.2f s", seconds
             )
-    except SparsegenError as exc:
-        raise click.UsageError(str(exc).splitlines()[0]) from None
+    except SparsegenError as exc:  # bad input: exit 2; a runtime failure (e.g. MemoryLimitError): exit 1
+        from ..cli import RuntimeFailure, first_line, is_usage_error
+
+        if is_usage_error(exc):
+            raise click.UsageError(first_line(exc)) from None
+        raise RuntimeFailure(first_line(exc)) from None
     try:
         serve(llm, host, port, max_queue=max_queue, drain_timeout=drain_timeout, model_name=served_model_name)
     except OSError as exc:
