@@ -16,7 +16,6 @@ Nothing here may hang forever:
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import socket
 import sys
@@ -28,8 +27,9 @@ import torch
 import torch.distributed as dist
 
 from .errors import DistributedError, InputError
+from .log import get_logger
 
-log = logging.getLogger("sparsegen")
+log = get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0  # per collective while running: a cold kernel build on one rank must fit
 START_TIMEOUT_S = 900.0  # joining the group: every rank imports torch and loads its weights first
@@ -218,10 +218,10 @@ class ParentWatchdog:
         while True:
             time.sleep(self.interval_s)
             if os.getppid() != self.parent:
-                print(
-                    f"sparsegen: tensor-parallel rank {os.environ.get('RANK', '?')}: the launching process "
-                    f"{self.parent} is gone; exiting",
-                    file=sys.stderr,
-                    flush=True,
+                log.error(
+                    "tensor-parallel rank %s: the launching process %d is gone; exiting",
+                    os.environ.get("RANK", "?"),
+                    self.parent,
                 )
+                sys.stderr.flush()
                 os._exit(EXIT_PARENT_GONE)

@@ -32,7 +32,6 @@ collective's timeout (`timeout_s`); a rank whose driver is gone ends itself
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import queue
 import secrets
@@ -43,6 +42,7 @@ import weakref
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,9 @@ import torch
 
 from . import distributed
 from .errors import DistributedError, InputError, SparsegenError
+from .log import get_logger
 
-log = logging.getLogger("sparsegen")
+log = get_logger(__name__)
 
 POLL_S = 0.2  # how often the driver checks that every rank is alive while it waits
 GRACE_S = 1.0  # after a first failure, how long to collect the other ranks' reports
@@ -135,7 +136,8 @@ class _Failure:
 
 @dataclass(frozen=True)
 class _Refused:
-    """A request every rank refused alike (so every rank goes on)."""
+    """A request every rank refused alike, or a result that cannot be sent back: every rank
+    goes on, and the driver raises the error."""
 
     failure: _Failure
 
@@ -198,12 +200,25 @@ def _rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs,
         while (cmd := cmds.get()) is not None:
             value = _command(ctx, seqs, *cmd)
             if rank == 0:
+                try:  # else the queue's feeder thread drops it silently and the driver waits
+                    _check_pickles(value, f"the result of {cmd[0]!r}")
+                except InputError as exc:
+                    value = _Refused(_describe(exc))
                 out.put(("done", 0, value))
     except BaseException as exc:  # report everything, even KeyboardInterrupt, then leave at once
         out.put(("error", rank, _describe(exc)))
         _leave(out, 1)  # no process-group teardown: peers may be dead, and NCCL's can block
     distributed.shutdown()
     _leave(out, 0)
+
+
+def _check_pickles(obj, what: str) -> None:
+    """A multiprocessing queue pickles in a feeder thread and drops what fails there, which
+    would leave the other side waiting: check here instead."""
+    try:
+        ForkingPickler.dumps(obj)
+    except Exception as exc:
+        raise InputError(f"{what} cannot be sent between tensor-parallel processes: {exc}") from None
 
 
 def _leave(out, code: int) -> None:
@@ -358,17 +373,18 @@ class TPEngine:
             raise DistributedError(
                 "this tensor-parallel engine is closed (a rank failed, or close() was called)"
             )
+        _check_pickles((kind, payload), f"{kind}'s arguments")  # else the queue drops them silently
         for q in self._cmds:
             q.put((kind, payload))
-        return self._wait(want="done")
+        value = self._wait(want="done")
+        if isinstance(value, _Refused):
+            raise _reraise(0, value.failure, "")
+        return value
 
     # -- the LLMEngine-like surface ---------------------------------------------------------------
     def submit(self, prompts: Seq[list[int]], params) -> list[RequestHandle]:
         """Queue the prompts on every rank (checked first there: all or none, as LLMEngine.submit)."""
-        value = self._run("submit", (prompts, params))
-        if isinstance(value, _Refused):
-            raise _reraise(0, value.failure, "")
-        return [RequestHandle(i) for i in value]
+        return [RequestHandle(i) for i in self._run("submit", (prompts, params))]
 
     def step(self) -> list:
         """One forward pass on every rank; rank 0's TokenEvents."""

@@ -76,3 +76,10 @@ def hang_on_forward(ctx, rank: int) -> None:
         time.sleep(3600)
 
     ctx.model.forward = stuck
+
+
+def unpicklable_result(ctx):
+    """A value that cannot go back over a queue (a lock)."""
+    import threading
+
+    return threading.Lock()

@@ -188,3 +188,14 @@ def test_penalties_min_p_and_top_k_run_through_the_engine(llm):
     a = llm.generate(prompt, hot, use_tqdm=False)[0].token_ids
     assert a == llm.generate(prompt, hot, use_tqdm=False)[0].token_ids
     assert llm.engine.cache.allocator.num_free == llm.engine.cache.allocator.capacity
+
+
+def test_a_checkpoint_without_a_tokenizer_takes_and_gives_token_ids(tmp_path):
+    llm = LLM(model=write_checkpoint(tmp_path / "bare"))
+    assert llm.tokenizer is None
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.token_ids) == 4 and out.text is None
+    for bad in (lambda: llm.generate("text"), lambda: llm.chat([{"role": "user", "content": "x"}]),
+                lambda: llm.generate([[1]], SamplingParams(stop=["x"]))):  # fmt: skip
+        with pytest.raises(InputError, match="tokenizer"):
+            bad()

@@ -81,6 +81,18 @@ def test_tp2_refused_requests_and_aborts_keep_the_ranks_in_step(tp2, tiny_ckpt):
     assert [r.output_ids for r in tp2.generate(PROMPTS, GREEDY)] == want  # still in step
 
 
+def test_tp2_what_cannot_be_pickled_is_an_error_not_a_hang(tp2):
+    from helpers_tp import unpicklable_result
+
+    from sparsegen import InputError
+
+    with pytest.raises(InputError, match="cannot be sent between tensor-parallel processes"):
+        tp2.call(lambda ctx: 1)  # refused before it is sent
+    with pytest.raises(InputError, match="the result of 'call' cannot be sent"):
+        tp2.call(unpicklable_result)
+    assert [f["rank"] for f in tp2.call(rank_facts)] == [0, 1]  # every rank went on
+
+
 def test_tp2_logits_match_the_whole_model(tp2, tiny_ckpt):
     whole = load_checkpoint(tiny_ckpt, dtype=torch.float32)
     from sparsegen.models import ForwardBatch

@@ -77,6 +77,9 @@ def _log_to_stderr() -> None:
 )
 @click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")
+@click.option(
+    "--compile-model", is_flag=True, help="Decode steps through torch.compile inside the CUDA graphs."
+)
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up request before listening.")
 @click.option(
     "--drain-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
@@ -84,7 +87,7 @@ def _log_to_stderr() -> None:
 )  # fmt: skip
 def command(
     model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
-    max_model_len, chunk_size, page_size, no_cuda_graphs, no_warmup, drain_timeout,
+    max_model_len, chunk_size, page_size, no_cuda_graphs, compile_model, no_warmup, drain_timeout,
 ):  # fmt: skip
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
     if (model_dir is None) == (random_size is None):
@@ -110,6 +113,7 @@ def command(
             max_num_batched_tokens=chunk_size,
             page_size=page_size,
             use_cuda_graphs=not no_cuda_graphs,
+            compile_model=compile_model,
         )
         if not no_warmup:
             seconds = llm.engine.warmup()

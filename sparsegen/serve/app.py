@@ -334,7 +334,10 @@ class _Formatter:
             if self.chat:
                 choice = {"index": t.index, "message": {"role": "assistant", "content": out.text}}
             else:
-                choice = {"index": t.index, "text": out.text}
+                choice = {
+                    "index": t.index,
+                    "text": out.text if out.text is not None else "",
+                }  # no tokenizer: ids only
             choice.update({"logprobs": lp, "finish_reason": reason, "stop_reason": out.stop_reason})
             if self.token_ids:
                 choice["token_ids"] = out.token_ids
