@@ -24,8 +24,8 @@ import torch
 
 import sparsegen
 from sparsegen.codegen import templates_dir
-from sparsegen.jit import triton_build
 from sparsegen.kernels import prefill as prefill_mod
+from sparsegen.kernels import prefill_template
 
 VARIANT_DIR = Path(__file__).resolve().parent / "prefill_variants"
 RULE = None  # the rule's tile config
@@ -40,17 +40,17 @@ CASES = [("phi3small", 8192), ("phi3small", 32768), ("sliding-window", 32768)]
 def _use(variant: str, config) -> None:
     """Point the prefill build at a variant's template and config (the cache key follows both)."""
     if variant == "main":
-        triton_build.TEMPLATE = "prefill_triton.py.jinja"
+        prefill_template.TEMPLATE = "prefill_triton.py.jinja"
     else:
         target = templates_dir() / "_variants" / f"{variant}.py.jinja"
         target.parent.mkdir(exist_ok=True)
         shutil.copyfile(VARIANT_DIR / f"{variant}.py.jinja", target)
-        triton_build.TEMPLATE = f"_variants/{variant}.py.jinja"
-    triton_build.pick_config = _RULE_PICK if config is None else (lambda *a, c=config: dict(c))
+        prefill_template.TEMPLATE = f"_variants/{variant}.py.jinja"
+    prefill_template.pick_config = _RULE_PICK if config is None else (lambda *a, c=config: dict(c))
     prefill_mod.forget()
 
 
-_RULE_PICK = triton_build.pick_config
+_RULE_PICK = prefill_template.pick_config
 
 
 def aot_only(arch: str) -> int:

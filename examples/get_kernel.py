@@ -22,10 +22,9 @@ layer = sparsegen.get_pattern("phi3small").layers[0]  # 32 heads, 8 KV heads, he
 on_gpu = torch.cuda.is_available()
 device, dtype, seq = ("cuda", torch.bfloat16, 4096) if on_gpu else ("cpu", torch.float16, 160)
 
-kernel = sparsegen.get_kernel(layer, "prefill", dtype=dtype)
-print(
-    f"{kernel.name}\n  key  {kernel.key}\n  path {kernel.path}\n  {kernel.status} in {kernel.seconds:.2f} s"
-)
+found = sparsegen.lookup_kernel(layer, "prefill", dtype=dtype)  # the kernel, and how it was found
+kernel = found.kernel
+print(f"{kernel.name}\n  key  {kernel.key}\n  path {kernel.path}\n  {found.status} in {found.seconds:.2f} s")
 print("\n".join(kernel.source.splitlines()[:12]), "\n  ...")
 
 q = torch.randn(seq, 32, 128, device=device, dtype=dtype)  # q: [T, H, D]

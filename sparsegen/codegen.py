@@ -17,7 +17,7 @@ import jinja2.meta
 
 from .errors import CompileError
 
-# Words a template may receive as strings: dtype names, C types and pattern kinds.
+# Words a template may receive as strings: dtype names, C types, pattern kinds, kernel names.
 ALLOWED_WORDS = frozenset(
     {
         "fp16", "bf16", "fp32",
@@ -26,6 +26,7 @@ ALLOWED_WORDS = frozenset(
         "dense", "local", "vert", "window",
         "local+vert", "local+window", "vert+window", "local+vert+window",
         "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_120",
+        "sparsegen_paged_decode", "sparsegen_paged_decode_reduce",  # fixed kernel names from Python
     }
 )  # fmt: skip
 

@@ -1,14 +1,14 @@
 """`sparsegen::prefill` and `sparsegen::paged_decode` as torch.library custom ops.
 
-Registered ops are opaque to torch.compile (no graph break, no tracing into the launcher) and
-have fake (meta) implementations that give the output's shape and dtype without running
-anything, so compiled graphs and CUDA graphs can hold them. A layer spec crosses the op
-boundary as its canonical JSON string (`LayerSpec.to_json()`), parsed once per process.
+Registered ops are opaque to torch.compile and torch.export (no graph break, no tracing into
+the launcher) and have fake (meta) implementations that give the output's shape and dtype
+without running anything, so compiled graphs and CUDA graphs can hold them. A layer spec
+crosses the op boundary as its canonical JSON string (`LayerSpec.to_json()`), parsed once per
+process. `sparsegen.prefill` / `sparsegen.paged_decode` call these ops whenever they are traced;
+the ops are inference-only (no autograd formula is registered).
 
-    import sparsegen.custom_ops as sgops
-    out = sgops.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer)   # [B, H, D]
     out = torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens,
-                                            layer.to_json(), None)
+                                            layer.to_json(), None)   # [B, H, D]
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import functools
 
 import torch
 
-from . import ops
 from .errors import InputError
 from .spec import LayerSpec
 
@@ -28,14 +27,14 @@ def layer_from_json(layer_json: str) -> LayerSpec:
 
 
 @torch.compiler.assume_constant_result
-def _spec_json(layer: LayerSpec) -> str:
+def spec_json(layer: LayerSpec) -> str:
     # a spec is frozen: under torch.compile its JSON is a constant, not something to trace
     return layer.to_json()
 
 
 def _layer_json(layer: LayerSpec | str) -> str:
     if isinstance(layer, LayerSpec):
-        return _spec_json(layer)
+        return spec_json(layer)
     if isinstance(layer, str):
         return layer
     raise InputError(f"layer must be a LayerSpec or its JSON string, got {type(layer).__name__}")
@@ -50,13 +49,25 @@ def _prefill_op(
     cu_seqlens_k: torch.Tensor,  # [B+1] int32
     layer_json: str,
     scale: float | None,
+    impl: str | None = None,
+    check: bool | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor:  # [Tq, H, D]
+    from . import ops
+    from .validate import softmax_scale
+
     layer = layer_from_json(layer_json)
-    return ops.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
+    ops._check_impl(impl, ops.PREFILL_IMPLS)
+    scale = softmax_scale(scale, layer.head_dim)
+    return ops._prefill(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, impl, check, max_seqlen_q, max_seqlen_k
+    )
 
 
 @_prefill_op.register_fake
-def _prefill_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, layer_json, scale):
+def _prefill_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, layer_json, scale, impl=None, check=None,
+                  max_seqlen_q=None, max_seqlen_k=None):  # fmt: skip
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -69,13 +80,20 @@ def _paged_decode_op(
     seq_lens: torch.Tensor,  # [B] int32
     layer_json: str,
     scale: float | None,
+    impl: str | None = None,
+    check: bool | None = None,
 ) -> torch.Tensor:  # [B, H, D]
+    from . import ops
+    from .validate import softmax_scale
+
     layer = layer_from_json(layer_json)
-    return ops.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale)
+    ops._check_impl(impl, ops.DECODE_IMPLS)
+    scale = softmax_scale(scale, layer.head_dim)
+    return ops._paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check)
 
 
 @_paged_decode_op.register_fake
-def _paged_decode_fake(q, k_cache, v_cache, block_tables, seq_lens, layer_json, scale):
+def _paged_decode_fake(q, k_cache, v_cache, block_tables, seq_lens, layer_json, scale, impl=None, check=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 

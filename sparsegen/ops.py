@@ -2,17 +2,27 @@
 
 `impl=None` picks the compiled kernel on a capable GPU (sm_80+) and the reference elsewhere.
 An explicit `impl` never falls back: if it cannot run here, `ImplUnavailableError` says why.
+
+Under `torch.compile` / `torch.export` (`torch.compiler.is_compiling()`), `prefill` and
+`paged_decode` call the registered custom ops `torch.ops.sparsegen.*` (`custom_ops.py`), which
+the tracer keeps as opaque nodes. In eager mode they call the same implementation directly:
+the custom-op dispatcher costs ~16 us a call on the 2-core CI machine, a few percent of an 8K
+prefill. Either way every host-side check runs at run time in `_prefill` / `_paged_decode`,
+never inside a traced region. The ops are inference-only: they have no autograd formula.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import env, reference
+from . import custom_ops, env, reference
 from .errors import ImplUnavailableError, InputError
 from .spec import LayerSpec
+from .validate import check_decode_inputs, check_prefill_inputs, softmax_scale
 
 KINDS = ("prefill", "decode")
+PREFILL_IMPLS = ("triton", "reference")
+DECODE_IMPLS = ("cuda", "reference")
 
 
 def interpreter_enabled() -> bool:
@@ -33,28 +43,58 @@ def interpreter_usable() -> bool:
 gpu_capable = env.gpu_capable
 
 
-def _check_impl(impl: str | None, allowed: tuple[str, ...]) -> None:
-    if impl not in (None, *allowed):
+def _check_impl(impl: object, allowed: tuple[str, ...]) -> None:
+    if impl is not None and (not isinstance(impl, str) or impl not in allowed):
         raise InputError(f"impl must be one of {(None, *allowed)}, got {impl!r}")
 
 
-def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *, impl=None, check=True):
+def _check_layer(layer: object) -> LayerSpec:
+    if not isinstance(layer, LayerSpec):
+        raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__} {layer!r:.80}")
+    return layer
+
+
+def _check_flag(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise InputError(f"{name} must be True, False or None, got {value!r}")
+
+
+def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *, impl=None, check=None,
+            max_seqlen_q=None, max_seqlen_k=None):  # fmt: skip
     """Block-sparse varlen prefill. q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D].
 
-    check=False lets the compiled kernel skip reading cu_seqlens on the host (no device sync,
-    for callers that built them, like the engine); dtypes, shapes and strides are still checked.
-    The reference always checks everything.
+    `max_seqlen_q` / `max_seqlen_k` (flash-attn's names): the longest query / key length of the
+    batch. Given, the compiled kernel sizes its grid from them and does not read cu_seqlens on
+    the host (no device sync). `check=None` validates the cu_seqlens values on the host (one
+    sync) unless they are given; `check=True` (or SPARSEGEN_DEBUG=1) always does, and then also
+    checks the max_seqlen bounds; `check=False` never does. dtypes, shapes, devices and strides
+    are always checked. The reference always checks everything.
     """
-    _check_impl(impl, ("triton", "reference"))
+    _check_impl(impl, PREFILL_IMPLS)
+    _check_flag("check", check)
+    layer = _check_layer(layer)
+    scale = softmax_scale(scale, layer.head_dim)
+    if torch.compiler.is_compiling():
+        return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, custom_ops.spec_json(layer),
+                                           scale, impl, check, max_seqlen_q, max_seqlen_k)  # fmt: skip
+    return _prefill(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, impl, check, max_seqlen_q, max_seqlen_k
+    )
+
+
+def _prefill(q, k, v, cu_q, cu_k, layer: LayerSpec, scale: float, impl, check, max_q, max_k) -> torch.Tensor:
+    """The implementation behind `prefill` and `torch.ops.sparsegen.prefill` (runs eagerly)."""
     if impl is None:
         on_gpu = isinstance(q, torch.Tensor) and gpu_capable(q.device)
         impl = "triton" if on_gpu and q.dtype in (torch.float16, torch.bfloat16) else "reference"
     if impl == "reference":
-        return reference.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale)
-    if isinstance(q, torch.Tensor) and not gpu_capable(q.device):
+        return reference.prefill(q, k, v, cu_q, cu_k, layer, scale)
+    interp = isinstance(q, torch.Tensor) and not gpu_capable(q.device)
+    if interp:
         if not interpreter_enabled():
+            where = q.device if isinstance(q, torch.Tensor) else "no tensor"
             raise ImplUnavailableError(
-                f"impl='triton' needs q on a CUDA GPU of sm_80 or newer (q is on {q.device}); "
+                f"impl='triton' needs q on a CUDA GPU of sm_80 or newer (q is on {where}); "
                 "on a CPU set TRITON_INTERPRET=1 to run the generated kernel in Triton's interpreter"
             )
         if not interpreter_usable():
@@ -62,20 +102,36 @@ def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *
                 "TRITON_INTERPRET=1 was set after Triton was imported in this process, so Triton's "
                 "interpreter is not active; set it in the environment before starting Python"
             )
-    from .kernels.prefill import triton_prefill
+    if check is None:
+        check = env.flag("SPARSEGEN_DEBUG") or (max_q is None and max_k is None)
+    check_prefill_inputs(q, k, v, cu_q, cu_k, layer, allow_cpu=interp, kernel=True, check_values=check,
+                         max_seqlen_q=max_q, max_seqlen_k=max_k)  # fmt: skip
+    from .kernels.prefill import get_prefill_kernel
 
-    return triton_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, check=check)
+    kernel = get_prefill_kernel(layer, dtype=q.dtype)
+    kernel._check_target(q)
+    return kernel.launch(q, k, v, cu_q, cu_k, scale, max_seqlen_k=max_k)
 
 
-def paged_decode(
-    q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale=None, *, impl=None, check=None
-):
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale=None, *, impl=None,
+                 check=None):  # fmt: skip
     """One decode step over a paged cache. q: [B, H, D], caches: [pages, page_size, Hkv, D].
 
     `check=True` (or SPARSEGEN_DEBUG=1) validates seq_lens and every used page id on the host
     before the compiled kernel launches; the reference always does.
     """
-    _check_impl(impl, ("cuda", "reference"))
+    _check_impl(impl, DECODE_IMPLS)
+    _check_flag("check", check)
+    layer = _check_layer(layer)
+    scale = softmax_scale(scale, layer.head_dim)
+    if torch.compiler.is_compiling():
+        return torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens,
+                                                custom_ops.spec_json(layer), scale, impl, check)  # fmt: skip
+    return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check)
+
+
+def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale: float, impl, check):
+    """The implementation behind `paged_decode` and `torch.ops.sparsegen.paged_decode`."""
     if impl is None:
         on_gpu = isinstance(q, torch.Tensor) and gpu_capable(q.device)
         impl = "cuda" if on_gpu and q.dtype in (torch.float16, torch.bfloat16) else "reference"
@@ -86,25 +142,36 @@ def paged_decode(
         raise ImplUnavailableError(f"impl='cuda' needs q on a CUDA GPU of sm_80 or newer (q is on {where})")
     if check is None:
         check = env.flag("SPARSEGEN_DEBUG")
-    from .kernels.decode import cuda_paged_decode
+    check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check,
+                        kernel=True)  # fmt: skip
+    from .kernels.decode import launch_checked
 
-    return cuda_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, check=check)
+    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale)
 
 
-def get_kernel(layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int = 16):
+def get_kernel(layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int | None = None, variant=None):
     """A compiled, cached kernel for `layer`, callable like `prefill` / `paged_decode`.
 
     `arch` (e.g. "sm_90") defaults to the current GPU's; without a GPU it must be given, and
-    the kernel is compiled ahead of time (it can be stored and inspected, not run).
+    the kernel is compiled ahead of time (it can be stored and inspected, not run). Decode
+    kernels take `page_size` (default 16); `variant` picks a registered implementation of the
+    kind (default: prefill "tl", decode "cuda"; see sparsegen.kernels.base).
     """
-    if not isinstance(layer, LayerSpec):
-        raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
-    if kind == "prefill":
-        from .kernels.prefill import get_prefill_kernel
+    return lookup_kernel(layer, kind, dtype=dtype, arch=arch, page_size=page_size, variant=variant).kernel
 
-        return get_prefill_kernel(layer, dtype=dtype, arch=arch)
-    if kind == "decode":
-        from .kernels.decode import get_decode_kernel
 
-        return get_decode_kernel(layer, dtype=dtype, arch=arch, page_size=page_size)
-    raise InputError(f"kind must be one of {KINDS}, got {kind!r}")
+def lookup_kernel(
+    layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int | None = None, variant=None
+):
+    """Like `get_kernel`, but returns `Lookup(kernel, status, seconds)`: status is "memory",
+    "cached" (read from disk) or "compiled"."""
+    from .kernels import base
+
+    _check_layer(layer)
+    if kind not in KINDS:
+        raise InputError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind == "prefill" and page_size is not None:
+        raise InputError(f"page_size is a decode option; prefill kernels take none (got {page_size!r})")
+    return base.get(
+        kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, with_status=True
+    )

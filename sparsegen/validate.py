@@ -1,13 +1,21 @@
-"""Argument checks shared by the reference and the kernel launchers.
+"""Argument checks shared by the reference and every kernel family: one policy, one place.
 
 Every check raises `InputError` naming the argument and what is wrong, before any work is
 launched. Checks that need to read tensor *values* (cu_seqlens, seq_lens, page ids) are the
-only ones that synchronise with the device.
+only ones that synchronise with the device; callers that know their values are right skip them
+(`check=False`, or prefill's `max_seqlen_q` / `max_seqlen_k`).
+
+Alignment policy, the same for prefill and decode (`check_alignment`): a kernel's float tensors
+need a contiguous last dim, a 16-byte-aligned base address and every other stride a multiple of
+16 elements. Prefill's kernels are compiled with those divisibility hints; decode's loads
+assume them. A tensor that breaks it is an InputError naming it (call `.contiguous()`), never a
+silent copy.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -17,20 +25,56 @@ from .spec import MAX_SEQ_LEN, LayerSpec
 
 KERNEL_DTYPES = dtypes.KERNEL_DTYPES
 REFERENCE_DTYPES = dtypes.REFERENCE_DTYPES
+ALIGN_BYTES = 16
+ALIGN_STRIDE = 16  # elements
+LOG2E = 1.4426950408889634
+FP32_MAX = 3.4028234663852886e38
+FP32_MIN_NORMAL = 1.1754943508222875e-38
+# The kernels multiply raw scores by scale * log2(e) in fp32 before exp2; outside this range that
+# factor is inf (every row NaN) or flushes to zero / a subnormal (every row uniform, scale lost).
+MAX_SCALE = FP32_MAX / LOG2E  # ~2.36e38
+MIN_SCALE = FP32_MIN_NORMAL / LOG2E  # ~8.15e-39
 
 
 def softmax_scale(scale: object, head_dim: int) -> float:
-    """The score scale: 1/sqrt(head_dim) by default; else a finite number > 0 (the kernels fold it
-    into the running max, which needs it positive)."""
+    """The score scale: 1/sqrt(head_dim) by default; else a real number (int or float, not bool,
+    not a string, not a tensor) in [MIN_SCALE, MAX_SCALE]: > 0 because the kernels fold it into
+    the running max, and bounded so that scale * log2(e) is a finite, normal fp32."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise InputError(f"scale must be a float or an int (or None), got {type(scale).__name__} {scale!r}")
     try:
         value = float(scale)
-    except (TypeError, ValueError):
-        raise InputError(f"scale must be a number, got {type(scale).__name__}") from None
-    if not math.isfinite(value) or value <= 0.0:
-        raise InputError(f"scale must be a finite number > 0, got {value}")
+    except OverflowError:  # an int beyond any float
+        value = math.inf
+    if not math.isfinite(value) or not (MIN_SCALE <= value <= MAX_SCALE):
+        raise InputError(
+            f"scale must be a finite number in [{MIN_SCALE:.3g}, {MAX_SCALE:.3g}] (scale * log2(e) must be a "
+            f"normal fp32), got {value!r}"
+        )
     return value
+
+
+def check_alignment(name: str, t: torch.Tensor) -> None:
+    """The alignment policy of every kernel launch (see the module docstring)."""
+    if t.dim() and t.stride(-1) != 1:
+        raise InputError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+    if any(s % ALIGN_STRIDE for s in t.stride()[:-1]) or t.data_ptr() % ALIGN_BYTES:
+        raise InputError(
+            f"{name} must be {ALIGN_BYTES}-byte aligned with strides that are multiples of {ALIGN_STRIDE} "
+            f"elements, got strides {t.stride()} and address {t.data_ptr():#x}; pass {name}.contiguous()"
+        )
+
+
+def _check_storage(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+    for n, t in zip(names, tensors):
+        if t.device.type == "meta":
+            raise InputError(f"{n} is a meta tensor (it has no data); pass a tensor on a CPU or CUDA device")
+        if t.is_sparse or t.layout != torch.strided:
+            raise InputError(f"{n} must be a dense strided tensor, got layout {t.layout}")
+        if t.is_complex() or t.is_quantized:
+            raise InputError(f"{n} has dtype {t.dtype}; sparsegen takes real float / int32 tensors")
 
 
 def _check_tensor(name: str, t: object, ndim: int) -> torch.Tensor:
@@ -72,10 +116,22 @@ def _check_int32_vector(name: str, t: object, length: int | None = None) -> torc
     return t
 
 
-def check_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int) -> None:
-    """Offsets start at 0, never decrease, end at the totals, and q_len <= k_len per sequence."""
+def _check_max_seqlen(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InputError(f"{name} must be a non-negative int (or None), got {value!r}")
+    return int(value)
+
+
+def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, *, check_values: bool = True,
+                     max_seqlen_q=None, max_seqlen_k=None) -> None:  # fmt: skip
+    """Offsets are int32 [B+1] on one device; with `check_values` (one device->host copy) they
+    start at 0, never decrease, end at the totals, q_len <= k_len per sequence, and the given
+    max_seqlen_* bound every length."""
     _check_int32_vector("cu_seqlens_q", cu_q)
     _check_int32_vector("cu_seqlens_k", cu_k)
+    _check_storage(("cu_seqlens_q", "cu_seqlens_k"), (cu_q, cu_k))
     if cu_q.device != cu_k.device:
         raise InputError(f"cu_seqlens_k is on {cu_k.device} but cu_seqlens_q is on {cu_q.device}")
     if cu_q.shape[0] < 2 or cu_q.shape != cu_k.shape:
@@ -83,6 +139,12 @@ def check_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total
             f"cu_seqlens_q and cu_seqlens_k must both be [B+1] with B >= 1, got "
             f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}"
         )
+    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if max_k is not None and max_k > MAX_SEQ_LEN:
+        raise InputError(f"max_seqlen_k is {max_k}; at most {MAX_SEQ_LEN} tokens per sequence")
+    if not check_values:
+        return
     both = torch.cat([cu_q, cu_k]).tolist()  # one device->host copy for both
     n = cu_q.shape[0]
     vals_q, vals_k = both[:n], both[n:]
@@ -97,15 +159,22 @@ def check_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total
         lq, lk = vals_q[b + 1] - vals_q[b], vals_k[b + 1] - vals_k[b]
         if lq > lk:
             raise InputError(f"sequence {b} has q_len {lq} > k_len {lk}; queries must be the last keys")
+        if max_q is not None and lq > max_q:
+            raise InputError(f"sequence {b} has q_len {lq} > max_seqlen_q {max_q}")
+        if max_k is not None and lk > max_k:
+            raise InputError(f"sequence {b} has k_len {lk} > max_seqlen_k {max_k}")
         if lk > MAX_SEQ_LEN:  # specs are normalised up to this length only (sparsegen.spec)
             raise InputError(f"sequence {b} has k_len {lk}; at most {MAX_SEQ_LEN} tokens per sequence")
 
 
-def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cpu: bool) -> None:
+def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cpu: bool, kernel: bool = False,
+                         check_values: bool = True, max_seqlen_q=None, max_seqlen_k=None) -> None:  # fmt: skip
+    """Everything about prefill's arguments; `kernel=True` adds the alignment policy."""
     layer = _check_layer(layer)
     q = _check_tensor("q", q, 3)
     k = _check_tensor("k", k, 3)
     v = _check_tensor("v", v, 3)
+    _check_storage(("q", "k", "v"), (q, k, v))
     _check_float_dtypes(("q", "k", "v"), (q, k, v), REFERENCE_DTYPES if allow_cpu else KERNEL_DTYPES)
     _check_same_device(("q", "k", "v"), (q, k, v))
     h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
@@ -115,16 +184,33 @@ def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cp
         raise InputError(f"k must be [Tk, {hkv}, {d}] for this layer, got {tuple(k.shape)}")
     if v.shape != k.shape:
         raise InputError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
+    check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], check_values=check_values,
+                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
+    if cu_seqlens_q.device != q.device:
+        raise InputError(f"cu_seqlens_q is on {cu_seqlens_q.device} but q is on {q.device}")
+    if kernel:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_alignment(name, t)
 
 
 def check_decode_inputs(
-    q, k_cache, v_cache, block_tables, seq_lens, layer, *, allow_cpu: bool, check_pages: bool
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    layer,
+    *,
+    allow_cpu: bool,
+    check_pages: bool,
+    kernel: bool = False,
 ) -> None:
+    """Everything about paged decode's arguments; `kernel=True` adds the alignment policy."""
     layer = _check_layer(layer)
     q = _check_tensor("q", q, 3)
     k_cache = _check_tensor("k_cache", k_cache, 4)
     v_cache = _check_tensor("v_cache", v_cache, 4)
+    _check_storage(("q", "k_cache", "v_cache"), (q, k_cache, v_cache))
     _check_float_dtypes(
         ("q", "k_cache", "v_cache"), (q, k_cache, v_cache), REFERENCE_DTYPES if allow_cpu else KERNEL_DTYPES
     )
@@ -133,6 +219,7 @@ def check_decode_inputs(
     if block_tables.dtype != torch.int32:
         raise InputError(f"block_tables must be int32, got {block_tables.dtype}")
     seq_lens = _check_int32_vector("seq_lens", seq_lens, batch)
+    _check_storage(("block_tables", "seq_lens"), (block_tables, seq_lens))
     _check_same_device(
         ("q", "k_cache", "v_cache", "block_tables", "seq_lens"),
         (q, k_cache, v_cache, block_tables, seq_lens),
@@ -152,6 +239,15 @@ def check_decode_inputs(
         raise InputError(f"block_tables must have {batch} rows (one per query), got {block_tables.shape[0]}")
     if batch == 0:
         raise InputError("q has batch size 0")
+    if kernel:
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            check_alignment(name, t)
+        if block_tables.stride(1) != 1:
+            raise InputError(
+                f"block_tables must be contiguous in its last dim, got strides {block_tables.stride()}"
+            )
+        if seq_lens.stride(0) != 1:
+            raise InputError(f"seq_lens must be contiguous, got stride {seq_lens.stride()}")
     if check_pages:
         check_page_tables(block_tables, seq_lens, k_cache.shape[0], k_cache.shape[1])
 

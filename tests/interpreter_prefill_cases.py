@@ -110,12 +110,12 @@ def test_bad_inputs_raise_before_launch():
 @settings(max_examples=8)
 def test_gpu_tile_sizes(tiles, problem):
     """The GPU tiling (BLOCK_M spanning several sparse blocks, or a part of one) in the interpreter."""
-    from sparsegen.jit import triton_build
     from sparsegen.kernels import prefill as prefill_mod
+    from sparsegen.kernels import prefill_template
 
     config = {"block_m": tiles[0], "block_n": tiles[1], "num_warps": 4, "num_stages": 1}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(triton_build, "pick_config", lambda *a: config)
+        mp.setattr(prefill_template, "pick_config", lambda *a: config)
         prefill_mod.forget()
         try:
             _check(problem)

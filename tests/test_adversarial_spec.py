@@ -145,11 +145,11 @@ def _ints(obj, path="c"):
 
 
 def test_template_constants_of_extreme_specs_fit_32_bits():
-    from sparsegen.jit import triton_build
+    from sparsegen.kernels import prefill_template
 
     layer = extreme_layer()
     consts = decode_template.template_constants(layer, "bf16", 16)
-    prefill = triton_build.plan(layer, triton_build.pick_config("bf16", 64, "sm_90"))
+    prefill = prefill_template.template_constants(layer, prefill_template.pick_config("bf16", 64, "sm_90"))
     planned = [*_ints(consts), *_ints(prefill)]
     from sparsegen.kernels import prefill_gluon_template as gluon
 

@@ -89,3 +89,53 @@ def test_bad_layer_type():
     _, args = _decode_args()
     with pytest.raises(sparsegen.InputError):
         sgops.paged_decode(*args[:5], layer=42)
+
+
+def test_public_functions_compile_fullgraph_and_equal_eager():
+    """sg.prefill / sg.paged_decode route through the custom ops when traced: no graph break on
+    host-side checks (they run at run time, inside the op)."""
+    pp, pargs = _prefill_args()
+    q, k, v, cq, ck = pargs[:5]
+    dp, dargs = _decode_args()
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def both(q, k, v, cq, ck, dq, kc, vc, bt, sl):
+        a = sparsegen.prefill(q * 1.0, k, v, cq, ck, LAYER)
+        b = sparsegen.paged_decode(dq * 1.0, kc, vc, bt, sl, LAYER, 0.1)
+        return a + 0.0, b + 0.0
+
+    a, b = both(q, k, v, cq, ck, *dargs[:5])
+    assert torch.equal(a, sparsegen.prefill(q, k, v, cq, ck, LAYER))
+    assert torch.equal(b, sparsegen.paged_decode(*dargs[:5], LAYER, 0.1))
+
+
+def test_public_functions_export_and_equal_eager():
+    pp, pargs = _prefill_args()
+    dp, dargs = _decode_args()
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v, cq, ck, dq, kc, vc, bt, sl):
+            return (sparsegen.prefill(q, k, v, cq, ck, LAYER, 0.2),
+                    sparsegen.paged_decode(dq, kc, vc, bt, sl, LAYER))  # fmt: skip
+
+    inputs = (*pargs[:5], *dargs[:5])
+    exported = torch.export.export(Attn(), inputs)
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"sparsegen.prefill.default", "sparsegen.paged_decode.default"} <= targets
+    a, b = exported.module()(*inputs)
+    assert torch.equal(a, sparsegen.prefill(*pargs[:5], LAYER, 0.2))
+    assert torch.equal(b, sparsegen.paged_decode(*dargs[:5], LAYER))
+
+
+def test_traced_call_still_validates_at_run_time():
+    _, pargs = _prefill_args()
+    q, k, v, cq, ck = pargs[:5]
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def f(q, k, v, cq, ck):
+        return sparsegen.prefill(q, k, v, cq, ck, LAYER)
+
+    bad = ck.clone()
+    bad[-1] += 1  # cu_seqlens_k no longer ends at Tk
+    with pytest.raises(sparsegen.InputError, match="cu_seqlens_k"):
+        f(q, k, v, cq, bad)

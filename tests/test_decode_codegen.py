@@ -60,7 +60,11 @@ def test_render_hybrid_window_dense():
     assert "#define HEAD_DIM 96" in src and "#define KSTEPS (HEAD_DIM / 16)" in src
     assert "#define VTAIL ((HEAD_DIM % 64) / 32)" in src  # the 32-dim tail of a 96-dim V row
     assert "mma.sync.aligned.m16n8k16.row.col.f32." in src and '#define MMA_T "f16"' in src
-    assert dt.kernel_name(layer, "fp16", 8).endswith("_hybrid")
+    # every head group of a hybrid layer is spelled, not only the first head
+    assert (
+        dt.kernel_name(layer, "fp16", 8)
+        == "decode_fp16_hd96_ps8_g4_1xdense__1xbs16_w100__1xbs32_l3__1xbs16_v4_w7"
+    )
 
 
 def test_template_knobs():
@@ -191,22 +195,22 @@ def test_include_dir_found():
 
 def test_get_kernel_aot_cache_and_memo(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "c"))
-    sparsegen.jit.cache.forget_memory()
-    dec._BY_ID.clear()
-    dec._BY_SPEC.clear()
-    k = sparsegen.get_kernel(PHI3, "decode", dtype=torch.bfloat16, arch="sm_90", page_size=16)
-    assert k.status == "compiled" and k.name == "decode_bf16_hd128_ps16_g4_bs64_l16_v8"
+    dec.forget()
+    found = sparsegen.lookup_kernel(PHI3, "decode", dtype=torch.bfloat16, arch="sm_90", page_size=16)
+    k = found.kernel
+    assert found.status == "compiled" and k.name == "decode_bf16_hd128_ps16_g4_bs64_l16_v8"
     assert k.key.startswith(k.name + "-") and k.path and "sparsegen_paged_decode" in k.source
     assert len(k.cubin) > 1000 and callable(k)
-    k2 = sparsegen.get_kernel(PHI3, "decode", dtype=torch.bfloat16, arch="sm_90", page_size=16)
-    assert k2 is k and k2.status == "cached"
+    again = sparsegen.lookup_kernel(PHI3, "decode", dtype=torch.bfloat16, arch="sm_90", page_size=16)
+    assert again.kernel is k and again.status == "memory"
+    assert not hasattr(k, "status")  # the status travels beside the kernel, never on it
     # A fresh process (empty memos) finds it on disk; with JIT disabled it still loads.
-    sparsegen.jit.cache.forget_memory()
-    dec._BY_ID.clear()
-    dec._BY_SPEC.clear()
+    dec.forget()
     monkeypatch.setenv("SPARSEGEN_DISABLE_JIT", "1")
-    k3 = dec.get_decode_kernel(LayerSpec.from_json(PHI3.to_json()), dtype=torch.bfloat16, arch="sm_90")
-    assert k3.status == "cached" and k3.key == k.key and k3.cubin == k.cubin
+    k3 = sparsegen.lookup_kernel(
+        LayerSpec.from_json(PHI3.to_json()), "decode", dtype=torch.bfloat16, arch="sm_90"
+    )
+    assert k3.status == "cached" and k3.kernel.key == k.key and k3.kernel.cubin == k.cubin
     with pytest.raises(sparsegen.JitDisabledError):
         dec.get_decode_kernel(PHI3, dtype=torch.float16, arch="sm_90")
 
@@ -218,8 +222,8 @@ def test_repeated_get_kernel_is_a_memo_hit(monkeypatch):
     def no_lookup(*args, **kwargs):
         raise AssertionError("a repeated get_kernel went past the memo")
 
-    monkeypatch.setattr(dec.cache, "make_key", no_lookup)
-    monkeypatch.setattr(dec.cache, "load_or_build", no_lookup)
+    monkeypatch.setattr(sparsegen.jit.cache, "make_key", no_lookup)
+    monkeypatch.setattr(sparsegen.jit.cache, "load_or_build", no_lookup)
     for _ in range(100):
         assert sparsegen.get_kernel(PHI3, "decode", dtype=torch.bfloat16, arch="sm_90") is kernel
 

@@ -12,8 +12,9 @@ import torch
 
 import sparsegen
 from sparsegen import HeadSpec, JitDisabledError, LayerSpec
-from sparsegen.jit import cache, triton_build
+from sparsegen.jit import cache
 from sparsegen.kernels import prefill as prefill_mod
+from sparsegen.kernels import prefill_template
 
 SMALL = LayerSpec(
     num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(block_size=16, local_blocks=2),) * 2
@@ -44,14 +45,15 @@ def test_prefill_key_pins_template_and_config():
     kernel = prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
     assert kernel.key.startswith("prefill_fp16_hd64_h2kv1_bs16_l2-")
     meta = json.loads((kernel.path / "manifest.json").read_text())["meta"]
-    assert meta["config"] == triton_build.pick_config("fp16", 64, "sm_90")
+    assert meta["config"] == prefill_template.pick_config("fp16", 64, "sm_90")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_aot_compile_phi3small_without_gpu(arch):
     for layer, _ in sparsegen.get_pattern("phi3small").distinct_layers():
-        kernel = sparsegen.get_kernel(layer, "prefill", dtype=torch.bfloat16, arch=arch)
-        assert kernel.status == "compiled"
+        found = sparsegen.lookup_kernel(layer, "prefill", dtype=torch.bfloat16, arch=arch)
+        kernel = found.kernel
+        assert found.status == "compiled"
         meta = json.loads((kernel.path / "prefill_kernel.json").read_text())
         assert meta["target"]["arch"] == int(arch[3:])
         assert (kernel.path / "prefill_kernel.cubin").stat().st_size > 1000
@@ -76,7 +78,7 @@ def test_truncated_entry_is_rebuilt():
     cubin = kernel.path / "prefill_kernel.cubin"
     cubin.write_bytes(cubin.read_bytes()[:100])
     prefill_mod.forget()
-    again = prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
+    again = sparsegen.lookup_kernel(SMALL, "prefill", dtype=torch.float16, arch="sm_90")
     assert again.status == "compiled" and cubin.stat().st_size > 1000
 
 
@@ -88,14 +90,14 @@ def test_disable_jit_raises_on_miss_and_works_after_compile(monkeypatch):
     prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
     prefill_mod.forget()
     monkeypatch.setenv("SPARSEGEN_DISABLE_JIT", "1")
-    assert prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90").status == "cached"
+    assert sparsegen.lookup_kernel(SMALL, "prefill", dtype=torch.float16, arch="sm_90").status == "cached"
 
 
 RACE = """
 import torch, sparsegen
 from sparsegen import HeadSpec, LayerSpec
 layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(block_size=32, sliding_window=50),) * 2)
-print(sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90").status)
+print(sparsegen.lookup_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90").status)
 """
 
 

@@ -62,13 +62,14 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
         start = time.perf_counter()
         extra = {"page_size": page_size} if kind == "decode" else {}
         try:
-            kernel = ops.get_kernel(layer, kind, dtype=dtype, arch=arch, **extra)
+            found = ops.lookup_kernel(layer, kind, dtype=dtype, arch=arch, **extra)
         finally:
             with lock:
                 building.pop(n)
                 now = building_now()
         seconds = time.perf_counter() - start
-        status = "cached" if kernel.status in ("cached", "memory") else kernel.status
+        kernel = found.kernel
+        status = "cached" if found.status in ("cached", "memory") else found.status
         log.info(f"[{n}/{total}] {status} {kernel.name} ({arch}) in {seconds:.2f} s")
         bar.update(1, postfix=now)
         return {

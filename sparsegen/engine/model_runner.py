@@ -16,12 +16,15 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
+from ..log import get_logger
 from ..models.batch import ForwardBatch
 from ..models.memory import check_fits
 from ..models.phi3small import Phi3SmallForCausalLM
 from .config import EngineConfig
 from .kv_cache import KVCache
 from .sequence import Chunk, Plan, Sequence
+
+log = get_logger(__name__)
 
 CPU_KV_CACHE_BYTES = 256 << 20
 GPU_MEMORY_FRACTION = 0.9
@@ -98,6 +101,11 @@ class ModelRunner:
             device=model.device,
         )
         self.kv_cache_bytes = need
+        usable = self.cache.allocator.capacity
+        log.info(
+            "KV cache: %d pages of %d tokens = %d tokens (%.2f GiB) on %s",
+            usable, page_size, usable * page_size, need / 2**30, model.device,
+        )  # fmt: skip
         rs = cfg.rope_scaling
         self.long_rope_after = rs.original_max_position_embeddings if rs is not None else None
         # Decode steps may run the model under torch.compile: the sparsegen ops stay opaque nodes,

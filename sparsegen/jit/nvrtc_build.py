@@ -92,7 +92,8 @@ def _core():
 
 
 def compile_cubin(source: str, arch: str, *, name: str = "sparsegen") -> tuple[bytes, str]:
-    """Compile CUDA C++ to a cubin for `arch`; returns (cubin, compile log)."""
+    """Compile CUDA C++ to a cubin for `arch`; returns (cubin, compile log). Any warning in the
+    log is a CompileError."""
     parse_arch(arch)
     core = _core()
     include = cuda_include_dir()
@@ -113,6 +114,10 @@ def compile_cubin(source: str, arch: str, *, name: str = "sparsegen") -> tuple[b
         obj = program.compile("cubin", logs=log)
     except Exception as exc:  # noqa: BLE001 - NVRTC errors come as several exception types
         raise CompileError(f"NVRTC failed to compile {name} for {arch}: {exc}\n{log.text}") from None
+    if "warning" in log.text.lower():  # warnings are errors: a rendered kernel must compile cleanly
+        raise CompileError(
+            f"NVRTC warned while compiling {name} for {arch} (warnings are errors):\n{log.text}"
+        )
     return bytes(obj.code), log.text
 
 

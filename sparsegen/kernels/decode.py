@@ -19,57 +19,51 @@ and every used page id on the host first (one device->host copy) and raises Inpu
 from __future__ import annotations
 
 import math
-import types
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from .. import codegen, dtypes, env
+from .. import dtypes, env
 from ..errors import CompileError, ImplUnavailableError, InputError
-from ..jit import cache
 from ..jit import nvrtc_build as nb
 from ..spec import MAX_SEQ_LEN, LayerSpec
 from ..validate import check_decode_inputs, softmax_scale
-from .decode_template import DEFAULT_KNOBS, TEMPLATE, TILE, heads_per_block, kernel_name, render_source
+from . import base
+from .base import Family, Kernel, KernelRequest
+from .decode_template import (
+    KERNEL,
+    MAX_SPLITS,
+    PAGE_SIZES,
+    REDUCE,
+    SOURCE_FILE,
+    TILE,
+    heads_per_block,
+    kernel_name,
+    render_source,
+)
 
-KERNEL = "sparsegen_paged_decode"
-REDUCE = "sparsegen_paged_decode_reduce"
-MAX_SPLITS = 256  # as in the template's reduce kernel
 BLOCKS_PER_SM = 4  # resident blocks of the default build (128 registers x 4 warps)
 MAX_CONTEXT = MAX_SEQ_LEN  # tokens per sequence (2^23): keeps the template's split arithmetic within 32 bits
-PAGE_SIZES = range(8, 129)
 
 
-def _dtype_name(dtype) -> str:
-    return dtypes.resolve(dtype, kernel=True).name
+class DecodeKernel(Kernel):
+    """A compiled paged-decode kernel for one request; call it like `sparsegen.paged_decode`.
+    Compiled ahead of time for another arch it can be stored and inspected (`source`, `path`)
+    but not run."""
 
-
-def _check_page_size(page_size: object) -> int:
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size not in PAGE_SIZES:
-        raise InputError(f"page_size must be an int in 8..128, got {page_size!r}")
-    return page_size
-
-
-class DecodeKernel:
-    """A compiled paged-decode kernel for one (layer, dtype, page size, arch); call it like
-    `sparsegen.paged_decode`. Compiled ahead of time for another arch it can be stored and
-    inspected (`source`, `path`) but not run."""
-
-    def __init__(self, layer, dtype_name, page_size, arch, key, source, cubin) -> None:
-        self.layer, self.dtype_name, self.page_size, self.arch = layer, dtype_name, page_size, arch
-        self.key, self.name, self.source, self.cubin = key.key, key.name, source, cubin
-        self.path, self.status, self.seconds = None, "compiled", 0.0
-        self.heads_per_block = heads_per_block(layer)
+    def __init__(self, request: KernelRequest, key: str, name: str, path, source: str, cubin: bytes) -> None:
+        super().__init__(request, key, name, path, source)
+        self.cubin = cubin
+        self.page_size = request.page_size
+        self.heads_per_block = heads_per_block(request.layer)
         self._modules: dict[int, nb.CubinModule] = {}
-
-    def __repr__(self) -> str:
-        return f"DecodeKernel({self.key}, arch={self.arch}, status={self.status})"
 
     def _module(self, device: torch.device) -> nb.CubinModule:
         mod = self._modules.get(device.index)
         if mod is None:
-            here = f"sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
-            if here.rstrip("a") != self.arch.rstrip("a"):
+            here = env.current_arch(device)
+            if here != self.arch.rstrip("a"):
                 raise ImplUnavailableError(
                     f"kernel {self.key} was compiled for {self.arch}; this GPU is {here}"
                 )
@@ -147,93 +141,67 @@ def num_splits(rows: int, max_context: int, sm_count: int) -> int:
 
 def compile_variant(layer: LayerSpec, *, dtype, page_size: int = 16, arch: str | None = None, **knobs: int):
     """A kernel built with non-default template knobs, uncached (for benchmarks and tests)."""
-    dtype_name = _dtype_name(dtype)
-    page_size = _check_page_size(page_size)
-    arch = env.resolve_arch(arch)
-    name = kernel_name(layer, dtype_name, page_size) + "".join(f"_{k}{v}" for k, v in sorted(knobs.items()))
-    source = render_source(layer, dtype_name, page_size, **knobs)
-    cubin, _ = nb.compile_cubin(source, arch, name=f"{name}.cu")
-    key = types.SimpleNamespace(key=f"{name}-uncached", name=name)
-    return DecodeKernel(layer, dtype_name, page_size, arch, key, source, cubin)
+    request = KernelRequest.make("decode", layer, dtype=dtype, arch=arch, page_size=page_size)
+    name = kernel_name(layer, request.dtype, page_size) + "".join(
+        f"_{k}{v}" for k, v in sorted(knobs.items())
+    )
+    source = render_source(layer, request.dtype, page_size, **knobs)
+    cubin, _ = nb.compile_cubin(source, request.arch, name=f"{name}.cu")
+    return DecodeKernel(request, f"{name}-uncached", name, Path("."), source, cubin)
 
 
-# Per-process memo: (id(layer), dtype, arch, page_size) -> (layer, kernel). A repeated get is a
-# dict lookup; the id is confirmed with `is`, and equal-but-distinct specs fall back to `_BY_SPEC`.
-_BY_ID: dict[tuple, tuple[LayerSpec, DecodeKernel]] = {}
-_BY_SPEC: dict[tuple, DecodeKernel] = {}
+class CudaDecode(Family):
+    kind = "decode"
+    variant = "cuda"
+    source_file = SOURCE_FILE
+
+    def check(self, request: KernelRequest) -> None:
+        ps = request.page_size
+        if isinstance(ps, bool) or not isinstance(ps, int) or ps not in PAGE_SIZES:
+            raise InputError(
+                f"page_size must be an int in {PAGE_SIZES.start}..{PAGE_SIZES.stop - 1}, got {ps!r}"
+            )
+
+    def name(self, request: KernelRequest) -> str:
+        return kernel_name(request.layer, request.dtype, request.page_size)
+
+    def render(self, request: KernelRequest) -> str:
+        return render_source(request.layer, request.dtype, request.page_size)
+
+    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+        cubin, _log = nb.compile_cubin(source, request.arch, name=f"{self.name(request)}.cu")
+        return {"kernel.cubin": cubin}
+
+    def required(self, request: KernelRequest) -> tuple[str, ...]:
+        return (SOURCE_FILE, "kernel.cubin")
+
+    def load(self, request, files, key: str, path, module_name: str) -> DecodeKernel:
+        try:
+            source = files[SOURCE_FILE].read_text()
+            cubin = files["kernel.cubin"].read_bytes()
+        except (KeyError, OSError) as exc:
+            raise CompileError(f"cache entry {key} is missing a file: {exc}") from None
+        return DecodeKernel(request, key, self.name(request), path, source, cubin)
 
 
-def forget() -> None:
-    """Drop this process's decode kernels (memos and the cache's memory layer); the disk stays."""
-    _BY_ID.clear()
-    _BY_SPEC.clear()
-    cache.forget_memory()
+base.register(CudaDecode())
+forget = base.forget
 
 
 def get_decode_kernel(
     layer: LayerSpec, *, dtype, arch: str | None = None, page_size: int = 16
 ) -> DecodeKernel:
     """The compiled kernel for this layer, dtype, page size and arch (default: this GPU's)."""
-    fast = (id(layer), dtype, arch, page_size)
-    hit = _BY_ID.get(fast)
-    if hit is not None and hit[0] is layer:
-        hit[1].status = "cached"  # a repeat in this process
-        return hit[1]
-    if not isinstance(layer, LayerSpec):
-        raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
-    dtype_name = _dtype_name(dtype)
-    page_size = _check_page_size(page_size)
-    arch = env.resolve_arch(arch)
-    spec_key = (layer, dtype_name, arch, page_size)
-    kernel = _BY_SPEC.get(spec_key)
-    if kernel is None:
-        kernel = _build_or_load(layer, dtype_name, arch, page_size)
-        _BY_SPEC[spec_key] = kernel
-    else:
-        kernel.status = "cached"
-    _BY_ID[fast] = (layer, kernel)
-    return kernel
-
-
-def _build_or_load(layer: LayerSpec, dtype_name: str, arch: str, page_size: int) -> DecodeKernel:
-    name = kernel_name(layer, dtype_name, page_size)
-    key = cache.make_key(
-        name,
-        spec_json=layer.to_json(),
-        template=codegen.template_bytes(TEMPLATE),
-        arch=arch,
-        extra={"kind": "decode", "dtype": dtype_name, "page_size": page_size, "knobs": DEFAULT_KNOBS},
-    )
-
-    def build():
-        source = render_source(layer, dtype_name, page_size)
-        cubin, log = nb.compile_cubin(source, arch, name=f"{name}.cu")
-        meta = {"kind": "decode", "name": name, "arch": arch, "dtype": dtype_name, "page_size": page_size}
-        if log.strip():
-            meta["nvrtc_log"] = log[-2000:]
-        return {"kernel.cu": source.encode(), "kernel.cubin": cubin}, meta
-
-    def load(files):
-        try:
-            source = files["kernel.cu"].read_text()
-            cubin = files["kernel.cubin"].read_bytes()
-        except (KeyError, OSError) as exc:
-            raise CompileError(f"cache entry {name} is missing a file: {exc}") from None
-        return DecodeKernel(layer, dtype_name, page_size, arch, key, source, cubin)
-
-    found = cache.load_or_build(
-        key, build, load, required=("kernel.cu", "kernel.cubin"), label=f"{name} ({arch})"
-    )
-    kernel = found.value
-    kernel.path = str(found.path)
-    kernel.status = "compiled" if found.status == "compiled" else "cached"
-    kernel.seconds = found.seconds
-    return kernel
+    return base.get("decode", layer, dtype=dtype, arch=arch, page_size=page_size)
 
 
 def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
-    """What the kernel needs beyond validate.check_decode_inputs: page size, strides, alignment."""
-    _check_page_size(k_cache.shape[1])
+    """What this kernel needs beyond validate.check_decode_inputs: page size, id and span limits."""
+    ps = k_cache.shape[1]
+    if ps not in PAGE_SIZES:
+        raise InputError(
+            f"page_size must be in {PAGE_SIZES.start}..{PAGE_SIZES.stop - 1}, got k_cache pages of {ps}"
+        )
     if k_cache.shape[0] >= 2**31:
         raise InputError(f"k_cache has {k_cache.shape[0]} pages; page ids must fit in 32 bits")
     span = block_tables.shape[1] * k_cache.shape[1]
@@ -244,31 +212,11 @@ def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
         )
     if not q.is_cuda:
         raise ImplUnavailableError(f"the CUDA decode kernel needs tensors on a GPU, q is on {q.device}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1:
-            raise InputError(
-                f"{name} must be contiguous in its last (head_dim) dim, got strides {t.stride()}"
-            )
-        if any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
-            raise InputError(
-                f"{name} must be 16-byte aligned with strides that are multiples of 8 elements, "
-                f"got strides {t.stride()} and address {t.data_ptr():#x}"
-            )
-    if block_tables.stride(1) != 1:
-        raise InputError(
-            f"block_tables must be contiguous in its last dim, got strides {block_tables.stride()}"
-        )
-    if seq_lens.stride(0) != 1:
-        raise InputError(f"seq_lens must be contiguous, got stride {seq_lens.stride()}")
 
 
-def cuda_paged_decode(
-    q, k_cache, v_cache, block_tables, seq_lens, layer, scale=None, *, check: bool = False, kernel=None
-) -> torch.Tensor:
-    """Validate, fetch the compiled kernel, launch on the current stream. Returns [B, H, D]."""
-    check_decode_inputs(
-        q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check
-    )
+def launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale: float, *, kernel=None):
+    """Inputs already passed validate.check_decode_inputs(kernel=True): this kernel's own limits,
+    fetch the kernel, launch on the current stream. Returns [B, H, D]."""
     check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     if kernel is None:
         kernel = get_decode_kernel(layer, dtype=q.dtype, page_size=k_cache.shape[1])
@@ -277,5 +225,15 @@ def cuda_paged_decode(
             f"kernel {kernel.name} is for {kernel.dtype_name} with page_size {kernel.page_size}; "
             f"got {q.dtype} with page_size {k_cache.shape[1]}"
         )
-    scale = softmax_scale(scale, layer.head_dim)
     return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def cuda_paged_decode(
+    q, k_cache, v_cache, block_tables, seq_lens, layer, scale=None, *, check: bool = False, kernel=None
+) -> torch.Tensor:
+    """Validate, fetch the compiled kernel, launch on the current stream. Returns [B, H, D]."""
+    check_decode_inputs(
+        q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check, kernel=True
+    )
+    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, softmax_scale(scale, layer.head_dim),
+                          kernel=kernel)  # fmt: skip

@@ -12,10 +12,16 @@ import math
 from .. import codegen, dtypes
 from ..errors import InputError
 from ..spec import HeadSpec, LayerSpec
+from .naming import pattern_name
 
 TEMPLATE = "paged_decode.cu.jinja"
-TILE = 64  # tokens per split unit (CHUNK in the template)
+SOURCE_FILE = "kernel.cu"
+KERNEL = "sparsegen_paged_decode"  # the kernels' extern "C" names, rendered into the template
+REDUCE = "sparsegen_paged_decode_reduce"
+TILE = 64  # tokens per split unit (CHUNK in the template, rendered from here)
+MAX_SPLITS = 256  # most splits of one sequence (the reduce kernel's bound, rendered from here)
 MAX_HEADS_PER_BLOCK = 8
+PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # Template knobs (ints): PIPE issues the next warp tile's K/V loads before this tile's math;
 # MIN_BLOCKS is __launch_bounds__'s blocks-per-SM hint (a register cap); Q_SMEM keeps q's mma
 # fragments in shared memory instead of 32 registers. The default (no pipelining, q in registers,
@@ -105,6 +111,10 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "class_splits": [list(split_weights(cls)) for cls in classes],
         "far_scale": FAR_SCALE,
         "group_class": group_class,
+        "tile": TILE,
+        "max_splits": MAX_SPLITS,
+        "kernel_fn": KERNEL,
+        "reduce_fn": REDUCE,
     }
 
 
@@ -113,20 +123,6 @@ def render_source(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: in
 
 
 def kernel_name(layer: LayerSpec, dtype_name: str, page_size: int) -> str:
-    """Readable half of the key: decode_bf16_hd128_ps16_g4_bs64_l16_v8 (+ _hybrid, _w...)."""
-    parts = [f"decode_{dtype_name}_hd{layer.head_dim}_ps{page_size}_g{layer.group_size}"]
-    sparse = [h for h in layer.heads if not h.dense]
-    if not sparse:
-        parts.append("dense")
-    else:
-        h = sparse[0]
-        parts.append(f"bs{h.block_size}")
-        if h.local_blocks:
-            parts.append(f"l{h.local_blocks}")
-        if h.vert_stride:
-            parts.append(f"v{h.vert_stride}")
-        if h.sliding_window:
-            parts.append(f"w{h.sliding_window}")
-    if len(layer.kinds) > 1:
-        parts.append("hybrid")
-    return "_".join(parts)
+    """Readable half of the key: decode_bf16_hd128_ps16_g4_bs64_l16_v8; every head group of a
+    hybrid layer is spelled (naming.pattern_name)."""
+    return f"decode_{dtype_name}_hd{layer.head_dim}_ps{page_size}_g{layer.group_size}_{pattern_name(layer)}"

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import ops
+from ..errors import InputError
 from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
@@ -134,7 +135,7 @@ class Attention(nn.Module):
                 write_kv(write[0], write[1], batch.slot_mapping, k, v)
         if batch.is_decode:
             if kv_cache is None:
-                raise ValueError("a decode step needs a KV cache")
+                raise InputError("a decode step needs a KV cache")
             out = ops.paged_decode(
                 q,
                 kv_cache[0],
@@ -161,6 +162,8 @@ class Attention(nn.Module):
                 scale=self.scale,
                 impl=self.prefill_impl,
                 check=False,  # the engine built cu_seqlens itself: skip the host read (no sync)
+                max_seqlen_q=batch.max_seqlen_q,  # known on the host: the kernel's grid needs no sync
+                max_seqlen_k=batch.max_seqlen_k,
             )
         return self.dense(out.reshape(t, h * d))
 

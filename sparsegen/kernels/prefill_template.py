@@ -1,0 +1,151 @@
+"""What the Triton prefill template receives for a layer spec, and the rendered module.
+
+Mirrors `decode_template.py`. `template_constants(layer, config)` turns a `LayerSpec` into the
+typed constants of `templates/prefill_triton.py.jinja`; `render_source` renders them.
+
+Heads of one *kind* (which parts are on: dense, local, vert, window) and one block size share
+one code path (`_path_<id>` in the module), so the compiled code grows with the number of kinds,
+not with the number of distinct heads. Inside a path each per-head number (local blocks,
+vertical stride and offset, window) is either a literal, when every head of the path agrees
+(a uniform layer such as phi3small stays fully constant-folded), or a scalar selected once per
+program from `h` by a short chain of `tl.where` over head ranges: no table in memory.
+
+Naming vocabulary, shared with the decode template: the spec's field names (`block_size`,
+`local_blocks`, `vert_stride`, `vert_offset`, `sliding_window`), `head_dim` / `head_dim_pow2`,
+`block_m` / `block_n` for tile sizes; `group_size` for query heads per KV head.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import codegen
+from ..env import parse_arch
+from ..spec import LayerSpec
+from .naming import path_key, pattern_name
+
+TEMPLATE = "prefill_triton.py.jinja"
+KERNEL_FN = "prefill_kernel"
+SOURCE_FILE = "kernel.py"
+INTERPRETER_ARCH = "interpreter"  # the pseudo-arch of kernels run in Triton's interpreter
+
+# Kernel arguments in order (see the template's prefill_kernel); strides are in elements.
+STRIDES = (
+    "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh",
+)  # fmt: skip
+ARG_NAMES = ("Q", "K", "V", "O", "cu_seqlens_q", "cu_seqlens_k", "qk_scale", *STRIDES, "n_tiles")
+# Arguments compiled as divisible by 16 (pointers: 16-byte aligned; strides: multiples of 16
+# elements); `validate.check_alignment` enforces exactly this before every launch.
+ALIGNED_ARGS = ("Q", "K", "V", "O", *STRIDES)
+PER_HEAD = ("local_blocks", "vert_stride", "sliding_window")  # per-head numbers besides vert_offset
+
+
+def pick_config(dtype: str, head_dim: int, arch: str) -> dict[str, int]:
+    """Tile sizes and launch shape, chosen by rule (never autotuned, so the key pins them)."""
+    if arch == INTERPRETER_ARCH:  # small tiles keep the interpreter quick
+        return {"block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 1}
+    cc = parse_arch(arch)
+    if cc >= 90 or cc == 80:
+        return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3 if cc >= 90 else 2}
+    return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}  # sm_86/89: ~100 KB smem
+
+
+def signature(dtype: str) -> dict[str, str]:
+    """Triton's argument types of prefill_kernel for `dtype` ('fp16' / 'bf16' / 'fp32')."""
+    from ..dtypes import resolve
+
+    ptr = resolve(dtype).triton_pointer
+    types = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
+    types["qk_scale"] = "fp32"
+    types.update({s: "i32" for s in STRIDES})
+    types["n_tiles"] = "i32"
+    return types
+
+
+def _ranges(heads: list[int]) -> list[list[int]]:
+    """[0, 1, 2, 5] -> [[0, 3], [5, 6]]: half-open runs of consecutive head numbers."""
+    out: list[list[int]] = []
+    for h in heads:
+        if out and out[-1][1] == h:
+            out[-1][1] = h + 1
+        else:
+            out.append([h, h + 1])
+    return out
+
+
+def _affine_offsets(heads: list[int], offsets: list[int], stride: int) -> tuple[int, int] | None:
+    """(a, c) with offset(h) == (a*h + c) % stride for every head, if such a rule exists."""
+    if stride > 64:
+        return None
+    for a in range(stride):
+        for c in range(stride):
+            if all((a * h + c) % stride == o for h, o in zip(heads, offsets)):
+                return a, c
+    return None
+
+
+def _per_head(heads: list[int], values: list[int]) -> dict[str, Any]:
+    """A per-head number of one path: `uniform` with its `value`, or a `default` (the most common
+    value) plus `cases`: [value, head ranges] for the other values."""
+    by_value: dict[int, list[int]] = {}
+    for h, v in zip(heads, values):
+        by_value.setdefault(v, []).append(h)
+    default = max(by_value, key=lambda v: len(by_value[v]))
+    cases = [[v, _ranges(hs)] for v, hs in by_value.items() if v != default]
+    return {"uniform": not cases, "value": default, "default": default, "cases": cases}
+
+
+def _path(pid: int, layer: LayerSpec, heads: list[int], block_n: int) -> dict[str, Any]:
+    spec = layer.heads[heads[0]]
+    specs = [layer.heads[h] for h in heads]
+    path: dict[str, Any] = {
+        "id": pid,
+        "kind": spec.kind,
+        "dense": spec.dense,
+        "has_local": bool(spec.local_blocks) and not spec.dense,
+        "has_vert": bool(spec.vert_stride) and not spec.dense,
+        "has_window": bool(spec.sliding_window) and not spec.dense,
+        "block_size": spec.block_size,
+        "vert_block_n": min(spec.block_size, block_n),  # keys per step over a vertical block
+        "ranges": _ranges(heads),
+    }
+    for name in PER_HEAD:
+        path[name] = _per_head(heads, [0 if s.dense else getattr(s, name) for s in specs])
+    offsets = [s.vert_offset for s in specs]
+    stride = path["vert_stride"]
+    path["vert_offset"] = _per_head(heads, offsets)
+    affine = None  # offsets that follow (a*h + c) % stride take one multiply-add, not a select chain
+    if path["has_vert"] and stride["uniform"] and not path["vert_offset"]["uniform"]:
+        affine = _affine_offsets(heads, offsets, stride["value"])
+    path["vert_offset_affine"] = [affine[0], affine[1]] if affine else []
+    return path
+
+
+def template_constants(layer: LayerSpec, config: dict[str, int]) -> dict[str, Any]:
+    """Everything the template receives: shapes, tile sizes and one dict per path."""
+    groups: dict[tuple, list[int]] = {}
+    for h, head in enumerate(layer.heads):
+        groups.setdefault(path_key(head), []).append(h)
+    paths = [_path(pid, layer, heads, config["block_n"]) for pid, heads in enumerate(groups.values())]
+    head_dim_pow2 = 1 << (layer.head_dim - 1).bit_length()
+    return {
+        "num_heads": layer.num_heads,
+        "num_kv_heads": layer.num_kv_heads,
+        "head_dim": layer.head_dim,
+        "head_dim_pow2": head_dim_pow2,
+        "group_size": layer.group_size,
+        "block_m": config["block_m"],
+        "block_n": config["block_n"],
+        "paths": paths,
+    }
+
+
+def render_source(layer: LayerSpec, config: dict[str, int]) -> str:
+    return codegen.render(TEMPLATE, **template_constants(layer, config))
+
+
+def kernel_name(layer: LayerSpec, dtype: str, variant: str = "tl") -> str:
+    """Readable half of the key, e.g. prefill_bf16_hd128_h32kv8_bs64_l16_v8 (the default "tl"
+    variant is not spelled; another one is: prefill_gluon_bf16_...)."""
+    kind = "prefill" if variant == "tl" else f"prefill_{variant}"
+    return f"{kind}_{dtype}_hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}_{pattern_name(layer)}"
