@@ -62,7 +62,7 @@ def correctness(n_specs: int) -> list[dict]:
     for sid, layer in enumerate(check_specs(n_specs)):
         rng = random.Random(sid)
         for dtype in (torch.bfloat16, torch.float16):
-            t = get_prefill_kernel(layer, dtype=dtype)
+            t = get_prefill_kernel(layer, dtype=dtype, variant="tl")
             for case in range(8):
                 g = get_gluon_prefill_kernel(layer, dtype=dtype, **CHECK_VARIANTS[case % len(CHECK_VARIANTS)])
                 batch = rng.randint(1, 3)
@@ -119,7 +119,7 @@ def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
     layer = CASES[case]()
     q, k, v, cu = inputs(layer, seq_len)
     g = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)
-    t = get_prefill_kernel(layer, dtype=torch.bfloat16)
+    t = get_prefill_kernel(layer, dtype=torch.bfloat16, variant="tl")
     out_g, out_t = g(q, k, v, cu, cu), t(q, k, v, cu, cu)
     row = {"case": case, "seq_len": seq_len, "rel_err_gluon_vs_tl": rel_err(out_g, out_t)}
     row["gluon_ms"] = median_ms(lambda: g(q, k, v, cu, cu, check=False))

@@ -51,6 +51,8 @@ FLAGS: dict[str, Flag] = {
         Flag("SPARSEGEN_LOG_LEVEL", "level", "INFO",
              f"level of the 'sparsegen' logger ({', '.join(LOG_LEVELS)})"),
         Flag("SPARSEGEN_QUIET", "bool", "0", "only errors on stderr: no 'compiling ...' lines, no progress bars"),
+        Flag("SPARSEGEN_PREFILL_TL", "bool", "0",
+             "prefill on sm_90 uses the tl Triton kernel instead of the Gluon (FA3-style) one"),
     )
 }  # fmt: skip
 

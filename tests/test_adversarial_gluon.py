@@ -11,6 +11,7 @@ from sparsegen.errors import CompileError, ImplUnavailableError, InputError
 from sparsegen.kernels import gluon_api
 from sparsegen.kernels import prefill_gluon_template as tpl
 from sparsegen.kernels.prefill_gluon import get_gluon_prefill_kernel
+from sparsegen.ops import get_kernel
 
 pytestmark = pytest.mark.skipif(
     gluon_api.available() is not None, reason=f"no Gluon: {gluon_api.available()}"
@@ -22,29 +23,41 @@ def test_not_a_layer():
         get_gluon_prefill_kernel({"num_heads": 32}, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8, "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8, "bf17", None])
 def test_bad_dtype(dtype):
     layer = sparsegen.get_pattern("phi3small").layers[0]
     with pytest.raises(InputError, match="dtype"):
         get_gluon_prefill_kernel(layer, dtype=dtype)
 
 
-def test_uncovered_layer_says_why():
+def test_uncovered_layer_says_why(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the tl fallback compiles for sm_90 here
     layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(HeadSpec(local_blocks=2),) * 2)
     with pytest.raises(ImplUnavailableError, match="head_dim 96"):
-        get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)
+        get_kernel(layer, "prefill", dtype=torch.bfloat16, arch="sm_90", variant="gluon")
+    tl = get_kernel(layer, "prefill", dtype=torch.bfloat16, arch="sm_90")  # the default falls back
+    assert tl.request.variant == "tl"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_100"])
+def test_gluon_variant_is_sm90_only(arch):
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    with pytest.raises(ImplUnavailableError, match="sm_90"):
+        get_kernel(layer, "prefill", dtype=torch.bfloat16, arch=arch, variant="gluon")
 
 
 def test_aot_kernel_refuses_to_run_without_an_sm90_gpu():
     if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("this machine can run the kernel")
     layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(local_blocks=2),) * 2)
-    kernel = get_gluon_prefill_kernel(layer, dtype=torch.float16)
+    kernel = get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90", variant="gluon")
     q = torch.zeros(5, 2, 64, dtype=torch.float16)
     k = torch.zeros(5, 1, 64, dtype=torch.float16)
     cu = torch.tensor([0, 5], dtype=torch.int32)
-    with pytest.raises(ImplUnavailableError, match="sm_90"):
+    with pytest.raises((InputError, ImplUnavailableError), match="CUDA|sm_90"):
         kernel(q, k, k, cu, cu, check=False)
+    with pytest.raises(ImplUnavailableError, match="sm_90"):  # the launch itself refuses too
+        kernel.launch(q, k, k, cu, cu, 0.125)
     with pytest.raises(InputError):  # shapes are checked before the device question
         kernel(q[:, :1], k, k, cu, cu)
 

@@ -42,7 +42,7 @@ def test_key_changes_with_template_spec_and_versions(monkeypatch):
 
 
 def test_prefill_key_pins_template_and_config():
-    kernel = prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90")
+    kernel = prefill_mod.get_prefill_kernel(SMALL, dtype=torch.float16, arch="sm_90", variant="tl")
     assert kernel.key.startswith("prefill_fp16_hd64_h2kv1_bs16_l2-")
     meta = json.loads((kernel.path / "manifest.json").read_text())["meta"]
     assert meta["config"] == prefill_template.pick_config("fp16", 64, "sm_90")

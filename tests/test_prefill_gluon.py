@@ -130,11 +130,13 @@ def test_rendered_offsets_match_the_spec():
 
 def test_aot_build_for_sm90_has_async_wgmma_and_setmaxnreg():
     """Built ahead of time on a CPU machine through GluonASTSource; the PTX is kept in the entry."""
-    from sparsegen.kernels.prefill_gluon import get_gluon_prefill_kernel
+    from sparsegen.kernels.prefill_gluon import GluonPrefillKernel
 
     layer = sparsegen.get_pattern("phi3small").layers[0]
-    kernel = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)
-    assert kernel.status in ("compiled", "cached") and kernel.arch == "sm_90"
+    found = sparsegen.lookup_kernel(layer, "prefill", dtype=torch.bfloat16, arch="sm_90")
+    kernel = found.kernel
+    assert isinstance(kernel, GluonPrefillKernel) and found.status in ("compiled", "cached")
+    assert kernel.arch == "sm_90" and kernel.request.variant == "gluon"
     assert (kernel.path / "prefill_kernel.cubin").stat().st_size > 0
     ptx = kernel.ptx
     assert "wgmma.mma_async" in ptx
@@ -143,8 +145,31 @@ def test_aot_build_for_sm90_has_async_wgmma_and_setmaxnreg():
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), "consumers get no extra registers"
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24", ptx), "the producer keeps its registers"
     assert "cp.async.bulk.tensor" in ptx, "K/V are not loaded by TMA"
-    assert "prefill_kernel" in kernel.source and kernel.name.startswith("prefill_gluon_bf16_hd128")
-    assert get_gluon_prefill_kernel(layer, dtype=torch.bfloat16) is kernel  # memo
+    assert "prefill_kernel" in kernel.source and kernel.name == "prefill_gluon_bf16_hd128_h32kv8_bs64_l16_v8"
+    assert sparsegen.get_kernel(layer, "prefill", dtype=torch.bfloat16, arch="sm_90") is kernel  # memo
+
+
+def test_default_variant_is_gluon_on_sm90_when_it_covers(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the tl kernels below compile for sm_90
+    from sparsegen.kernels.base import default_variant
+
+    phi = sparsegen.get_pattern("phi3small")
+    h96 = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(HeadSpec(local_blocks=2),) * 2)
+    assert default_variant("prefill", "sm_90", phi.layers[0], "bf16") == "gluon"
+    assert default_variant("prefill", "sm_90", phi.layers[1], "fp16") == "gluon"
+    assert default_variant("prefill", "sm_80", phi.layers[0], "bf16") == "tl"
+    assert default_variant("prefill", "sm_90", h96, "bf16") == "tl"  # not covered: the tl kernel
+    assert default_variant("decode", "sm_90", phi.layers[0], "bf16") == "cuda"
+    monkeypatch.setenv("SPARSEGEN_PREFILL_TL", "1")
+    assert default_variant("prefill", "sm_90", phi.layers[0], "bf16") == "tl"
+    layer = phi.layers[0]
+    assert sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90").request.variant == "tl"
+    monkeypatch.setenv("SPARSEGEN_PREFILL_TL", "0")  # the raw value is in the fast memo's key
+    assert (
+        sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90").request.variant == "gluon"
+    )
+    tl = sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90", variant="tl")
+    assert tl.request.variant == "tl" and not tl.name.startswith("prefill_gluon")
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "fused_qkv", "single_kv_head", "unaligned_token_stride"])

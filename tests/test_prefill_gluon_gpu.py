@@ -40,6 +40,28 @@ def _specs() -> list:
 SPECS = _specs()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _precompiled():
+    """Build the rule's Gluon kernels (the default variant on sm_90) and the tl twins of every spec
+    in parallel processes, so the tests load them from disk."""
+    from sparsegen.kernels.prefill import precompile
+
+    precompile(SPECS, (torch.bfloat16, torch.float16), arch="sm_90")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARSEGEN_PREFILL_TL", "1")
+        precompile(SPECS, (torch.bfloat16, torch.float16), arch="sm_90")
+
+
+def test_impl_triton_picks_gluon_on_sm90():
+    from sparsegen.kernels.prefill_gluon import GluonPrefillKernel
+
+    layer = SPECS[0]
+    assert isinstance(sparsegen.get_kernel(layer, "prefill", dtype=torch.bfloat16), GluonPrefillKernel)
+    p = PrefillProblem(layer, [999, 2000], [1500, 2000], seed=2, dtype=torch.bfloat16, device="cuda")
+    out = sparsegen.prefill(*p.args(), impl="triton")
+    assert rel_err(out, _reference(p)) < 2e-2
+
+
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setenv("SPARSEGEN_POISON_OUTPUT", "1")
@@ -54,7 +76,7 @@ CONFIGS = (
     {"pingpong": True},
     {"pingpong": True, "persistent": True, "programs": 5},
 )
-TL = {}  # get_prefill_kernel's arguments for the tl twin (the lifecycle adds variant="tl")
+TL = {"variant": "tl"}  # the tl twin (without a variant, sm_90 gets the Gluon kernel)
 
 
 def _gluon(layer, dtype, **overrides):

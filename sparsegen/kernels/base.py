@@ -32,6 +32,7 @@ It then works through `sparsegen.get_kernel(layer, "prefill", dtype=..., variant
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +47,23 @@ INTERPRETER_ARCH = "interpreter"  # pseudo-arch of kernels that run in Triton's 
 KINDS = ("prefill", "decode")
 FAMILY_MODULES: dict[tuple[str, str], str] = {
     ("prefill", "tl"): "sparsegen.kernels.prefill",
+    ("prefill", "gluon"): "sparsegen.kernels.prefill_gluon",
     ("decode", "cuda"): "sparsegen.kernels.decode",
 }
 DEFAULT_PAGE_SIZE = 16
 
 
-def default_variant(kind: str, arch: str) -> str:
-    """The variant used when the caller names none."""
-    return "tl" if kind == "prefill" else "cuda"
+def default_variant(kind: str, arch: str, layer: LayerSpec | None = None, dtype: str | None = None) -> str:
+    """The variant used when the caller names none: for prefill on sm_90, the Gluon kernel
+    whenever it covers the layer and dtype (SPARSEGEN_PREFILL_TL=1 keeps the tl kernel), else tl."""
+    if kind != "prefill":
+        return "cuda"
+    if arch == "sm_90" and layer is not None and not env.flag("SPARSEGEN_PREFILL_TL"):
+        from . import gluon_api, prefill_gluon_template
+
+        if gluon_api.available() is None and prefill_gluon_template.covers(layer, dtype) is None:
+            return "gluon"
+    return "tl"
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,7 @@ class KernelRequest:
             raise InputError(f"page_size is a decode option; prefill kernels take none (got {page_size!r})")
         else:
             page_size = 0
-        variant = default_variant(kind, arch) if variant is None else variant
+        variant = default_variant(kind, arch, layer, name) if variant is None else variant
         if not isinstance(variant, str) or (kind, variant) not in FAMILY_MODULES:
             known = sorted(v for k, v in FAMILY_MODULES if k == kind)
             raise InputError(f"variant must be one of {known} for {kind} kernels, got {variant!r}")
@@ -238,7 +248,9 @@ def lookup(request: KernelRequest) -> Lookup:
 def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, with_status: bool = False):
     """`sparsegen.get_kernel`: the memoised getter. A repeat with the same layer object is one
     dict lookup on raw arguments (identity-checked); anything else builds a checked request."""
-    fast = (id(layer), kind, dtype, arch, page_size, variant, arch is None and env.interpreting())
+    # The raw SPARSEGEN_PREFILL_TL value is part of the key: default_variant reads it.
+    fast = (id(layer), kind, dtype, arch, page_size, variant, arch is None and env.interpreting(),
+            os.environ.get("SPARSEGEN_PREFILL_TL"))  # fmt: skip
     try:
         hit = _BY_ID.get(fast)
     except TypeError:  # an unhashable argument (a list...): KernelRequest.make names it

@@ -1,12 +1,14 @@
-"""The Hopper (sm_90) prefill kernel in Gluon: build, load and launch.
+"""The Hopper (sm_90) prefill kernel in Gluon: variant "gluon" of the prefill family.
 
-    kernel = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)   # AOT-compiled once, then cached
-    out = kernel(q, k, v, cu_seqlens_q, cu_seqlens_k)                 # q: [Tq, H, D] -> [Tq, H, D]
+    kernel = sparsegen.get_kernel(layer, "prefill", dtype=torch.bfloat16)   # on an H100/H200
+    out = kernel(q, k, v, cu_seqlens_q, cu_seqlens_k)                        # q: [Tq, H, D]
 
-The module is rendered from `templates/prefill_gluon.py.jinja` (constants from
-`prefill_gluon_template.plan`) and compiled ahead of time through Gluon's AST source for
-sm_90; no GPU is needed to build it, only to run it. K and V reach the kernel as TMA
-descriptors over their [Tk, Hkv * D] view, made per call on the host.
+`impl="triton"` (and `get_kernel` with no `variant`) takes this kernel for sm_90 whenever
+`prefill_gluon_template.covers` accepts the layer and dtype, unless SPARSEGEN_PREFILL_TL=1 or
+`variant="tl"` asks for the tl kernel (`base.default_variant`). The module is rendered from
+`templates/prefill_gluon.py.jinja` (constants from `prefill_gluon_template.plan`) and compiled
+ahead of time through Gluon's AST source for sm_90: no GPU is needed to build it, only to run
+it. K and V reach the kernel as TMA descriptors over a 2-D view, made per call on the host.
 """
 
 from __future__ import annotations
@@ -16,34 +18,31 @@ import hashlib
 import json
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from ..codegen import template_bytes
-from ..errors import CompileError, ImplUnavailableError, InputError
-from ..jit import cache
+from .. import env
+from ..errors import CompileError, ImplUnavailableError
 from ..spec import LayerSpec
-from ..validate import check_prefill_inputs, softmax_scale
-from . import gluon_api
+from . import base, gluon_api
 from . import prefill_gluon_template as tpl
+from .base import Family, KernelRequest
+from .naming import pattern_name
+from .prefill import PrefillKernel
 
 ARCH = "sm_90"
 LOG2E = 1.4426950408889634
 KERNEL_FN = "prefill_kernel"
 SOURCE_FILE = "kernel.py"
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 POINTERS = {"fp16": "*fp16", "bf16": "*bf16"}
 ARG_NAMES = (
     "Q", "O", "k_desc", "v_desc", "cu_seqlens_q", "cu_seqlens_k", "qk_scale",
     "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kh", "stride_vh", "bh_count", "n_q_tiles",
 )  # fmt: skip
 ALIGNED_ARGS = ("Q", "O", "stride_qt", "stride_qh", "stride_ot", "stride_oh")
-
-_MEMO: dict[tuple, GluonPrefillKernel] = {}
 
 
 def _kv_block(layer: LayerSpec, cfg: dict[str, Any]) -> list[int]:
@@ -59,22 +58,6 @@ def signature(layer: LayerSpec, dtype: str, cfg: dict[str, Any]) -> dict[str, st
         {s: "i32" for s in ARG_NAMES[7:]}  # strides (elements) and the work-item counts
     )
     return types
-
-
-def kernel_name(layer: LayerSpec, dtype: str) -> str:
-    """Readable half of the key, e.g. prefill_gluon_bf16_hd128_h32kv8_bs64_l16_v8."""
-    base = f"prefill_gluon_{dtype}_hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}"
-    distinct = {(h.kind, h.block_size, h.local_blocks, h.vert_stride, h.sliding_window) for h in layer.heads}
-    if len(distinct) > 1:
-        return f"{base}_hybrid{len(distinct)}"
-    head = layer.heads[0]
-    if head.dense:
-        return f"{base}_dense"
-    parts = [f"bs{head.block_size}"]
-    parts += [f"l{head.local_blocks}"] if head.local_blocks else []
-    parts += [f"v{head.vert_stride}"] if head.vert_stride else []
-    parts += [f"w{head.sliding_window}"] if head.sliding_window else []
-    return "_".join([base, *parts])
 
 
 def _import(path: Path, name: str):
@@ -134,67 +117,34 @@ def _load_compiled(files: dict[str, Path], layer: LayerSpec, dtype: str, cfg: di
     return CompiledKernel(src, group, kernel_hash)
 
 
-def _current_arch() -> str | None:
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}"
-    return None
-
-
-@dataclass
-class GluonPrefillKernel:
-    """The sm_90 Gluon prefill kernel for one layer spec and dtype; call it like `prefill`."""
-
-    layer: LayerSpec
-    dtype: torch.dtype
-    name: str
-    key: str
-    path: Path
-    status: str
-    seconds: float
-    config: dict[str, Any]
-    arch: str = ARCH
-    _entry: Any = field(repr=False, default=None)  # CompiledKernel on an sm_90 GPU, else the files
-
-    @property
-    def source(self) -> str:
-        return (self.path / SOURCE_FILE).read_text()
+class GluonPrefillKernel(PrefillKernel):
+    """The sm_90 Gluon prefill kernel for one request; call it like `sparsegen.prefill` (the checks
+    are PrefillKernel's: validate.check_prefill_inputs, then dtype, device and arch)."""
 
     @property
     def ptx(self) -> str:
-        return next(p for p in self.path.iterdir() if p.name.endswith(".ptx")).read_text()
+        return (self.path / f"{KERNEL_FN}.ptx").read_text()
 
-    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, layer=None, scale=None, *, check=True):
-        """q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]. check=False skips the host read of
-        cu_seqlens (no device sync)."""
-        if layer is not None and layer is not self.layer and layer != self.layer:
-            raise InputError("layer differs from the spec this kernel was compiled for")
-        if check:
-            check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, self.layer, allow_cpu=False)
+    def launch(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None) -> torch.Tensor:
+        """Launch on the current stream; inputs already validated."""
         if isinstance(self._entry, dict):
             raise ImplUnavailableError(
                 f"kernel {self.key} was compiled ahead of time for {ARCH}; it runs only on an sm_90 GPU"
             )
-        if q.dtype != self.dtype or k.dtype != self.dtype or v.dtype != self.dtype:
-            raise InputError(f"q, k, v must be {self.dtype}, got {q.dtype}, {k.dtype}, {v.dtype}")
-        if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
-            raise InputError(f"q must be on an sm_90 GPU for the Gluon kernel, got {q.device}")
-        scale = softmax_scale(scale, self.layer.head_dim)
         q = _aligned(q)  # q: [Tq, H, D]
         out = torch.empty_like(q)  # [Tq, H, D]
-        if _poisoning():
+        if env.flag("SPARSEGEN_POISON_OUTPUT"):  # NaN-filled outputs show unwritten rows
             out.fill_(float("nan"))
-        tk = k.shape[0]
+        # Tk (or max_seqlen_k) bounds every sequence's k_len: no device sync.
+        tk = k.shape[0] if max_seqlen_k is None else min(int(max_seqlen_k), k.shape[0])
         if q.shape[0] == 0 or tk == 0:
             return out
         d, hkv = self.layer.head_dim, self.layer.num_kv_heads
-        dname = DTYPE_NAMES[self.dtype]
         block = _kv_block(self.layer, self.config)
-        layout = gluon_api.shared_layout(block, dname)
+        layout = gluon_api.shared_layout(block, self.request.dtype)
         (k_rows, stride_kh), (v_rows, stride_vh) = _rows(k, hkv, d), _rows(v, hkv, d)
         k_desc = gluon_api.descriptor(k_rows, block, layout)
         v_desc = gluon_api.descriptor(v_rows, block, layout)
-        # Tk bounds every sequence's k_len: no device sync; items past a sequence's end exit at once.
         n_q_tiles = -(-tk // self.config["block_m"])
         bh_count = (cu_seqlens_q.shape[0] - 1) * self.layer.num_heads
         n_items = bh_count * n_q_tiles
@@ -213,18 +163,6 @@ class GluonPrefillKernel:
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _poisoning() -> bool:
-    import os
-
-    return os.environ.get("SPARSEGEN_POISON_OUTPUT", "0").strip().lower() not in (
-        "",
-        "0",
-        "false",
-        "no",
-        "off",
-    )
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -250,65 +188,84 @@ def _rows(t: torch.Tensor, hkv: int, d: int) -> tuple[torch.Tensor, int]:
     return t.as_strided((t.shape[0], (hkv - 1) * s_h + d), (s_t, 1)), s_h
 
 
-def _key(layer: LayerSpec, dname: str, source: str, cfg: dict[str, Any]) -> cache.KernelKey:
-    api = Path(gluon_api.__file__).read_bytes()
-    return cache.make_key(
-        kernel_name(layer, dname),
-        spec_json=layer.to_json(),
-        template=template_bytes(tpl.TEMPLATE),
-        arch=ARCH,
-        extra={
-            "kind": "prefill",
-            "variant": "gluon",
-            "dtype": dname,
-            "config": cfg,
-            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
-            "gluon_api_sha256": hashlib.sha256(api).hexdigest(),
-        },
-    )
+class GluonPrefill(Family):
+    kind = "prefill"
+    variant = "gluon"
+    source_file = SOURCE_FILE
+
+    def check(self, request: KernelRequest) -> None:
+        if request.arch != ARCH:
+            raise ImplUnavailableError(
+                f"the Gluon prefill kernel is built for {ARCH} only, not {request.arch}"
+            )
+        missing = gluon_api.available()
+        if missing:
+            raise ImplUnavailableError(f"the installed Triton has no usable Gluon: {missing}")
+        why = tpl.covers(request.layer, request.dtype)
+        if why:
+            raise ImplUnavailableError(f"the Gluon prefill kernel does not cover this layer: {why}")
+
+    def config(self, request: KernelRequest) -> dict[str, Any]:
+        return tpl.config(request.layer)
+
+    def name(self, request: KernelRequest) -> str:
+        layer = request.layer
+        shapes = f"hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}"
+        return f"prefill_gluon_{request.dtype}_{shapes}_{pattern_name(layer)}"
+
+    def render(self, request: KernelRequest) -> str:
+        return tpl.render_source(request.layer, request.dtype, self.config(request))
+
+    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+        return aot_compile(source, request.layer, request.dtype, self.config(request), module_name)
+
+    def required(self, request: KernelRequest) -> tuple[str, ...]:
+        return (SOURCE_FILE, f"{KERNEL_FN}.cubin", f"{KERNEL_FN}.json", f"{KERNEL_FN}.ptx")
+
+    def load(
+        self, request, files: dict[str, Path], key: str, path: Path, module_name: str
+    ) -> GluonPrefillKernel:
+        source = files[SOURCE_FILE].read_text()
+        cfg = self.config(request)
+        if env.current_arch() != ARCH:
+            entry = dict(files)  # compiled ahead of time: the files only
+        else:
+            entry = _load_compiled(files, request.layer, request.dtype, cfg)
+        return GluonPrefillKernel(request, key, self.name(request), path, source, cfg, entry)
+
+
+base.register(GluonPrefill())
+
+
+def compile_variant(layer: LayerSpec, *, dtype, **overrides) -> GluonPrefillKernel:
+    """A kernel built with non-default config knobs (tile, stages, persistence), uncached: for
+    benchmarks and tests. Its files stay in a temporary folder for the life of the process."""
+    request = KernelRequest.make("prefill", layer, dtype=dtype, arch=ARCH, variant="gluon")
+    cfg = tpl.config(layer, **overrides)
+    source = tpl.render_source(layer, request.dtype, cfg)
+    digest = hashlib.sha256(source.encode() + json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+    files = {
+        SOURCE_FILE: source.encode(),
+        **aot_compile(source, layer, request.dtype, cfg, f"sg_gv_{digest}"),
+    }
+    folder = Path(tempfile.mkdtemp(prefix="sparsegen-gluon-variant-"))
+    for fname, data in files.items():
+        (folder / fname).write_bytes(data)
+    paths = {fname: folder / fname for fname in files}
+    entry = _load_compiled(paths, layer, request.dtype, cfg) if env.current_arch() == ARCH else paths
+    name = GluonPrefill().name(request) + "".join(f"_{k}{int(v)}" for k, v in sorted(overrides.items()))
+    return GluonPrefillKernel(request, f"{name}-{digest}-uncached", name, folder, source, cfg, entry)
 
 
 def get_gluon_prefill_kernel(layer: LayerSpec, *, dtype, **overrides) -> GluonPrefillKernel:
-    """The sm_90 Gluon kernel for `layer` (compiled on first use, then from the cache).
+    """The Gluon kernel for `layer` through the lifecycle (cached); with config overrides, an
+    uncached `compile_variant`."""
+    if not overrides:
+        return base.get("prefill", layer, dtype=dtype, arch=ARCH, variant="gluon")
+    memo = (layer, dtype, tuple(sorted(overrides.items())))
+    if memo not in _VARIANTS:
+        _VARIANTS[memo] = compile_variant(layer, dtype=dtype, **overrides)
+    return _VARIANTS[memo]
 
-    Raises ImplUnavailableError when the installed Triton lacks Gluon or the kernel does not
-    cover the spec (`prefill_gluon_template.covers`)."""
-    if not isinstance(layer, LayerSpec):
-        raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
-    memo_key = (layer, dtype, tuple(sorted(overrides.items())))
-    hit = _MEMO.get(memo_key)
-    if hit is not None:
-        return hit
-    dname = DTYPE_NAMES.get(dtype)
-    if dname is None:
-        raise InputError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
-    missing = gluon_api.available()
-    if missing:
-        raise ImplUnavailableError(f"the installed Triton has no usable Gluon: {missing}")
-    why = tpl.covers(layer, dname)
-    if why:
-        raise ImplUnavailableError(f"the Gluon prefill kernel does not cover this layer: {why}")
-    cfg = tpl.config(layer, **overrides)
-    source = tpl.render_source(layer, dname, cfg)
-    key = _key(layer, dname, source, cfg)
-    module_name = f"sparsegen_gluon_{key.digest[:24]}"
 
-    def build():
-        files = {SOURCE_FILE: source.encode()}
-        files.update(aot_compile(source, layer, dname, cfg, module_name))
-        meta = {"kind": "prefill", "variant": "gluon", "name": key.name, "arch": ARCH, "dtype": dname}
-        return files, meta
-
-    def load(files: dict[str, Path]):
-        if _current_arch() != ARCH:
-            return dict(files)  # built ahead of time: the files only
-        return _load_compiled(files, layer, dname, cfg)
-
-    required = (SOURCE_FILE, f"{KERNEL_FN}.cubin", f"{KERNEL_FN}.json", f"{KERNEL_FN}.ptx")
-    found = cache.load_or_build(key, build, load, required=required, label=f"{key.name} for {ARCH}")
-    status = "cached" if found.status == "memory" else found.status
-    kernel = GluonPrefillKernel(
-        layer, dtype, key.name, key.key, found.path, status, found.seconds, cfg, ARCH, found.value
-    )
-    _MEMO[memo_key] = kernel
-    return kernel
+_VARIANTS: dict[tuple, GluonPrefillKernel] = {}  # a cache of compile_variant's kernels, per process
