@@ -98,6 +98,7 @@ class Attention(nn.Module):
     def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
         super().__init__()
         self.layer = layer
+        self.layer_json = layer.to_json()  # what the registered ops take when traced
         self.prefill_impl, self.decode_impl = options.attn_impls  # for sparsegen.prefill / paged_decode
         self.fused = options.attn_impl != "reference"  # the fused rotary kernel, on a GPU
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -136,6 +137,13 @@ class Attention(nn.Module):
         if batch.is_decode:
             if kv_cache is None:
                 raise InputError("a decode step needs a KV cache")
+        if batch.is_decode and torch.compiler.is_compiling():
+            # traced (compile_model): call the registered op with the spec's JSON, a str constant;
+            # torch 2.11's dynamo cannot reconstruct the frozen LayerSpec for ops.paged_decode
+            out = torch.ops.sparsegen.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables,
+                                                   batch.seq_lens, self.layer_json, self.scale,
+                                                   self.decode_impl, None)  # fmt: skip
+        elif batch.is_decode:
             out = ops.paged_decode(
                 q,
                 kv_cache[0],
