@@ -26,6 +26,7 @@ import torch
 
 from .. import env
 from ..errors import CompileError, ImplUnavailableError
+from ..jit.triton_build import import_module
 from ..spec import LayerSpec
 from . import base, gluon_api
 from . import prefill_gluon_template as tpl
@@ -60,22 +61,6 @@ def signature(layer: LayerSpec, dtype: str, cfg: dict[str, Any]) -> dict[str, st
     return types
 
 
-def _import(path: Path, name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise CompileError(f"cannot import the rendered Gluon kernel {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(name, None)
-        raise CompileError(f"the rendered Gluon kernel {path} does not import: {exc}") from exc
-    return module
-
-
 def aot_compile(
     source: str, layer: LayerSpec, dtype: str, cfg: dict[str, Any], module_name: str
 ) -> dict[str, bytes]:
@@ -86,7 +71,7 @@ def aot_compile(
     with tempfile.TemporaryDirectory(prefix="sparsegen-gluon-") as tmp:
         path = Path(tmp) / SOURCE_FILE
         path.write_text(source)
-        module = _import(path, module_name)
+        module = import_module(path, module_name)
         try:
             attrs = {(ARG_NAMES.index(a),): [["tt.divisibility", 16]] for a in ALIGNED_ARGS}
             src = gluon_api.GluonASTSource(

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..codegen import render
 from ..spec import HeadSpec, LayerSpec
+from .prefill_template import _affine_offsets, _ranges  # one head-grouping rule for both variants
 
 TEMPLATE = "prefill_gluon.py.jinja"
 # The tile shape, by rule (never autotuned, so the key pins it): 128 query rows per program,
@@ -79,27 +80,6 @@ def _path_key(head: HeadSpec) -> tuple:
     if head.dense:
         return ("dense",)
     return (head.kind, head.block_size, head.local_blocks, head.vert_stride, head.sliding_window)
-
-
-def _ranges(heads: list[int]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for h in heads:
-        if out and out[-1][1] == h:
-            out[-1][1] = h + 1
-        else:
-            out.append([h, h + 1])
-    return out
-
-
-def _affine_offsets(heads: list[int], offsets: list[int], stride: int) -> tuple[int, int] | None:
-    """(a, c) with offset(h) == (a*h + c) % stride for every head, if such a rule exists."""
-    if stride > 64:
-        return None
-    for a in range(stride):
-        for c in range(stride):
-            if all((a * h + c) % stride == o for h, o in zip(heads, offsets)):
-                return a, c
-    return None
 
 
 def paths(layer: LayerSpec) -> list[dict[str, Any]]:
