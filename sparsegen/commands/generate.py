@@ -16,7 +16,7 @@ import click
 from .. import dtypes, progress
 from ..errors import InputError
 from ..log import get_logger
-from .options import SEED, finite, torch_device
+from .options import SEED, engine_step_options, finite, torch_device
 
 log = get_logger(__name__)
 
@@ -164,15 +164,7 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 @click.option(
     "--max-batch", type=click.IntRange(min=1), default=32, show_default=True, help="Sequences at once."
 )
-@click.option(
-    "--chunk-size",
-    type=click.IntRange(min=1),
-    default=8192,
-    show_default=True,
-    help="Prefill tokens per step.",
-)
-@click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")
+@engine_step_options
 @click.option(
     "--no-warmup", is_flag=True, help="Skip the warm-up request (timings then include kernel builds)."
 )

@@ -81,3 +81,16 @@ def torch_device(value: str | None) -> str:
                 f"{value!r}: torch sees {count} CUDA GPU(s), 0..{count - 1}", param_hint="'--device'"
             )
     return str(device)
+
+
+def engine_step_options(command):
+    """--chunk-size, --page-size and --no-cuda-graphs: how the engine steps, for generate and serve."""
+    command = click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")(command)
+    command = click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)(command)
+    return click.option(
+        "--chunk-size",
+        type=click.IntRange(min=1),
+        default=8192,
+        show_default=True,
+        help="Prefill tokens per step.",
+    )(command)

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from ..errors import MissingExtraError, SparsegenError
+from .options import engine_step_options
 
 
 def _log_to_stderr() -> None:
@@ -68,15 +69,7 @@ def _log_to_stderr() -> None:
 @click.option(
     "--max-model-len", type=click.IntRange(min=2), default=None, help="Context limit (default: the model's)."
 )
-@click.option(
-    "--chunk-size",
-    type=click.IntRange(min=1),
-    default=8192,
-    show_default=True,
-    help="Prefill tokens per step.",
-)
-@click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")
+@engine_step_options
 @click.option(
     "--compile-model", is_flag=True, help="Decode steps through torch.compile inside the CUDA graphs."
 )
