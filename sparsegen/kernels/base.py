@@ -31,6 +31,7 @@ It then works through `sparsegen.get_kernel(layer, "prefill", dtype=..., variant
 
 from __future__ import annotations
 
+import abc
 import importlib
 import os
 import time
@@ -133,7 +134,7 @@ class Kernel:
         raise NotImplementedError
 
 
-class Family:
+class Family(abc.ABC):
     """One (kind, variant): how to name, render, build and load its kernels."""
 
     kind: str
@@ -142,27 +143,31 @@ class Family:
 
     def check(self, request: KernelRequest) -> None:
         """Refuse requests this family cannot build (typed errors); the default accepts all."""
+        return None
 
     def config(self, request: KernelRequest) -> dict[str, Any]:
         """Launch shape / tile sizes: ints only, pinned in the key."""
         return {}
 
+    @abc.abstractmethod
     def name(self, request: KernelRequest) -> str:
-        raise NotImplementedError
+        """Every family defines it."""
 
+    @abc.abstractmethod
     def render(self, request: KernelRequest) -> str:
-        raise NotImplementedError
+        """Every family defines it."""
 
+    @abc.abstractmethod
     def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
         """The entry's files besides the source (compiled artefacts)."""
-        raise NotImplementedError
 
     def required(self, request: KernelRequest) -> tuple[str, ...]:
         """The files `load` needs (the cache rebuilds an entry lacking any of them)."""
         return (self.source_file,)
 
+    @abc.abstractmethod
     def load(self, request: KernelRequest, files: dict[str, Path], key: str, path: Path, module_name: str):
-        raise NotImplementedError
+        """Every family defines it."""
 
 
 _FAMILIES: dict[tuple[str, str], Family] = {}

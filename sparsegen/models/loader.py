@@ -183,6 +183,11 @@ def load_checkpoint(
                 for name in names:
                     params[name].copy_(checked_tensor(f, name, path, tuple(params[name].shape)))
                     loaded.add(name)
+    return finish_load(model, params, loaded, folder, config)
+
+
+def finish_load(model, params: dict, loaded: set[str], folder, config):
+    """Every parameter was read, or lm_head is tied to the embedding as config.json allows."""
     missing = [n for n in params if n not in loaded and n != "lm_head.weight"]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""

@@ -16,7 +16,15 @@ from pathlib import Path
 import torch
 
 from .config import CheckpointError, Phi3SmallConfig
-from .loader import INDEX_FILE, SKIPPED_SUFFIXES, WEIGHT_DTYPES, _open, checkpoint_weight_map, contained_file
+from .loader import (
+    INDEX_FILE,
+    SKIPPED_SUFFIXES,
+    WEIGHT_DTYPES,
+    _open,
+    checkpoint_weight_map,
+    contained_file,
+    finish_load,
+)
 from .tensor_parallel import TensorParallelPhi3Small, TPShard, full_shape, shard_range, take_shard
 
 
@@ -90,15 +98,4 @@ def load_tp_checkpoint(
                         raise CheckpointError(f"{path} lacks tensor {name!r} (listed there by {INDEX_FILE})")
                     params[name].copy_(_read(f, name, path, params[name], config, shard))
                     loaded.add(name)
-    missing = [n for n in params if n not in loaded and n != "lm_head.weight"]
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise CheckpointError(f"checkpoint {folder} lacks tensor {missing[0]!r}{more}")
-    if "lm_head.weight" not in loaded:
-        if not config.tie_word_embeddings:
-            raise CheckpointError(
-                f"checkpoint {folder} lacks tensor 'lm_head.weight' and config.json sets "
-                "tie_word_embeddings=false"
-            )
-        model.tie_embeddings()
-    return model
+    return finish_load(model, params, loaded, folder, config)
