@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/sparsegen-gpu-out}
 LOGS=$(mktemp -d /tmp/sparsegen-logs.XXXX)
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export SPARSEGEN_CACHE_DIR=${SPARSEGEN_CACHE_DIR:-/tmp/sparsegen-cache}
 STAGES=${STAGES:-"compile tests fuzz bench cli generate"}
 summary=$OUT/summary.txt
