@@ -49,6 +49,15 @@ for name, seq in (("phi3small", 8192), ("phi3small", 32768), ("phi3small", 13107
     tag = f"prefill {name} {seq // 1024}K"
     out[tag + " api_ms"] = median_ms(lambda: sparsegen.prefill(q, k, v, cu, cu, layer, impl="triton"))
     out[tag + " kernel_ms"] = median_ms(lambda: kernel(q, k, v, cu, cu, check=False))
+    try:  # max_seqlen_q/k (no host read of cu_seqlens) exist from session 3 on
+        sparsegen.prefill(q, k, v, cu, cu, layer, impl="triton", max_seqlen_q=seq, max_seqlen_k=seq)
+    except TypeError:
+        pass
+    else:
+        out[tag + " api_max_seqlen_ms"] = median_ms(
+            lambda: sparsegen.prefill(q, k, v, cu, cu, layer, impl="triton", max_seqlen_q=seq, max_seqlen_k=seq)
+        )
+    out[tag + " variant"] = getattr(kernel.request, "variant", "tl") if hasattr(kernel, "request") else "tl"
     del q, k, v
 layer = layer_of("phi3small")
 for batch, seq in ((64, 8192), (8, 32768), (1, 131072)):
@@ -69,8 +78,10 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run_worker(tree: Path, cache: Path) -> dict[str, float]:
+def run_worker(tree: Path, cache: Path, *, tl: bool = False) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree), "SPARSEGEN_CACHE_DIR": str(cache), "SPARSEGEN_QUIET": "1"}
+    if tl:  # both trees on the tl prefill kernel (older trees have no other and ignore the flag)
+        env["SPARSEGEN_PREFILL_TL"] = "1"
     proc = subprocess.run([sys.executable, "-c", WORKER], env=env, cwd=tree, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"worker for {tree} failed:\n{proc.stderr[-4000:]}")
@@ -85,6 +96,7 @@ def main() -> None:
         "--new", default=HERE, type=Path, help="this checkout (default: the one holding this script)"
     )
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tl", action="store_true", help="force the tl prefill kernel in both trees")
     ap.add_argument("--out", type=Path, default=None, help="write every round's numbers as JSON")
     args = ap.parse_args()
     trees = {"base": args.base.resolve(), "new": args.new.resolve()}
@@ -95,10 +107,14 @@ def main() -> None:
             c.mkdir(mode=0o700)
         for r in range(args.rounds):
             order = ("base", "new") if r % 2 == 0 else ("new", "base")
-            result = {name: run_worker(trees[name], caches[name]) for name in order}
+            result = {name: run_worker(trees[name], caches[name], tl=args.tl) for name in order}
             rounds.append(result)
             print(f"round {r + 1}/{args.rounds} done (order {order[0]} first)", file=sys.stderr, flush=True)
-    cases = list(rounds[0]["base"])
+    for name in trees:
+        variants = {c: v for c, v in rounds[0][name].items() if c.endswith(" variant")}
+        print(f"{name}: prefill variants {sorted(set(variants.values()))}")
+    cases = [c for c, v in rounds[0]["base"].items() if not isinstance(v, str)]
+    extra = [c for c, v in rounds[0]["new"].items() if c not in rounds[0]["base"] and not isinstance(v, str)]
     print(f"{'case':40s} {'base':>10s} {'new':>10s} {'new/base':>9s}")
     worst = 0.0
     for case in cases:
@@ -108,6 +124,8 @@ def main() -> None:
         worst = max(worst, ratio)
         flag = "" if ratio <= 1.02 else "  <-- slower than 2 %"
         print(f"{case:40s} {base:10.4g} {new:10.4g} {ratio:9.3f}{flag}")
+    for case in extra:  # cases only this checkout has (e.g. the API with max_seqlen)
+        print(f"{case:40s} {'-':>10s} {statistics.median(r['new'][case] for r in rounds):10.4g}")
     print(f"worst ratio {worst:.3f} ({'within' if worst <= 1.02 else 'OUTSIDE'} the 2 % bar)")
     if args.out:
         args.out.write_text(

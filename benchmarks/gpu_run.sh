@@ -2,13 +2,14 @@
 # One GPU call: environment, cold/warm compile, gpu-marked tests, fuzz, benchmarks, the generate
 # CLI and the end-to-end generate benchmark; a short table last. From the repo root on the GPU:
 #   bash benchmarks/gpu_run.sh                      # every stage but `tune`
-#   STAGES="tune cli" bash benchmarks/gpu_run.sh    # just these stages (also: tune-decode, profile)
+#   STAGES="tune cli" bash benchmarks/gpu_run.sh    # just these stages (also: tune-decode, profile,
+#                                                   # compare: BASE=<exported tree> [PREV=<tree>])
 # Logs: $OUT/logs.tar.gz (one file per stage), plus $OUT/summary.txt, bench.json, generate.json.
 set -uo pipefail
 OUT=${OUT:-/tmp/sparsegen-gpu-out}
 LOGS=$(mktemp -d /tmp/sparsegen-logs.XXXX)
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export SPARSEGEN_CACHE_DIR=${SPARSEGEN_CACHE_DIR:-/tmp/sparsegen-cache}
 STAGES=${STAGES:-"compile tests fuzz bench cli generate"}
 summary=$OUT/summary.txt
@@ -70,9 +71,27 @@ if want profile; then
   grep -v '^USDT' "$LOGS/profile_decode.log" | sed -n '/^---/,$p' | head -n 30
 fi
 
+if want compare; then
+  # Issue 9's bar: this tree against an exported older tree (BASE, default .gpu/base: carry it),
+  # both on the tl prefill kernel; then (PREV set) against PREV with each tree's default variant.
+  echo "== compare_commits against ${BASE:-.gpu/base}"
+  timeout "${COMPARE_TIMEOUT:-300}" python3 benchmarks/compare_commits.py --base "${BASE:-.gpu/base}" --tl \
+    --rounds "${COMPARE_ROUNDS:-3}" --out "$OUT/compare_tl.json" > "$LOGS/compare_tl.log" 2>&1
+  rc=$?
+  echo "compare (tl, base $(cat "${BASE:-.gpu/base}/COMMIT" 2>/dev/null)) rc=$rc" >> "$summary"
+  grep -vE '^round ' "$LOGS/compare_tl.log" | tail -n 22 | tee -a "$summary"
+  if [[ -n "${PREV:-}" ]]; then
+    timeout "${COMPARE_TIMEOUT:-300}" python3 benchmarks/compare_commits.py --base "$PREV" \
+      --rounds "${PREV_ROUNDS:-2}" --out "$OUT/compare_prev.json" > "$LOGS/compare_prev.log" 2>&1
+    rc=$?
+    echo "compare (default variants, base $(cat "$PREV/COMMIT" 2>/dev/null)) rc=$rc" >> "$summary"
+    grep -vE '^round ' "$LOGS/compare_prev.log" | tail -n 22 | tee -a "$summary"
+  fi
+fi
+
 if want tests; then
   echo "== gpu tests"
-  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -m gpu -q -s -p no:cacheprovider --durations=15 tests \
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -m gpu -q -s -p no:cacheprovider --durations=15 ${TESTS:-tests} \
     > "$LOGS/gpu_tests.log" 2>&1
   rc=$?
   tail -n 25 "$LOGS/gpu_tests.log"

@@ -14,6 +14,7 @@ variable, never a silent guess.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +161,15 @@ def current_arch(device=None) -> str | None:
         device = torch.device(device)
         if device.type != "cuda":
             return None
-    major, minor = torch.cuda.get_device_capability(device)
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    return _arch_of(index)
+
+
+@functools.cache  # a device's arch never changes within a process; this is on every launch's path
+def _arch_of(index: int) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major}{minor}"
 
 

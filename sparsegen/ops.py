@@ -18,7 +18,7 @@ import torch
 from . import custom_ops, env, reference
 from .errors import ImplUnavailableError, InputError
 from .spec import LayerSpec
-from .validate import check_decode_inputs, check_prefill_inputs, softmax_scale
+from .validate import check_cu_seqlens_values, check_decode_inputs, check_prefill_inputs, softmax_scale
 
 KINDS = ("prefill", "decode")
 PREFILL_IMPLS = ("triton", "reference")
@@ -104,13 +104,16 @@ def _prefill(q, k, v, cu_q, cu_k, layer: LayerSpec, scale: float, impl, check, m
             )
     if check is None:
         check = env.flag("SPARSEGEN_DEBUG") or (max_q is None and max_k is None)
-    check_prefill_inputs(q, k, v, cu_q, cu_k, layer, allow_cpu=interp, kernel=True, check_values=check,
+    check_prefill_inputs(q, k, v, cu_q, cu_k, layer, allow_cpu=interp, kernel=True, check_values=False,
                          max_seqlen_q=max_q, max_seqlen_k=max_k)  # fmt: skip
     from .kernels.prefill import get_prefill_kernel
 
     kernel = get_prefill_kernel(layer, dtype=q.dtype)
     kernel._check_target(q)
-    return kernel.launch(q, k, v, cu_q, cu_k, scale, max_seqlen_k=max_k)
+    launch = kernel.prepare(q, k, v, cu_q, cu_k, scale, max_seqlen_k=max_k)
+    if check:  # the one device sync, last, so the GPU idles only for the launch after it
+        check_cu_seqlens_values(cu_q, cu_k, q.shape[0], k.shape[0], max_seqlen_q=max_q, max_seqlen_k=max_k)
+    return launch()
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale=None, *, impl=None,

@@ -143,8 +143,15 @@ def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, *, check_values: bo
     max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if max_k is not None and max_k > MAX_SEQ_LEN:
         raise InputError(f"max_seqlen_k is {max_k}; at most {MAX_SEQ_LEN} tokens per sequence")
-    if not check_values:
-        return
+    if check_values:
+        check_cu_seqlens_values(cu_q, cu_k, total_q, total_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+
+
+def check_cu_seqlens_values(cu_q, cu_k, total_q: int, total_k: int, *, max_seqlen_q=None,
+                            max_seqlen_k=None) -> None:  # fmt: skip
+    """The value half of `check_cu_seqlens` (the only part that synchronises with the device);
+    the caller ran the structural half first."""
+    max_q, max_k = max_seqlen_q, max_seqlen_k
     both = torch.cat([cu_q, cu_k]).tolist()  # one device->host copy for both
     n = cu_q.shape[0]
     vals_q, vals_k = both[:n], both[n:]

@@ -105,6 +105,46 @@ def test_bad_inputs_raise_before_launch():
         )
 
 
+def test_value_check_runs_after_prepare_and_before_the_launch(monkeypatch):
+    """The host read of cu_seqlens (the one device sync) comes last, right before the launch, so
+    the GPU idles only for the launch; a bad value still stops everything before it runs."""
+    from sparsegen.kernels import prefill as prefill_mod
+
+    layer = _phi3_like(num_heads=4, num_kv=2)
+    p = PrefillProblem(layer, [20], [20], seed=1)
+    q, k, v, cu_q, cu_k, _, _ = p.args()
+    events = []
+    real_prepare, real_call = prefill_mod.PrefillKernel.prepare, prefill_mod.Launch.__call__
+    real_values = sparsegen.ops.check_cu_seqlens_values
+
+    def prepare(self, *a, **kw):
+        events.append("prepare")
+        return real_prepare(self, *a, **kw)
+
+    def values(*a, **kw):
+        events.append("values")
+        return real_values(*a, **kw)
+
+    def call(self):
+        events.append("launch")
+        return real_call(self)
+
+    monkeypatch.setattr(prefill_mod.PrefillKernel, "prepare", prepare)
+    monkeypatch.setattr(prefill_mod.Launch, "__call__", call)
+    monkeypatch.setattr(sparsegen.ops, "check_cu_seqlens_values", values)
+    out = sparsegen.prefill(q, k, v, cu_q, cu_k, layer, impl="triton")
+    assert events == ["prepare", "values", "launch"]
+    assert not torch.isnan(out).any()
+    events.clear()
+    bad = torch.tensor([0, 21], dtype=torch.int32)  # ends past the 20 tokens of q
+    with pytest.raises(InputError, match=r"cu_seqlens_q\[-1\] is 21"):
+        sparsegen.prefill(q, k, v, bad, cu_k, layer, impl="triton")
+    assert events == ["prepare", "values"]  # refused: nothing launched
+    events.clear()
+    sparsegen.prefill(q, k, v, cu_q, cu_k, layer, impl="triton", max_seqlen_q=20, max_seqlen_k=20)
+    assert events == ["prepare", "launch"]  # max_seqlen given: no host read at all
+
+
 @pytest.mark.parametrize("tiles", [(128, 64), (64, 32)])
 @given(problem=prefill_problems(layer_specs(head_dims=(64,), max_kv_heads=1, gqa_ratios=(1, 2)), max_batch=2))
 @settings(max_examples=8)

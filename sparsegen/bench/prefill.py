@@ -1,7 +1,9 @@
 """Prefill benchmark: sparsegen's Triton kernel vs dense causal SDPA and FlexAttention.
 
-Batch 1, bf16. Two sparsegen times: the kernel alone (`check=False`: no host read of
-cu_seqlens) and the public `sparsegen.prefill` (validates cu_seqlens on the host first). The
+Batch 1, bf16. Three sparsegen times: the kernel alone (`check=False`: no host read of
+cu_seqlens), the public `sparsegen.prefill` (validates cu_seqlens on the host first, one device
+sync) and the public call given `max_seqlen_q/k` (no sync). `variant` is the kernel used
+("gluon" on sm_90 where it covers the layer, else "tl"). The
 floor is the useful FLOPs (4 * D * visible pairs, summed over heads) at the matmul rate
 measured in the same run. sparsegen's output is checked against FlexAttention's.
 """
@@ -42,6 +44,10 @@ def bench_case(layer: LayerSpec, seq_len: int, ceilings: Ceilings, *, flex: bool
     row: dict = {"seq_len": seq_len}
     row["sparsegen_ms"] = median_ms(lambda: kernel(q, k, v, cu, cu, check=False))
     row["sparsegen_api_ms"] = median_ms(lambda: ops.prefill(q, k, v, cu, cu, layer, impl="triton"))
+    row["sparsegen_api_max_seqlen_ms"] = median_ms(
+        lambda: ops.prefill(q, k, v, cu, cu, layer, impl="triton", max_seqlen_q=seq_len, max_seqlen_k=seq_len)
+    )
+    row["variant"] = kernel.request.variant
     qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H|Hkv, S, D]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     row["sdpa_dense_ms"] = median_ms(lambda: sdpa(qt, kt, vt, is_causal=True, enable_gqa=True))

@@ -14,7 +14,8 @@ from ..presets import get_pattern
 from ..spec import ModelSpec
 
 PREFILL_CASES = [("phi3small", 8192), ("phi3small", 32768), ("phi3small", 131072),
-                 ("sliding-window", 32768), ("sliding-window", 131072)]  # fmt: skip
+                 ("sliding-window", 32768), ("sliding-window", 131072),
+                 ("dense", 8192), ("dense", 32768), ("dense", 131072)]  # fmt: skip
 NAN = float("nan")
 log = get_logger(__name__)
 
@@ -23,14 +24,18 @@ SUMMARY_COLUMNS = {
     "prefill": [
         ("prefill", lambda r: r["pattern"]),
         ("seq", lambda r: r["seq_len"]),
+        ("variant", lambda r: r.get("variant", "")),
         ("sg_ms", lambda r: r["sparsegen_ms"]),
         ("api_ms", lambda r: r["sparsegen_api_ms"]),
+        ("api_max_ms", lambda r: r.get("sparsegen_api_max_seqlen_ms", NAN)),
         ("sdpa_ms", lambda r: r["sdpa_dense_ms"]),
         ("flex_ms", lambda r: r.get("flex_ms", NAN)),
         ("floor_ms", lambda r: r["floor_ms"]),
         ("x_sdpa", lambda r: r["sdpa_dense_ms"] / r["sparsegen_ms"]),
         ("x_flex", lambda r: r.get("flex_ms", NAN) / r["sparsegen_ms"]),
         ("of_floor", lambda r: r["sparsegen_ms"] / r["floor_ms"]),
+        ("of_ceiling", lambda r: r["floor_ms"] / r["sparsegen_ms"]),
+        ("api_of_ceiling", lambda r: r["floor_ms"] / r.get("sparsegen_api_max_seqlen_ms", NAN)),
     ],
     "decode": [
         ("decode", lambda r: r["pattern"]),

@@ -22,7 +22,7 @@ from .. import dtypes, env
 from ..errors import ImplUnavailableError, InputError
 from ..jit import triton_build
 from ..spec import LayerSpec
-from ..validate import check_prefill_inputs, softmax_scale
+from ..validate import check_cu_seqlens_values, check_prefill_inputs, softmax_scale
 from . import base
 from . import prefill_template as tpl
 from .base import INTERPRETER_ARCH, Family, Kernel, KernelRequest
@@ -49,11 +49,15 @@ class PrefillKernel(Kernel):
         if layer is not None and layer is not self.layer and layer != self.layer:
             raise InputError("layer differs from the spec this kernel was compiled for")
         check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, self.layer,
-                             allow_cpu=self.arch == INTERPRETER_ARCH, check_values=check,
+                             allow_cpu=self.arch == INTERPRETER_ARCH, kernel=True, check_values=False,
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
         self._check_target(q)
-        return self.launch(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale(scale, self.layer.head_dim),
-                           max_seqlen_k=max_seqlen_k)  # fmt: skip
+        scale = softmax_scale(scale, self.layer.head_dim)
+        launch = self.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k)
+        if check:  # the device sync last (see prepare)
+            check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
+                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
+        return launch()
 
     def _check_target(self, q: torch.Tensor) -> None:
         interp = self.arch == INTERPRETER_ARCH
@@ -68,15 +72,19 @@ class PrefillKernel(Kernel):
 
     def launch(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None) -> torch.Tensor:
         """Launch on the current stream; inputs already validated (validate.check_prefill_inputs)."""
+        return self.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k)()
+
+    def prepare(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None) -> Launch:
+        """Every host-side step of a launch but the launch itself: the output, grid and arguments.
+        `sparsegen.prefill` reads cu_seqlens on the host (a device sync) between this and the call,
+        so that the GPU waits only for the launch after the sync."""
         poison = env.flag("SPARSEGEN_POISON_OUTPUT")  # NaN-filled outputs show unwritten rows
         out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)  # [Tq, H, D]
-        if q.shape[0] == 0:
-            return out
         # Tk (or max_seqlen_k) bounds every sequence's k_len: no device sync; extra tiles exit at once.
         longest = k.shape[0] if max_seqlen_k is None else min(int(max_seqlen_k), k.shape[0])
         n_tiles = triton.cdiv(longest, self.config["block_m"])
-        if n_tiles == 0:
-            return out
+        if q.shape[0] == 0 or n_tiles == 0:
+            return Launch(out)
         grid = ((cu_seqlens_q.shape[0] - 1) * self.layer.num_heads, n_tiles, 1)
         args = (
             q, k, v, out, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
@@ -84,16 +92,44 @@ class PrefillKernel(Kernel):
             out.stride(0), out.stride(1), n_tiles,
         )  # fmt: skip
         if self.arch == INTERPRETER_ARCH:
-            self._entry[grid](*args)
-            return out
+            return Launch(out, self._entry[grid], args)
+        return Launch(out, self._compiled()[grid], args, q.device)
+
+    def _compiled(self):
+        """The loaded kernel; an AOT entry for another arch has only its files."""
         if isinstance(self._entry, dict):
             raise ImplUnavailableError(
                 f"kernel {self.key} was compiled ahead of time for {self.arch}; it runs only on a GPU of that arch"
             )
-        with torch.cuda.device(q.device):
-            stream = torch.cuda.current_stream(q.device).cuda_stream
-            self._entry[grid](*args, stream=stream)
-        return out
+        return self._entry
+
+
+class Launch:
+    """A prepared launch (`PrefillKernel.prepare`): calling it launches `fn(*args)` on the current
+    stream of `device` (None: Triton's interpreter) and returns `out`; with no `fn` there is
+    nothing to compute (an empty batch) and it returns `out` at once."""
+
+    __slots__ = ("out", "fn", "args", "device")
+
+    def __init__(
+        self, out: torch.Tensor, fn=None, args: tuple = (), device: torch.device | None = None
+    ) -> None:
+        self.out, self.fn, self.args, self.device = out, fn, args, device  # out: [Tq, H, D]
+
+    def __call__(self) -> torch.Tensor:
+        if self.fn is None:
+            return self.out
+        if self.device is None:
+            self.fn(*self.args)
+            return self.out
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        stream = torch.cuda.current_stream(index).cuda_stream
+        if index == torch.cuda.current_device():
+            self.fn(*self.args, stream=stream)
+        else:
+            with torch.cuda.device(index):
+                self.fn(*self.args, stream=stream)
+        return self.out
 
 
 class TritonPrefill(Family):

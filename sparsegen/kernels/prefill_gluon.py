@@ -32,7 +32,7 @@ from . import base, gluon_api
 from . import prefill_gluon_template as tpl
 from .base import Family, KernelRequest
 from .naming import pattern_name
-from .prefill import PrefillKernel
+from .prefill import Launch, PrefillKernel
 
 ARCH = "sm_90"
 LOG2E = 1.4426950408889634
@@ -110,20 +110,19 @@ class GluonPrefillKernel(PrefillKernel):
     def ptx(self) -> str:
         return (self.path / f"{KERNEL_FN}.ptx").read_text()
 
-    def launch(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None) -> torch.Tensor:
-        """Launch on the current stream; inputs already validated."""
+    def prepare(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None) -> Launch:
+        """The output, TMA descriptors, grid and arguments of a launch (see PrefillKernel.prepare)."""
         if isinstance(self._entry, dict):
             raise ImplUnavailableError(
                 f"kernel {self.key} was compiled ahead of time for {ARCH}; it runs only on an sm_90 GPU"
             )
-        q = _aligned(q)  # q: [Tq, H, D]
-        out = torch.empty_like(q)  # [Tq, H, D]
+        out = torch.empty_like(q)  # [Tq, H, D]; q passed the alignment policy (validate)
         if env.flag("SPARSEGEN_POISON_OUTPUT"):  # NaN-filled outputs show unwritten rows
             out.fill_(float("nan"))
         # Tk (or max_seqlen_k) bounds every sequence's k_len: no device sync.
         tk = k.shape[0] if max_seqlen_k is None else min(int(max_seqlen_k), k.shape[0])
         if q.shape[0] == 0 or tk == 0:
-            return out
+            return Launch(out)
         d, hkv = self.layer.head_dim, self.layer.num_kv_heads
         block = _kv_block(self.layer, self.config)
         layout = gluon_api.shared_layout(block, self.request.dtype)
@@ -139,24 +138,12 @@ class GluonPrefillKernel(PrefillKernel):
             q, out, k_desc, v_desc, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), stride_kh, stride_vh, bh_count, n_q_tiles,
         )  # fmt: skip
-        with torch.cuda.device(q.device):
-            stream = torch.cuda.current_stream(q.device).cuda_stream
-            self._entry[grid](*args, stream=stream)
-        return out
+        return Launch(out, self._entry[grid], args, q.device)
 
 
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """The kernel is compiled for 16-byte-aligned Q/O pointers and strides divisible by 16."""
-    if t.data_ptr() % 16 or t.stride(0) % 16 or t.stride(1) % 16 or t.stride(2) != 1:
-        t = t.contiguous()
-        if t.data_ptr() % 16:
-            t = t.clone()
-    return t
 
 
 def _rows(t: torch.Tensor, hkv: int, d: int) -> tuple[torch.Tensor, int]:
