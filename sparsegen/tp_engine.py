@@ -5,7 +5,9 @@
 
 This process (the driver) spawns ranks 0..N-1 with torch.multiprocessing (each with torchrun's
 variables, see `sparsegen.distributed`), sends every rank the same commands over a queue, and
-gets rank 0's answers and any rank's errors back over another.
+gets rank 0's answers and any rank's errors back over another. This module is the driver; a
+rank's process is `tp_rank`, the weights every rank builds are described by `tp_source`, and a
+rank's failure travels back as `tp_failures.Failure`.
 
 **Scheduling: every rank runs the scheduler and the sampler itself, deterministically.** Each
 rank holds an `LLMEngine` over its shard of the model and its own KV cache (its KV groups only,
@@ -31,26 +33,24 @@ collective's timeout (`timeout_s`); a rank whose driver is gone ends itself
 
 from __future__ import annotations
 
-import importlib
-import os
 import queue
 import secrets
-import sys
 import time
-import traceback
 import weakref
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from multiprocessing.reduction import ForkingPickler
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from . import distributed
-from .errors import DistributedError, InputError, SparsegenError
+from .errors import DistributedError, InputError
 from .log import get_logger
+from .tp_failures import Failure, Refused, check_pickles, exit_text, reraise
+from .tp_failures import describe as _describe  # noqa: F401 - tests import these two from here
+from .tp_failures import reraise as _reraise  # noqa: F401
+from .tp_rank import RankContext, rank_main
+from .tp_source import ModelSource
 
 log = get_logger(__name__)
 
@@ -60,204 +60,10 @@ STOP_S = 10.0  # how long close() waits for ranks to exit before killing them
 
 
 @dataclass(frozen=True)
-class ModelSource:
-    """Where every rank gets its weights: a checkpoint folder, or random weights of a named size
-    (or of an explicit config) drawn with `seed`, identical to `models.random_model`'s."""
-
-    model_dir: str | None = None
-    random: str | None = None
-    config: Any = None  # Phi3SmallConfig for random weights of a custom size
-    seed: int = 0
-    dtype: str = "float32"  # a torch dtype name
-    force_dense: bool = False
-    attn_impl: str | None = None
-    dummy_token_indices: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        given = [x for x in (self.model_dir, self.random, self.config) if x is not None]
-        if len(given) != 1:
-            raise InputError("ModelSource needs exactly one of model_dir, random or config")
-        dtype = getattr(torch, self.dtype, None) if isinstance(self.dtype, str) else None
-        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise InputError(f"ModelSource.dtype must name a floating-point torch dtype, got {self.dtype!r}")
-
-    def load_config(self):
-        from .models import Phi3SmallConfig, named_config
-
-        if self.model_dir is not None:
-            from .models.loader import contained_file
-
-            folder = Path(self.model_dir)
-            return Phi3SmallConfig.from_file(
-                contained_file(folder, "config.json", f"checkpoint {folder} has")
-            )
-        return named_config(self.random) if self.random is not None else self.config
-
-    def build(self, shard, device: torch.device, group=None):
-        from .models.tensor_parallel import random_tp_model
-        from .models.tp_loader import load_tp_checkpoint
-
-        kw = dict(
-            group=group,
-            device=device,
-            dtype=getattr(torch, self.dtype),
-            force_dense=self.force_dense,
-            attn_impl=self.attn_impl,
-            dummy_token_indices=self.dummy_token_indices,
-        )
-        if self.model_dir is not None:
-            return load_tp_checkpoint(self.model_dir, shard, **kw)
-        return random_tp_model(self.load_config(), shard, seed=self.seed, **kw)
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """What a function sent with `TPEngine.call` gets on each rank."""
-
-    info: distributed.RankInfo
-    model: Any  # models.tensor_parallel.TensorParallelPhi3Small
-    engine: Any  # engine.LLMEngine
-
-
-@dataclass(frozen=True)
 class RequestHandle:
     """What `TPEngine.submit` returns per prompt: the request id that `abort` takes."""
 
     seq_id: int
-
-
-@dataclass(frozen=True)
-class _Failure:
-    module: str
-    name: str
-    message: str
-    traceback: str
-
-
-@dataclass(frozen=True)
-class _Refused:
-    """A request every rank refused alike, or a result that cannot be sent back: every rank
-    goes on, and the driver raises the error."""
-
-    failure: _Failure
-
-
-def _describe(exc: BaseException) -> _Failure:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return _Failure(type(exc).__module__, type(exc).__qualname__, str(exc), tb)
-
-
-def _engine_on_rank(model, info, tokenizer, engine_kwargs: dict):
-    from .engine import LLMEngine
-    from .engine.model_runner import default_num_pages
-
-    kw = dict(engine_kwargs)
-    kv_bytes = kw.pop("kv_cache_bytes", None)
-    if kw.get("num_pages") is None:  # the scheduler must see the same cache size on every rank
-        mine = default_num_pages(model, kw.get("page_size", 16), kv_bytes)
-        kw["num_pages"] = distributed.min_int(mine, info.device)
-    return LLMEngine(model, tokenizer=tokenizer, **kw)
-
-
-def _command(ctx: RankContext, seqs: dict, kind: str, payload):
-    """One engine call, the same on every rank and in the same order; rank 0's value is sent."""
-    engine = ctx.engine
-    if kind == "submit":  # checks everything before queueing: a bad request changes no rank
-        try:
-            new = engine.submit(*payload)
-        except SparsegenError as exc:
-            return _Refused(_describe(exc))
-        seqs.update((s.seq_id, s) for s in new)
-        return [s.seq_id for s in new]
-    if kind == "step":
-        return engine.step(), engine.has_unfinished
-    if kind == "abort":
-        return engine.abort(payload)
-    if kind == "results":
-        return [engine.result(seqs.pop(i)) for i in payload]
-    fn, args = payload  # "call"
-    return fn(ctx, *args)
-
-
-def _rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs, warmup, timeout_s,
-               seed, cmds, out):  # fmt: skip
-    os.environ.update(distributed.rank_env(rank, world, port))
-    distributed.ParentWatchdog().start()
-    try:
-        from .models.tensor_parallel import TPShard
-
-        if device_type == "cpu":  # ranks share the cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-        torch.manual_seed(seed)  # the same global stream on every rank (unseeded sampling)
-        info = distributed.init_from_env(device_type)
-        group = distributed.new_group(timeout_s)  # the model's collectives: the short timeout
-        model = source.build(TPShard(rank, world), info.device, group)
-        engine = _engine_on_rank(model, info, tokenizer, engine_kwargs)
-        seconds = engine.warmup() if warmup else 0.0
-        out.put(("ready", rank, {"warmup_s": seconds, "max_model_len": engine.max_model_len}))
-        ctx = RankContext(info, model, engine)
-        seqs: dict[int, Any] = {}  # seq_id -> Sequence, until its result is taken
-        while (cmd := cmds.get()) is not None:
-            value = _command(ctx, seqs, *cmd)
-            if rank == 0:
-                try:  # else the queue's feeder thread drops it silently and the driver waits
-                    _check_pickles(value, f"the result of {cmd[0]!r}")
-                except InputError as exc:
-                    value = _Refused(_describe(exc))
-                out.put(("done", 0, value))
-    except BaseException as exc:  # report everything, even KeyboardInterrupt, then leave at once
-        out.put(("error", rank, _describe(exc)))
-        _leave(out, 1)  # no process-group teardown: peers may be dead, and NCCL's can block
-    distributed.shutdown()
-    _leave(out, 0)
-
-
-def _check_pickles(obj, what: str) -> None:
-    """A multiprocessing queue pickles in a feeder thread and drops what fails there, which
-    would leave the other side waiting: check here instead."""
-    try:
-        ForkingPickler.dumps(obj)
-    except Exception as exc:
-        raise InputError(f"{what} cannot be sent between tensor-parallel processes: {exc}") from None
-
-
-def _leave(out, code: int) -> None:
-    """Flush the report queue and exit without the interpreter's teardown (seconds per rank
-    with torch loaded, for nothing: the driver has what it needs)."""
-    out.close()
-    out.join_thread()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        import signal
-
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def _reraise(rank: int, f: _Failure, others: str) -> BaseException:
-    """The rank's own error type when it is one of sparsegen's (the same on every rank: a bad
-    checkpoint, a bad request), else a DistributedError naming the rank."""
-    try:
-        cls = getattr(importlib.import_module(f.module), f.name)
-    except Exception:
-        cls = None
-    if isinstance(cls, type) and issubclass(cls, SparsegenError) and cls is not DistributedError:
-        try:
-            return cls(f.message + others)
-        except Exception:
-            pass
-    first = f.message.strip().splitlines()[0] if f.message.strip() else ""
-    if f.name == "DistributedError":
-        return DistributedError(first + others)
-    return DistributedError(f"tensor-parallel rank {rank} failed: {f.name}: {first}{others}")
 
 
 def _terminate(procs) -> None:
@@ -306,7 +112,7 @@ class TPEngine:
         args = (self.world_size, distributed.free_port(), device_type, source, tokenizer, engine_kwargs,
                 warmup, timeout_s, secrets.randbits(62))  # fmt: skip
         self._procs = [
-            ctx.Process(target=_rank_main, args=(r, *args, self._cmds[r], self._out), name=f"sparsegen-tp{r}")
+            ctx.Process(target=rank_main, args=(r, *args, self._cmds[r], self._out), name=f"sparsegen-tp{r}")
             for r in range(self.world_size)
         ]
         for p in self._procs:
@@ -338,7 +144,7 @@ class TPEngine:
             elif kind == "done" and want == "done":
                 return value
 
-    def _fail(self, errors: dict[int, _Failure], dead: dict[int, int]) -> None:
+    def _fail(self, errors: dict[int, Failure], dead: dict[int, int]) -> None:
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline and len(errors) + len(dead) < self.world_size:
             try:
@@ -351,7 +157,7 @@ class TPEngine:
             if r not in errors and p.exitcode is not None:
                 dead.setdefault(r, p.exitcode)
         self.close(kill=True)
-        lost = [f"rank {r} {_exit_text(c)}" for r, c in sorted(dead.items()) if r not in errors]
+        lost = [f"rank {r} {exit_text(c)}" for r, c in sorted(dead.items()) if r not in errors]
         # The cause: a rank's own exception rather than a peer's broken collective, else a lost rank.
         causes = [r for r, f in sorted(errors.items()) if f.name != "DistributedError"]
         if causes:
@@ -359,26 +165,26 @@ class TPEngine:
             if errors[r].name not in ("InputError", "CheckpointError", "TokenizerError", "CacheOutOfMemory"):
                 log.error("tensor-parallel rank %d failed:\n%s", r, errors[r].traceback.rstrip())
             others = f" (also: {'; '.join(lost)})" if lost else ""
-            raise _reraise(r, errors[r], others) from None
+            raise reraise(r, errors[r], others) from None
         if lost:
             seen = (
                 f"; rank {min(errors)} saw: {errors[min(errors)].message.splitlines()[0]}" if errors else ""
             )
             raise DistributedError(f"tensor-parallel {', '.join(lost)}; the other ranks were stopped{seen}")
         r = min(errors)
-        raise _reraise(r, errors[r], "")
+        raise reraise(r, errors[r], "")
 
     def _run(self, kind: str, payload):
         if self._closed:
             raise DistributedError(
                 "this tensor-parallel engine is closed (a rank failed, or close() was called)"
             )
-        _check_pickles((kind, payload), f"{kind}'s arguments")  # else the queue drops them silently
+        check_pickles((kind, payload), f"{kind}'s arguments")  # else the queue drops them silently
         for q in self._cmds:
             q.put((kind, payload))
         value = self._wait(want="done")
-        if isinstance(value, _Refused):
-            raise _reraise(0, value.failure, "")
+        if isinstance(value, Refused):
+            raise reraise(0, value.failure, "")
         return value
 
     # -- the LLMEngine-like surface ---------------------------------------------------------------

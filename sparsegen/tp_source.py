@@ -1,0 +1,62 @@
+"""`ModelSource`: where every tensor-parallel rank gets its weights, sent to each rank as is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where every rank gets its weights: a checkpoint folder, or random weights of a named size
+    (or of an explicit config) drawn with `seed`, identical to `models.random_model`'s."""
+
+    model_dir: str | None = None
+    random: str | None = None
+    config: Any = None  # Phi3SmallConfig for random weights of a custom size
+    seed: int = 0
+    dtype: str = "float32"  # a torch dtype name
+    force_dense: bool = False
+    attn_impl: str | None = None
+    dummy_token_indices: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        given = [x for x in (self.model_dir, self.random, self.config) if x is not None]
+        if len(given) != 1:
+            raise InputError("ModelSource needs exactly one of model_dir, random or config")
+        dtype = getattr(torch, self.dtype, None) if isinstance(self.dtype, str) else None
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise InputError(f"ModelSource.dtype must name a floating-point torch dtype, got {self.dtype!r}")
+
+    def load_config(self):
+        from .models import Phi3SmallConfig, named_config
+
+        if self.model_dir is not None:
+            from .models.loader import contained_file
+
+            folder = Path(self.model_dir)
+            return Phi3SmallConfig.from_file(
+                contained_file(folder, "config.json", f"checkpoint {folder} has")
+            )
+        return named_config(self.random) if self.random is not None else self.config
+
+    def build(self, shard, device: torch.device, group=None):
+        from .models.tensor_parallel import random_tp_model
+        from .models.tp_loader import load_tp_checkpoint
+
+        kw = dict(
+            group=group,
+            device=device,
+            dtype=getattr(torch, self.dtype),
+            force_dense=self.force_dense,
+            attn_impl=self.attn_impl,
+            dummy_token_indices=self.dummy_token_indices,
+        )
+        if self.model_dir is not None:
+            return load_tp_checkpoint(self.model_dir, shard, **kw)
+        return random_tp_model(self.load_config(), shard, seed=self.seed, **kw)
