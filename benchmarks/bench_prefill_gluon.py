@@ -13,6 +13,7 @@ bf16 matmul ceiling measured in the same process; useful FLOPs = 4 * D * visible
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
@@ -152,14 +153,44 @@ VARIANTS = {  # {} is the rule's choice for the case (prefill_gluon_template.con
     "c2_n128_s2": {**BASE, "block_n": 128, "stages": 2},
     "c2_n128_s2_qsmem": {**BASE, "block_n": 128, "stages": 2, "q_smem": True},
     "c2_n128_s2_qsmem_persist": {**BASE, "block_n": 128, "stages": 2, "q_smem": True, "persistent": True},
+    "c2_n64_s4": {**BASE, "stages": 4},
+    "c2_n64_s4_persist": {**BASE, "stages": 4, "persistent": True},
+    "c2_n64_s2_persist": {**BASE, "stages": 2, "persistent": True},
+    "c2_n128_s3": {**BASE, "block_n": 128, "stages": 3},
 }
 
 
-def variants(names: list[str], cases: list[str], lens: list[int]) -> list[dict]:
-    """Time tile/partition variants side by side (same process, same inputs), each checked first."""
+def _sm_clock_mhz() -> float:
+    """The SM clock now (NVML), or NaN where NVML is not readable: the card is measured as found,
+    and a clock that sagged under load explains a slow round."""
+    try:
+        return float(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001 - no NVML here
+        return float("nan")
+
+
+def _runs(layer, n: int, kernels: dict) -> dict:
+    """One timed callable per kernel on the same inputs, plus dense SDPA for a dense layer."""
+    q, k, v, cu = inputs(layer, n)
+    runs = {name: functools.partial(g, q, k, v, cu, cu, check=False) for name, g in kernels.items()}
+    if layer.is_dense:
+        qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        runs["sdpa"] = functools.partial(sdpa, qt, kt, vt, is_causal=True, enable_gqa=True)
+    return runs
+
+
+def variants(names: list[str], cases: list[str], lens: list[int], rounds: int = 3) -> list[dict]:
+    """Time tile/partition variants side by side: every variant is built and checked against the
+    reference first, then each round times every variant of a (case, length) in a rotated order,
+    dense SDPA among them for dense cases, so drift (clocks, heat) hits every variant alike. A
+    row's `ms` is the median over rounds, `spread` (max - min) / median."""
+    import statistics
+
     rows = []
     for case in cases:
         layer = CASES[case]()
+        kernels = {}
         for name in names:
             ov = VARIANTS[name]
             if ov.get("block_n", 64) > 64 and any(h.vert_stride and not h.dense for h in layer.heads):
@@ -168,26 +199,39 @@ def variants(names: list[str], cases: list[str], lens: list[int]) -> list[dict]:
             p = PrefillProblem(layer, [700, 1500], [1000, 2049], seed=3, dtype=torch.bfloat16, device="cuda")
             tt = p.tensors
             ref = sparsegen.reference.prefill(
-                tt["q"].float(),
-                tt["k"].float(),
-                tt["v"].float(),
-                tt["cu_seqlens_q"],
-                tt["cu_seqlens_k"],
-                layer,
-                p.scale,
-            )
-            err = rel_err(g(*p.args()), ref)
-            for n in lens:
-                q, k, v, cu = inputs(layer, n)
-                ms = median_ms(lambda g=g, q=q, k=k, v=v, cu=cu: g(q, k, v, cu, cu, check=False))
-                tfl = 4 * layer.head_dim * visible_pairs(layer, n) / (ms * 1e-3) / 1e12
-                rows.append(
-                    {"case": case, "variant": name, "seq_len": n, "ms": ms, "tflops": tfl, "rel_err": err}
-                )
+                tt["q"].float(), tt["k"].float(), tt["v"].float(), tt["cu_seqlens_q"], tt["cu_seqlens_k"],
+                layer, p.scale,
+            )  # fmt: skip
+            kernels[name] = (g, rel_err(g(*p.args()), ref))
+        for n in lens:
+            runs = _runs(layer, n, {name: g for name, (g, _) in kernels.items()})
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            clocks = []
+            order = list(runs)
+            for r in range(rounds):
+                for name in order[r % len(order) :] + order[: r % len(order)]:
+                    times[name].append(median_ms(runs[name]))
+                    clocks.append(_sm_clock_mhz())
+            flops = 4 * layer.head_dim * visible_pairs(layer, n)
+            sdpa_ms = statistics.median(times["sdpa"]) if "sdpa" in times else None
+            for name, ts in times.items():
+                ms = statistics.median(ts)
+                row = {"case": case, "variant": name, "seq_len": n, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
+                       "spread": (max(ts) - min(ts)) / ms, "rounds": ts,
+                       "rel_err": kernels[name][1] if name in kernels else None}  # fmt: skip
+                if sdpa_ms:
+                    row["x_sdpa"] = sdpa_ms / ms
+                rows.append(row)
+                xs = f" x_sdpa {row['x_sdpa']:.3f}" if sdpa_ms else ""
+                err = f" err {row['rel_err']:.2g}" if row["rel_err"] is not None else ""
                 print(
-                    f"variant {name:18s} {case:9s} {n:6d}: {ms:.3f} ms {tfl:.0f} TFLOP/s err {err:.2g}",
+                    f"variant {name:24s} {case:9s} {n:6d}: {ms:.3f} ms {row['tflops']:.0f} TFLOP/s "
+                    f"spread {row['spread']:.1%}{xs}{err}",
                     flush=True,
                 )
+            print(f"  SM clock over these rounds: {min(clocks):.0f}-{max(clocks):.0f} MHz", flush=True)
+            del runs
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -200,6 +244,7 @@ def main() -> int:
     ap.add_argument("--variants", default="", help="comma list of VARIANTS to time first ('all')")
     ap.add_argument("--variant-cases", default="dense,phi3small")
     ap.add_argument("--variant-lens", default="8192,32768")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per variant timing")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     report: dict = {}
@@ -212,7 +257,7 @@ def main() -> int:
     if args.variants:
         names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
         report["variants"] = variants(
-            names, args.variant_cases.split(","), [int(x) for x in args.variant_lens.split(",")]
+            names, args.variant_cases.split(","), [int(x) for x in args.variant_lens.split(",")], args.rounds
         )
     if args.check:
         rows = correctness(args.check)

@@ -109,6 +109,112 @@ def test_graph_bookkeeping_on_cpu_matches_eager(longrope):
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 
+def test_graph_bookkeeping_with_preemption_and_uneven_finishes():
+    """Graph replays (CPU stand-in) while sequences finish at different steps, the batch shrinks
+    and a 7-page cache preempts: rows change hands and preempted tables are replaced, so the
+    kept host block tables must be rewritten exactly then. Tokens equal an eager engine's."""
+    model = random_model("tiny", seed=0)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (15, 7, 15)]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (14, 5, 9)]
+    kw = dict(max_num_seqs=3, num_pages=8, page_size=8)
+    eager = [r.output_ids for r in LLMEngine(model, **kw).generate(prompts, params)]
+
+    engine = LLMEngine(model, **kw)
+    graphs = DecodeGraphs(model, engine.cache, 3, engine.max_model_len)
+    tables_seen = []
+
+    def capture(b, w):
+        batch = graphs._batch(b, w)
+        graph = _EagerGraph(lambda: model(graphs.ids[:b], batch, engine.cache.layers))
+        return graph, graph.out
+
+    run = graphs.run
+
+    def checked_run(inputs):
+        out = run(inputs)
+        b = next(size for size in graphs.sizes if size >= len(inputs.pages))  # rows this replay reads
+        want = torch.full_like(graphs.host_tables, engine.cache.scratch_page)
+        for i, pages in enumerate(inputs.pages):
+            want[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        assert torch.equal(graphs.host_tables[:b], want[:b])
+        tables_seen.append(tuple(k[0] for k in inputs.keys))
+        return out
+
+    graphs._capture, graphs.run = capture, checked_run
+    engine.runner.graphs = graphs
+    preempted = []
+    grow = engine.scheduler._preempt
+
+    def preempt(seq):
+        preempted.append(seq.seq_id)
+        grow(seq)
+
+    engine.scheduler._preempt = preempt
+    graphed = [r.output_ids for r in engine.generate(prompts, params)]
+    assert graphed == eager
+    assert preempted, "the cache was meant to run out of pages"
+    assert len({len(t) for t in tables_seen}) >= 2  # the batch shrank
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
+
+
+def test_kept_host_tables_follow_growth_reuse_and_replaced_tables():
+    """`DecodeGraphs` keeps the host block tables across steps. Fuzzed steps: rows change
+    sequences, tables grow, a sequence comes back to its old row with a replaced table (a new
+    page_epoch, possibly shorter), the batch shrinks and grows. After each step the rows a replay
+    reads equal tables built from scratch."""
+    import random
+
+    from sparsegen.engine.model_runner import DecodeInputs
+
+    model = random_model("tiny", seed=0)
+    engine = LLMEngine(model, max_num_seqs=6, num_pages=64, page_size=8)
+    graphs = DecodeGraphs(model, engine.cache, 6, engine.max_model_len)
+    scratch, rng = engine.cache.scratch_page, random.Random(0)
+    tables = {}  # seq_id -> (epoch, pages)
+    replaced = 0
+    for step in range(300):
+        ids = rng.sample(range(8), rng.randint(1, 6)) if step % 7 == 0 or not tables else list(tables)[:6]
+        for sid in ids:
+            epoch, pages = tables.get(sid, (0, []))
+            roll = rng.random()
+            if roll < 0.1 and pages:
+                epoch, pages, replaced = (
+                    epoch + 1,
+                    [rng.randrange(63) for _ in range(rng.randint(1, 4))],
+                    replaced + 1,
+                )
+            elif roll < 0.5 or not pages:
+                pages = pages + [rng.randrange(63) for _ in range(rng.randint(1, 2))]
+            tables[sid] = (epoch, pages)
+        rows = [tables[sid] for sid in ids]
+        inputs = DecodeInputs(ids=[0] * len(ids), positions=[0] * len(ids), slots=[0] * len(ids),
+                              seq_lens=[1] * len(ids), pages=[p for _, p in rows],
+                              keys=[(sid, tables[sid][0]) for sid in ids], width=max(len(p) for _, p in rows),
+                              scratch=scratch, use_long=None)  # fmt: skip
+        b = next(size for size in graphs.sizes if size >= len(ids))
+        graphs._update_host_tables(inputs, b)
+        want = torch.full((b, graphs.max_pages), scratch, dtype=torch.int32)
+        for i, (_, pages) in enumerate(rows):
+            want[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        assert torch.equal(graphs.host_tables[:b], want), step
+    assert replaced > 10
+
+
+def test_sequence_page_epoch_counts_replaced_tables_only():
+    from sparsegen.engine.sequence import Sequence
+
+    seq = Sequence(0, [1, 2, 3], SamplingParams())
+    assert seq.page_epoch == 0 and seq.last_token == 3
+    seq.pages += [4, 5]  # grown in place (the list itself is assigned back)
+    seq.pages.append(6)
+    assert seq.page_epoch == 0
+    seq.pages = []  # preempted or finished: another list
+    assert seq.page_epoch == 1
+    seq.output_ids.append(9)
+    assert seq.last_token == 9 and seq.tokens[-1] == 9
+
+
 def test_longrope_choice_is_chunk_invariant():
     from dataclasses import replace
 

@@ -140,3 +140,51 @@ def test_export_of_prefill_and_decode_equals_eager(model):
         want = model(ids, batch, engine.cache.layers)
         got = exported.module()(*args)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_engine_decode_equals_eager_as_the_batch_shrinks(model, monkeypatch):
+    """compile_model=True: decode steps run the compiled forward (here through aot_eager, which
+    traces what inductor would get) while the batch shrinks 3 -> 2 -> 1 and the block tables
+    widen. fullgraph holds at every shape, dynamo compiles a few graphs (not one per step), and
+    the greedy tokens equal an eager engine's."""
+    from torch._dynamo.utils import counters
+
+    from sparsegen.engine import model_runner
+
+    monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    prompts = [[1, 2, 3, 4, 5] * 9, [7] * 20, list(range(60))]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 6, 12)]
+    engine = LLMEngine(model, num_pages=40, page_size=8, compile_model=True)
+    assert engine.runner.decode_forward is not model
+    got = [r.output_ids for r in engine.generate(prompts, params)]
+    want = [r.output_ids for r in LLMEngine(model, num_pages=40, page_size=8).generate(prompts, params)]
+    assert got == want
+    assert 2 <= counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
+    assert not counters["graph_break"]
+
+
+def test_set_force_dense_reaches_the_traced_ops(model):
+    """The traced path hands the ops `layer_json`: switching to dense must change it too (the
+    compiled forward would otherwise keep running the sparse spec)."""
+    sparse = [b.self_attn.layer_json for b in model.model.layers]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    ids = torch.randint(0, 256, (45,), generator=torch.Generator().manual_seed(3))
+    batch = ForwardBatch.whole_sequences([45])
+    try:
+        model.set_force_dense(True)
+        assert all(b.self_attn.layer_json == s.to_json() for b, s in zip(model.model.layers, model.spec.layers,
+                                                                          strict=True))  # fmt: skip
+        assert [b.self_attn.layer_json for b in model.model.layers] != sparse
+        with torch.inference_mode():
+            dense_compiled, dense_eager = compiled(ids, batch), model(ids, batch)
+        torch.testing.assert_close(dense_compiled, dense_eager, rtol=1e-5, atol=1e-5)
+    finally:
+        model.set_force_dense(False)
+    assert [b.self_attn.layer_json for b in model.model.layers] == sparse
+    with torch.inference_mode():
+        sparse_eager = model(ids, batch)
+        torch.testing.assert_close(compiled(ids, batch), sparse_eager, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(dense_eager, sparse_eager, rtol=1e-3, atol=1e-3)  # 45 > 2 blocks: they differ

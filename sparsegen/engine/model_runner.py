@@ -10,6 +10,7 @@ a GPU), and returns the logits of the rows to sample.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -56,6 +57,21 @@ def default_num_pages(model: Phi3SmallForCausalLM, page_size: int, kv_cache_byte
     return pages
 
 
+COMPILE_BACKEND = "inductor"  # what compile_model uses (the CPU tests swap in "aot_eager": no codegen)
+
+
+def compiled_decode(model: Phi3SmallForCausalLM) -> Callable[..., torch.Tensor]:
+    """The model's forward under torch.compile(fullgraph=True), for decode steps.
+
+    Shapes: a decode batch is padded to a few batch sizes and block-table widths (the CUDA
+    graphs' buckets). dynamo compiles the first shape it sees statically (batch 1 always is: a
+    size-1 dimension is specialised); when a dimension changes it recompiles once with that
+    dimension symbolic (automatic dynamic shapes), so a run compiles a handful of graphs, not one
+    per bucket. Nothing but tensors, ints, bools and strs reaches the registered ops.
+    """
+    return torch.compile(model, fullgraph=True, backend=COMPILE_BACKEND)
+
+
 @dataclass(frozen=True)
 class DecodeInputs:
     """One decode step, one row per sequence, on the host."""
@@ -64,20 +80,23 @@ class DecodeInputs:
     positions: list[int]  # its position
     slots: list[int]  # its flat cache slot
     seq_lens: list[int]  # tokens including it
-    tables: list[list[int]]  # block tables padded with the scratch page to `width`
-    width: int
+    pages: list[list[int]]  # each sequence's block table (its own list: read, never changed here)
+    keys: list[tuple[int, int]]  # (seq_id, page_epoch) per row: which block table each row holds
+    width: int  # the longest block table
+    scratch: int  # the scratch page, which pads the tables
     use_long: list[bool] | None  # LongRoPE long factors per row; None without LongRoPE
 
     def to_batch(self, device: torch.device) -> tuple[torch.Tensor, ForwardBatch]:
         def t(x, dtype=torch.long):
             return torch.tensor(x, dtype=dtype, device=device)
 
+        tables = [p + [self.scratch] * (self.width - len(p)) for p in self.pages]  # [B, width]
         batch = ForwardBatch(
             is_decode=True,
             positions=t(self.positions),  # [B]
             use_long_rope=t(self.use_long, torch.bool) if self.use_long is not None else None,  # [B]
             slot_mapping=t(self.slots),  # [B]
-            block_tables=t(self.tables, torch.int32),  # [B, width]
+            block_tables=t(tables, torch.int32),  # [B, width]
             seq_lens=t(self.seq_lens, torch.int32),  # [B]
         )
         return t(self.ids), batch  # ids: [B]
@@ -110,9 +129,7 @@ class ModelRunner:
         self.long_rope_after = rs.original_max_position_embeddings if rs is not None else None
         # Decode steps may run the model under torch.compile: the sparsegen ops stay opaque nodes,
         # inductor fuses the rest (norms, residuals, rotary, GeGeLU) and the graphs capture it.
-        self.decode_forward = model
-        if config.compile_model:
-            self.decode_forward = torch.compile(model, fullgraph=True)
+        self.decode_forward = compiled_decode(model) if config.compile_model else model
         self.graphs = None
         if config.use_cuda_graphs and model.device.type == "cuda":
             from .cuda_graphs import DecodeGraphs
@@ -179,12 +196,14 @@ class ModelRunner:
         if self.long_rope_after is not None:
             use_long = [self.use_long_rope(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)]
         return DecodeInputs(
-            ids=[s.tokens[-1] for s in seqs],
+            ids=[s.last_token for s in seqs],
             positions=positions,
             slots=[s.pages[p // ps] * ps + p % ps for s, p in zip(seqs, positions, strict=True)],
-            seq_lens=[len(s) for s in seqs],
-            tables=[s.pages + [scratch] * (width - len(s.pages)) for s in seqs],
+            seq_lens=[p + 1 for p in positions],
+            pages=[s.pages for s in seqs],
+            keys=[(s.seq_id, s.page_epoch) for s in seqs],
             width=width,
+            scratch=scratch,
             use_long=use_long,
         )
 

@@ -24,10 +24,24 @@ class Sequence:
     t_submit: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None
     t_last_token: float | None = None
+    # Bumped whenever `pages` is replaced by another list (a preemption or a finish empties it):
+    # pages are otherwise only appended, so (seq_id, page_epoch) names a block table that may
+    # only have grown since. The CUDA graphs' host table rewrites only the new tail of a row.
+    page_epoch: int = field(default=0, init=False)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "pages" and "pages" in self.__dict__ and value is not self.__dict__["pages"]:
+            object.__setattr__(self, "page_epoch", self.page_epoch + 1)
+        object.__setattr__(self, name, value)
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def last_token(self) -> int:
+        """tokens[-1] without building the whole list (a decode step reads it for every row)."""
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

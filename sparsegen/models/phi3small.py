@@ -97,8 +97,7 @@ def add_norm(
 class Attention(nn.Module):
     def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
         super().__init__()
-        self.layer = layer
-        self.layer_json = layer.to_json()  # what the registered ops take when traced
+        self.layer = layer  # also sets layer_json
         self.prefill_impl, self.decode_impl = options.attn_impls  # for sparsegen.prefill / paged_decode
         self.fused = options.attn_impl != "reference"  # the fused rotary kernel, on a GPU
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -111,6 +110,40 @@ class Attention(nn.Module):
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.query_key_value = Linear(config.hidden_size, qkv_out, bias=True, **fk)
         self.dense = Linear(config.hidden_size, config.hidden_size, bias=True, **fk)
+
+    @property
+    def layer(self) -> LayerSpec:
+        return self._layer
+
+    @layer.setter
+    def layer(self, layer: LayerSpec) -> None:
+        self._layer = layer
+        # What the registered ops take when traced: a str constant. torch 2.11's dynamo cannot
+        # reconstruct a frozen dataclass (the LayerSpec) that crosses into a call it does not inline.
+        self.layer_json = layer.to_json()
+
+    def _decode(self, q: torch.Tensor, kv_cache: KVCacheLayer, batch: ForwardBatch) -> torch.Tensor:
+        """q: [B, H, D] over the paged cache -> [B, H, D]."""
+        if torch.compiler.is_compiling():
+            return torch.ops.sparsegen.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables,
+                                                    batch.seq_lens, self.layer_json, self.scale,
+                                                    self.decode_impl, None)  # fmt: skip
+        return ops.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables, batch.seq_lens, self.layer,
+                                scale=self.scale, impl=self.decode_impl)  # fmt: skip
+
+    def _prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]. check=False: the engine built cu_seqlens
+        itself (no host read, no sync); max_seqlen_* are known on the host, so the kernel's grid
+        needs no sync either."""
+        if torch.compiler.is_compiling():
+            return torch.ops.sparsegen.prefill(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer_json,
+                                               self.scale, self.prefill_impl, False, batch.max_seqlen_q,
+                                               batch.max_seqlen_k)  # fmt: skip
+        return ops.prefill(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer, scale=self.scale,
+                           impl=self.prefill_impl, check=False, max_seqlen_q=batch.max_seqlen_q,
+                           max_seqlen_k=batch.max_seqlen_k)  # fmt: skip
 
     def forward(
         self,
@@ -137,42 +170,14 @@ class Attention(nn.Module):
         if batch.is_decode:
             if kv_cache is None:
                 raise InputError("a decode step needs a KV cache")
-        if batch.is_decode and torch.compiler.is_compiling():
-            # traced (compile_model): call the registered op with the spec's JSON, a str constant;
-            # torch 2.11's dynamo cannot reconstruct the frozen LayerSpec for ops.paged_decode
-            out = torch.ops.sparsegen.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables,
-                                                   batch.seq_lens, self.layer_json, self.scale,
-                                                   self.decode_impl, None)  # fmt: skip
-        elif batch.is_decode:
-            out = ops.paged_decode(
-                q,
-                kv_cache[0],
-                kv_cache[1],
-                batch.block_tables,
-                batch.seq_lens,
-                self.layer,
-                scale=self.scale,
-                impl=self.decode_impl,
-            )
+            out = self._decode(q, kv_cache, batch)
         else:
             if batch.kv_gather is not None:
                 k_all = kv_cache[0].view(-1, hkv, d)[batch.kv_gather]  # [Tk, Hkv, D]: cached prefix + new
                 v_all = kv_cache[1].view(-1, hkv, d)[batch.kv_gather]
             else:
                 k_all, v_all = k, v
-            out = ops.prefill(
-                q,
-                k_all,
-                v_all,
-                batch.cu_seqlens_q,
-                batch.cu_seqlens_k,
-                self.layer,
-                scale=self.scale,
-                impl=self.prefill_impl,
-                check=False,  # the engine built cu_seqlens itself: skip the host read (no sync)
-                max_seqlen_q=batch.max_seqlen_q,  # known on the host: the kernel's grid needs no sync
-                max_seqlen_k=batch.max_seqlen_k,
-            )
+            out = self._prefill(q, k_all, v_all, batch)
         return self.dense(out.reshape(t, h * d))
 
 
