@@ -46,11 +46,11 @@ class ModelSource:
         return named_config(self.random) if self.random is not None else self.config
 
     def build(self, shard, device: torch.device, group=None):
+        from .models.options import ModelOptions
         from .models.tensor_parallel import random_tp_model
         from .models.tp_loader import load_tp_checkpoint
 
-        kw = dict(
-            group=group,
+        options = ModelOptions(
             device=device,
             dtype=getattr(torch, self.dtype),
             force_dense=self.force_dense,
@@ -58,5 +58,5 @@ class ModelSource:
             dummy_token_indices=self.dummy_token_indices,
         )
         if self.model_dir is not None:
-            return load_tp_checkpoint(self.model_dir, shard, **kw)
-        return random_tp_model(self.load_config(), shard, seed=self.seed, **kw)
+            return load_tp_checkpoint(self.model_dir, shard, options, group=group)
+        return random_tp_model(self.load_config(), shard, options, seed=self.seed, group=group)

@@ -13,11 +13,15 @@ from dataclasses import asdict, dataclass
 import torch
 
 
-def median_ms(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
-    """Median time of fn() in milliseconds, with CUDA events (triton.testing.do_bench)."""
+def median_ms(fn, *, warmup_ms: int = 25, rep_ms: int = 100, min_reps: int = 10) -> float:
+    """Median time of fn() in milliseconds, with CUDA events (triton.testing.do_bench), over at
+    least `min_reps` timed calls: do_bench sizes its repeats to `rep_ms`, which for a 45 ms kernel
+    would be 2 calls, so long cases get a longer budget (min_reps x a first estimate)."""
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    estimate = float(do_bench(fn, warmup=1, rep=1, return_mode="median"))  # a handful of calls
+    rep = max(rep_ms, min_reps * estimate)
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep, return_mode="median"))
 
 
 def median_ms_graph(fn, *, rep_ms: int = 100) -> tuple[float, bool]:

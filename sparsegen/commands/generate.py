@@ -16,7 +16,7 @@ import click
 from .. import dtypes, progress
 from ..errors import InputError
 from ..log import get_logger
-from .options import SEED, engine_step_options, finite, torch_device
+from .options import SEED, engine_step_kwargs, engine_step_options, finite, torch_device
 
 log = get_logger(__name__)
 
@@ -45,46 +45,6 @@ def parse_prompt_ids(text: str, vocab_size: int, hint: str = "'--prompt-ids'") -
             f"token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}", param_hint=hint
         )
     return ids
-
-
-def _build_tokenizer(model_dir, random_size, tokenizer_path):
-    """The tokenizer for the CLI's options (None: a checkpoint without one, and no --tokenizer)."""
-    from ..models import named_config
-    from ..models.config import TINY_SPECIAL_TOKENS
-    from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
-
-    if tokenizer_path is not None:
-        return load_tokenizer(tokenizer_path)
-    if model_dir is not None:
-        return load_tokenizer(model_dir) if find_tiktoken_file(model_dir) is not None else None
-    config = named_config(random_size)
-    if random_size == "tiny":
-        return ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
-    # bytes plus Phi-3-Small's named special tokens; every other id is masked out
-    named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
-    return ByteTokenizer(named, config.vocab_size)
-
-
-def _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense):
-    """(model, tokenizer or None) for the CLI's options."""
-    from ..models import load_checkpoint, named_config, random_model
-
-    tokenizer = _build_tokenizer(model_dir, random_size, tokenizer_path)
-    if model_dir is not None:
-        dummies = tokenizer.dummy_token_indices if tokenizer is not None else ()
-        model = load_checkpoint(
-            model_dir, device=device, dtype=dtype, force_dense=force_dense, dummy_token_indices=dummies
-        )
-        return model, tokenizer
-    config = named_config(random_size)
-    model = random_model(
-        config,
-        device=device,
-        dtype=dtype,
-        force_dense=force_dense,
-        dummy_token_indices=tokenizer.dummy_token_indices,
-    )
-    return model, tokenizer
 
 
 def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wrap=None) -> list[list[int]]:
@@ -189,24 +149,6 @@ def command(
     _generate(**locals())  # sparsegen's errors become one line in cli.py (exit 2 or 1)
 
 
-def _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense, engine_kwargs, warmup):
-    """A TPEngine for --tp N, its --tp checked against the model and the GPUs before any rank starts."""
-    from ..tp_engine import ModelSource, TPEngine
-
-    try:
-        tokenizer = _build_tokenizer(model_dir, random_size, tokenizer_path)
-        source = ModelSource(
-            model_dir=str(model_dir) if model_dir is not None else None,
-            random=random_size,
-            dtype=str(dtype).removeprefix("torch."),
-            force_dense=force_dense,
-            dummy_token_indices=tokenizer.dummy_token_indices if tokenizer is not None else (),
-        )
-        return TPEngine(source, tp, device=device, tokenizer=tokenizer, warmup=warmup, **engine_kwargs)
-    except InputError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--tp'") from None
-
-
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
@@ -215,21 +157,22 @@ def _generate(
     import torch
 
     from ..engine import LLMEngine, SamplingParams
+    from ..llm import build_model, turn_end_ids
 
     device = torch_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
-    engine_kwargs = dict(
-        page_size=page_size,
-        max_num_seqs=max_batch,
-        max_num_batched_tokens=chunk_size,
-        use_cuda_graphs=not no_cuda_graphs,
-    )
+    engine_kwargs = dict(max_num_seqs=max_batch, **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs))
     if tp > 1:  # ranks are separate processes; this one drives them
-        engine = _tp_engine(tp, model_dir, random_size, tokenizer_path, device, dtype, force_dense,
-                            engine_kwargs, warmup=not no_warmup)  # fmt: skip
+        from ..tp_engine import tp_engine_for
+
+        try:  # --tp checked against the model and the GPUs before any rank starts
+            engine = tp_engine_for(model_dir, random_size, tokenizer_path, device, dtype, force_dense, 0, tp,
+                                   {**engine_kwargs, "warmup": not no_warmup})  # fmt: skip
+        except InputError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--tp'") from None
         tokenizer, config = engine.tokenizer, engine.model_config
     else:
-        model, tokenizer = _build(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
+        model, tokenizer = build_model(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
         engine, config = LLMEngine(model, tokenizer=tokenizer, **engine_kwargs), model.config
     vocab = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
     if chat and prompt_ids:
@@ -240,8 +183,6 @@ def _generate(
     )
     stop_ids = parse_prompt_ids(stop_token_ids, vocab, "'--stop-token-ids'") if stop_token_ids else []
     if (chat or model_dir is not None) and not ignore_eos:  # generation_config's turn-end tokens
-        from ..llm import turn_end_ids
-
         stop_ids += turn_end_ids(
             model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else config.eos_token_id, vocab
         )[1:]

@@ -94,3 +94,12 @@ def engine_step_options(command):
         show_default=True,
         help="Prefill tokens per step.",
     )(command)
+
+
+def engine_step_kwargs(chunk_size: int, page_size: int, no_cuda_graphs: bool) -> dict:
+    """`engine_step_options`' three values as the LLMEngine keywords they stand for."""
+    return {
+        "max_num_batched_tokens": chunk_size,
+        "page_size": page_size,
+        "use_cuda_graphs": not no_cuda_graphs,
+    }

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from ..errors import MissingExtraError, SparsegenError
-from .options import engine_step_options
+from .options import engine_step_kwargs, engine_step_options
 
 
 def _log_to_stderr() -> None:
@@ -103,10 +103,8 @@ def command(
             device=device,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
-            max_num_batched_tokens=chunk_size,
-            page_size=page_size,
-            use_cuda_graphs=not no_cuda_graphs,
             compile_model=compile_model,
+            **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs),
         )
         if not no_warmup:
             seconds = llm.engine.warmup()

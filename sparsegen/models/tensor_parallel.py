@@ -40,6 +40,7 @@ from ..spec import LayerSpec, ModelSpec
 from .config import Phi3SmallConfig
 from .loader import init_random_
 from .memory import check_fits, weight_bytes
+from .options import ModelOptions
 from .phi3small import Linear, Phi3SmallForCausalLM, model_spec
 
 
@@ -201,39 +202,31 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
         self,
         config: Phi3SmallConfig,
         shard: TPShard,
+        options: ModelOptions | None = None,
         *,
         group=None,
-        force_dense: bool = False,
-        attn_impl: str | None = None,
-        dummy_token_indices: tuple[int, ...] = (),
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **fields,
     ):
-        """`group`: the torch.distributed group of the collectives (None: the default group)."""
+        """`options` (or ModelOptions fields as keywords) as for `Phi3SmallForCausalLM`;
+        `group`: the torch.distributed group of the collectives (None: the default group)."""
+        options = ModelOptions.of(options, **fields)
         distributed.check_tp_size(shard.world_size, config.num_key_value_heads, "cpu")
         shard.span(config.ff_intermediate_size, "GeGeLU units")
         w = shard.world_size
-        embed = config.vocab_size * config.hidden_size * torch.empty((), dtype=dtype).element_size()
+        embed = config.vocab_size * config.hidden_size * torch.empty((), dtype=options.dtype).element_size()
         check_fits(
-            (weight_bytes(config, dtype or torch.get_default_dtype()) - embed) // w + embed,
-            device if device is not None else "cpu",
+            (weight_bytes(config, options.dtype) - embed) // w + embed,
+            options.device,
             f"rank {shard.rank}'s weights (1/{w} of the model; the embedding whole)",
         )
         # The whole tree is built on the CPU first: parameters are allocated but never written
         # (phi3small._NoInit), so the unsharded matrices cost address space, not memory, and are
         # replaced below before anything touches them.
-        super().__init__(
-            config,
-            force_dense=force_dense,
-            attn_impl=attn_impl,
-            dummy_token_indices=dummy_token_indices,
-            device="cpu",
-            dtype=dtype,
-        )
+        super().__init__(config, dataclasses.replace(options, device=torch.device("cpu")))
         self.shard = shard
         self.global_spec = self.spec
         self.spec = shard_model_spec(self.global_spec, shard)
-        fk = {"device": device, "dtype": dtype}
+        fk = {"device": options.device, "dtype": options.dtype}
         hidden, d = config.hidden_size, config.head_dim
         k0, k1 = shard.span(config.num_key_value_heads, "KV heads")
         hkv, h = k1 - k0, (k1 - k0) * config.group_size
@@ -246,9 +239,8 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
             block.mlp.up_proj = Linear(hidden, 2 * f, bias=True, **fk)
             block.mlp.down_proj = RowParallelLinear(f, hidden, w, group, **fk)
         self.lm_head = VocabParallelLMHead(hidden, config.vocab_size, shard, group, **fk)
-        target = torch.device(device if device is not None else "cpu")
-        self.to(target)  # the replicated parts: embedding, LayerNorms, rotary, dummy ids
-        self.options = dataclasses.replace(self.options, device=target)  # it was built on the CPU
+        self.to(options.device)  # the replicated parts: embedding, LayerNorms, rotary, dummy ids
+        self.options = options  # the tree was built with device cpu
         self.eval().requires_grad_(False)
 
     @property
@@ -277,28 +269,16 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
 def random_tp_model(
     config: Phi3SmallConfig,
     shard: TPShard,
+    options: ModelOptions | None = None,
     *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
     seed: int = 0,
     group=None,
-    force_dense: bool = False,
-    attn_impl: str | None = None,
-    dummy_token_indices: tuple[int, ...] = (),
+    **fields,
 ) -> TensorParallelPhi3Small:
     """This rank's part of exactly the weights `loader.random_model` draws with `seed`: every
-    full tensor is drawn in the same order on `device`, then cut (one full tensor at a time)."""
-    model = TensorParallelPhi3Small(
-        config,
-        shard,
-        group=group,
-        force_dense=force_dense,
-        attn_impl=attn_impl,
-        dummy_token_indices=dummy_token_indices,
-        device=device,
-        dtype=dtype,
-    )
-    gen = torch.Generator(device=device).manual_seed(seed)
+    full tensor is drawn in the same order on the device, then cut (one full tensor at a time)."""
+    model = TensorParallelPhi3Small(config, shard, options, group=group, **fields)
+    gen = torch.Generator(device=model.options.device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             full = torch.empty(full_shape(name, param, config, shard), device=param.device, dtype=param.dtype)

@@ -25,6 +25,7 @@ from .loader import (
     contained_file,
     finish_load,
 )
+from .options import ModelOptions
 from .tensor_parallel import TensorParallelPhi3Small, TPShard, full_shape, shard_range, take_shard
 
 
@@ -57,29 +58,22 @@ def _read(f, name: str, path: Path, model_param: torch.Tensor, config, shard) ->
 def load_tp_checkpoint(
     folder: str | Path,
     shard: TPShard,
+    options: ModelOptions | None = None,
     *,
     group=None,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    force_dense: bool = False,
-    attn_impl: str | None = None,
-    dummy_token_indices: tuple[int, ...] = (),
+    **fields,
 ) -> TensorParallelPhi3Small:
+    """This rank's part of the checkpoint, built as `options` (or ModelOptions fields as
+    keywords) say; the dtype defaults to bfloat16 here, as in `load_checkpoint`."""
+    if options is None:
+        fields.setdefault("dtype", torch.bfloat16)
+    options = ModelOptions.of(options, **fields)
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
     config = Phi3SmallConfig.from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
     weight_map = checkpoint_weight_map(folder)
-    model = TensorParallelPhi3Small(
-        config,
-        shard,
-        group=group,
-        force_dense=force_dense,
-        attn_impl=attn_impl,
-        dummy_token_indices=dummy_token_indices,
-        device=device,
-        dtype=dtype,
-    )
+    model = TensorParallelPhi3Small(config, shard, options, group=group)
     params = dict(model.named_parameters())
     by_file: dict[Path, list[str]] = {}
     for name, path in weight_map.items():
