@@ -1,27 +1,34 @@
-"""Where a batch-1 decode step of Phi-3-Small `7b` (random weights, bf16) spends its time (GPU).
+"""Where a decode step of Phi-3-Small `7b` (random weights, bf16) spends its time (GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/profile_decode_step.py [--context 8192] [--steps 8] [--compile]
+    PYTHONPATH=$PWD python3 benchmarks/profile_decode_step.py [--batch 1] [--context 8192] [--steps 8]
+                                                              [--compile] [--json OUT]
+    PYTHONPATH=$PWD python3 benchmarks/profile_decode_step.py --smoke   # CPU, tiny model: the plumbing
 
-Prints, for one sequence with a `--context`-token prompt:
+Prints, for `--batch` sequences with a `--context`-token prompt each:
 - the wall time of an engine step with CUDA graphs (and, with `--compile`, with torch.compile
-  inside the graphs) and without graphs;
+  inside the graphs) and without graphs; for graphed steps also the replay alone (CUDA events
+  around `graph.replay()`), so that wall - replay is the host's share of a step (building the
+  inputs, copies, sampling, the token read-back, the scheduler), during which the GPU idles;
 - the GPU kernel time of an eager step (torch.profiler), grouped (linear layers, LayerNorm,
-  paged decode, fused elementwise, other), and the kernels that take the most of it;
-- the paged-decode split-KV sweep of one sparse and one dense layer at this context: the time of
-  one launch per split count, next to the count the heuristic picks (graph-width and eager).
-The gap between wall and kernel time is host work (Python, launches, sampling, the token
-read-back); the weight read at the copy rate is the floor.
+  paged decode, fused elementwise, other), with kernel launches per step, and the kernels that
+  take the most of it;
+- the paged-decode split-KV sweep of one sparse and one dense layer over this batch's block
+  tables: the time of one launch per split count, next to the count the heuristic picks
+  (graph width and eager).
+The floor: the weights read once at the copy rate, plus the KV pages each layer reads (per KV
+group, the pages some head of the group needs: `layout.decode_pages`), which matter at batch 32.
+`--json OUT` writes every number printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
 from torch.autograd import DeviceType
 
-from sparsegen.bench.common import measure_ceilings
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.engine.cuda_graphs import width_bucket
 from sparsegen.models import random_model
@@ -33,17 +40,36 @@ GROUPS = (  # (label, substrings of kernel names), first match wins
     ("fused rotary/KV write, GeGeLU", ("rotary_qkv", "gegelu")),
     ("inductor kernels", ("triton_", "fused_")),
 )
+GIB = 2**30
 
 
-def engine_at(model, context: int, steps: int, graphs: bool, compiled: bool = False) -> LLMEngine:
-    engine = LLMEngine(model, kv_cache_bytes=8 << 30, max_num_seqs=1, max_num_batched_tokens=8192,
+def kv_bytes_needed(model, batch: int, context: int, steps: int) -> int:
+    """KV cache bytes for `batch` sequences of context + steps tokens, with slack for pages."""
+    cfg = model.config
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
+    return int(batch * (context + 4 * steps + 64) * per_token * 1.05) + (256 << 20)
+
+
+def engine_at(model, args, graphs: bool, compiled: bool = False) -> LLMEngine:
+    """An engine whose `args.batch` sequences have prefilled `args.context` tokens and taken 5
+    decode steps (kernel compiles, torch.compile, CUDA-graph captures happen there)."""
+    kv = kv_bytes_needed(model, args.batch, args.context, args.steps)
+    engine = LLMEngine(model, kv_cache_bytes=kv, max_num_seqs=args.batch, max_num_batched_tokens=8192,
                        use_cuda_graphs=graphs, compile_model=compiled)  # fmt: skip
-    prompt = torch.randint(0, 256, (context,), generator=torch.Generator().manual_seed(0)).tolist()
-    engine.submit([prompt], SamplingParams(max_tokens=4 * steps + 8, ignore_eos=True))
-    for _ in range(6):  # prefill, then warm-up steps (compiles, graph capture)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (args.context,), generator=gen).tolist() for _ in range(args.batch)]
+    seqs = engine.submit(prompts, SamplingParams(max_tokens=4 * args.steps + 8, ignore_eos=True))
+    while any(s.t_first_token is None for s in seqs):  # prefill (chunked)
         engine.step()
-    torch.cuda.synchronize()
+    for _ in range(5):  # warm-up decode steps
+        engine.step()
+    sync()
     return engine
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def step_ms(engine: LLMEngine, steps: int) -> float:
@@ -51,6 +77,22 @@ def step_ms(engine: LLMEngine, steps: int) -> float:
     for _ in range(steps):
         engine.step()
     return 1e3 * (time.perf_counter() - start) / steps
+
+
+def replay_ms(engine: LLMEngine, n: int = 20) -> float | None:
+    """GPU time of one replay of the graph the last step used (CUDA events), or None."""
+    if engine.graphs is None or not engine.graphs.graphs:
+        return None
+    graph, _ = list(engine.graphs.graphs.values())[-1]  # captured last: the current bucket
+    graph.replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        graph.replay()  # rewrites the same cache slots with the same values: harmless here
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / n
 
 
 def grouped(events, steps: int) -> list[tuple[str, float, int]]:
@@ -67,28 +109,52 @@ def grouped(events, steps: int) -> list[tuple[str, float, int]]:
     return sorted(((k, v[0], round(v[1])) for k, v in totals.items()), key=lambda r: -r[1])
 
 
-def split_sweep(engine: LLMEngine, context: int) -> None:
+def aten_ops_per_step(events, steps: int) -> list[tuple[str, int]]:
+    """(aten op, calls per step), most called first: what a step launches, on any device."""
+    rows = [(e.key, e.count // steps) for e in events if e.key.startswith("aten::") and e.count >= steps]
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def kv_read_bytes(model, batch: int, seq_len: int, page_size: int = 16) -> int:
+    """KV bytes one decode step reads at `seq_len` tokens per sequence: per layer and KV group,
+    the pages that some head of the group needs (`sparsegen.layout.decode_pages`), K and V."""
+    from sparsegen.layout import decode_pages
+
+    cfg = model.config
+    page_bytes = 2 * page_size * cfg.head_dim * model.dtype.itemsize  # K and V of one page, one KV head
+    by_spec: dict[str, int] = {}
+    total = 0
+    for layer in model.spec.layers:
+        key = layer.to_json()
+        if key not in by_spec:
+            by_spec[key] = int(decode_pages(layer, seq_len, page_size).sum())
+        total += by_spec[key] * page_bytes
+    return batch * total
+
+
+def split_sweep(engine: LLMEngine) -> list[dict]:
     from sparsegen.kernels.decode import _sm_count, get_decode_kernel, num_splits
 
     model, cache = engine.model, engine.cache
-    seq = engine.scheduler.running[0]
-    ps = cache.page_size
-    dev = model.device
-    table = torch.tensor([seq.pages], dtype=torch.int32, device=dev)  # [1, pages]
-    width = width_bucket(len(seq.pages), -(-engine.max_model_len // ps))
-    wide = torch.full((1, width), cache.scratch_page, dtype=torch.int32, device=dev)
-    wide[0, : len(seq.pages)] = table[0]
-    lens = torch.tensor([len(seq)], dtype=torch.int32, device=dev)
+    seqs = engine.scheduler.running
+    ps, dev = cache.page_size, model.device
+    width = width_bucket(max(len(s.pages) for s in seqs), -(-engine.max_model_len // ps))
+    wide = torch.full((len(seqs), width), cache.scratch_page, dtype=torch.int32, device=dev)
+    for i, s in enumerate(seqs):
+        wide[i, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32, device=dev)
+    lens = torch.tensor([len(s) for s in seqs], dtype=torch.int32, device=dev)
+    eager_width = max(len(s.pages) for s in seqs)
     sms = _sm_count(dev)
+    out = []
     for kind, idx in (("sparse", 0), ("dense", 1)):
         layer = model.spec.layers[idx]
         kern = get_decode_kernel(layer, dtype=model.dtype, page_size=ps)
-        q = torch.randn(1, layer.num_heads, layer.head_dim, device=dev, dtype=model.dtype)
-        groups = layer.num_heads // kern.heads_per_block
-        pick_graph = num_splits(groups, width * ps, sms)
-        pick_eager = num_splits(groups, len(seq.pages) * ps, sms)
-        row = []
-        for s in (1, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256):
+        q = torch.randn(len(seqs), layer.num_heads, layer.head_dim, device=dev, dtype=model.dtype)
+        rows = len(seqs) * (layer.num_heads // kern.heads_per_block)
+        pick_graph = num_splits(rows, width * ps, sms)
+        pick_eager = num_splits(rows, eager_width * ps, sms)
+        sweep = {}
+        for s in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256):
             for _ in range(3):
                 kern.launch(q, cache.k[idx], cache.v[idx], wide, lens, 1 / 128, splits=s)
             torch.cuda.synchronize()
@@ -99,48 +165,107 @@ def split_sweep(engine: LLMEngine, context: int) -> None:
                 kern.launch(q, cache.k[idx], cache.v[idx], wide, lens, 1 / 128, splits=s)
             stop.record()
             torch.cuda.synchronize()
-            row.append(f"{s}:{start.elapsed_time(stop) * 1e3 / n:.1f}")
-        print(f"decode {kind} layer at {len(seq)} tokens, us per launch by splits (eager launches, incl. reduce): "
-              f"{' '.join(row)}; heuristic picks {pick_graph} (graph width {width} pages), {pick_eager} (eager)")  # fmt: skip
+            sweep[s] = start.elapsed_time(stop) * 1e3 / n
+        best = min(sweep, key=sweep.get)
+        print(f"decode {kind} layer, {len(seqs)} x {int(lens.max())} tokens, us per launch by splits (eager, incl. "
+              f"reduce): {' '.join(f'{s}:{t:.1f}' for s, t in sweep.items())}; best {best}; heuristic picks "
+              f"{pick_graph} (graph width {width} pages), {pick_eager} (eager)")  # fmt: skip
+        out.append({"kind": kind, "us_by_splits": sweep, "best": best, "pick_graph": pick_graph,
+                    "pick_eager": pick_eager, "graph_width_pages": width})  # fmt: skip
+    return out
+
+
+def timed_engine(model, args, report: dict, name: str, compiled: bool) -> None:
+    engine = engine_at(model, args, graphs=True, compiled=compiled)
+    ms = step_ms(engine, args.steps)
+    rep = replay_ms(engine)
+    report[name] = {"step_ms": ms, "tokens_per_s": args.batch * 1e3 / ms, "replay_ms": rep}
+    line = f"step with {name}: {ms:.2f} ms ({args.batch * 1e3 / ms:.1f} tok/s"
+    if "floor_ms" in report:
+        line += f", {report['floor_ms'] / ms:.0%} of the floor"
+    line += ")"
+    if rep is not None:
+        line += f"; graph replay alone {rep:.2f} ms, host {ms - rep:.2f} ms per step"
+    else:
+        line += "; no graph captured (CPU)"
+    print(line, flush=True)
+    del engine
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoding together")
+    ap.add_argument("--context", type=int, default=8192, help="prompt tokens of each sequence")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile inside the graphs")
-    args = ap.parse_args()
-    model = random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    bw = measure_ceilings().copy_tb_s * 1e12  # bytes read + written per second
-    floor_ms = weight_bytes / bw * 1e3
-    print(f"weights {weight_bytes / 1e9:.2f} GB: {floor_ms:.2f} ms at the copy rate {bw / 1e12:.2f} TB/s")
-    graphed = engine_at(model, args.context, args.steps, graphs=True)
-    ms = step_ms(graphed, args.steps)
-    print(
-        f"step with CUDA graphs: {ms:.2f} ms ({1e3 / ms:.1f} tok/s, {floor_ms / ms:.0%} of the weight-read floor)"
+    ap.add_argument("--json", default=None, help="write the numbers here")
+    ap.add_argument(
+        "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
     )
-    del graphed
+    args = ap.parse_args()
+    if args.batch < 1 or args.context < 1 or args.steps < 1:
+        ap.error("--batch, --context and --steps must be >= 1")
+    if args.smoke:
+        size, device, dtype = "tiny", "cpu", torch.float32
+        args.context = min(args.context, 200)
+    elif torch.cuda.is_available():
+        size, device, dtype = "7b", "cuda", torch.bfloat16
+    else:
+        raise SystemExit("profile_decode_step needs a CUDA GPU (or --smoke)")
+    model = random_model(size, device=device, dtype=dtype, seed=0)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    report: dict = {
+        "size": size,
+        "batch": args.batch,
+        "context": args.context,
+        "weights_gb": weight_bytes / 1e9,
+    }
+    if device == "cuda":
+        from sparsegen.bench.common import measure_ceilings
+
+        bw = measure_ceilings().copy_tb_s * 1e12  # bytes read + written per second
+        kv = kv_read_bytes(model, args.batch, args.context + 8)
+        floor_ms = (weight_bytes + kv) / bw * 1e3
+        report.update(copy_tb_s=bw / 1e12, weights_floor_ms=weight_bytes / bw * 1e3, kv_read_gb=kv / 1e9,
+                      floor_ms=floor_ms)  # fmt: skip
+        print(f"weights {weight_bytes / 1e9:.2f} GB + KV read per step {kv / 1e9:.2f} GB at the copy rate "
+              f"{bw / 1e12:.2f} TB/s: floor {floor_ms:.2f} ms = {args.batch * 1e3 / floor_ms:.0f} tok/s "
+              f"(weights alone {weight_bytes / bw * 1e3:.2f} ms)", flush=True)  # fmt: skip
+
+    timed_engine(model, args, report, "CUDA graphs", compiled=False)
     if args.compile:
-        comp = engine_at(model, args.context, args.steps, graphs=True, compiled=True)
-        ms = step_ms(comp, args.steps)
-        print(f"step with torch.compile in CUDA graphs: {ms:.2f} ms ({1e3 / ms:.1f} tok/s)")
-        del comp
-    eager = engine_at(model, args.context, args.steps, graphs=False)
-    print(f"step without graphs:   {step_ms(eager, args.steps):.2f} ms")
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        timed_engine(model, args, report, "torch.compile in CUDA graphs", compiled=True)
+    eager = engine_at(model, args, graphs=False)
+    report["eager_step_ms"] = step_ms(eager, args.steps)
+    print(f"step without graphs: {report['eager_step_ms']:.2f} ms", flush=True)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=acts, acc_events=True) as prof:
         for _ in range(args.steps):
             eager.step()
-        torch.cuda.synchronize()
+        sync()
     events = prof.key_averages()
-    kernels = grouped(events, args.steps)
-    print(f"GPU kernel time per eager step: {sum(r[1] for r in kernels):.2f} ms")
-    print("| what | GPU ms per step | kernels per step |\n|---|---|---|")
-    for label, ms, count in kernels:
-        print(f"| {label} | {ms:.3f} | {count} |")
-    print(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=70))
-    split_sweep(eager, args.context)
+    ops = aten_ops_per_step(events, args.steps)
+    report["aten_ops_per_step"] = dict(ops)
+    print(f"aten ops per eager step: {sum(n for _, n in ops)} "
+          f"({', '.join(f'{k[6:]} {n}' for k, n in ops[:12])})")  # fmt: skip
+    if device == "cuda":
+        kernels = grouped(events, args.steps)
+        total = sum(r[1] for r in kernels)
+        report["kernel_ms_per_step"] = total
+        report["kernels"] = [{"group": g, "ms": ms, "launches": n} for g, ms, n in kernels]
+        print(
+            f"GPU kernel time per eager step: {total:.2f} ms in {sum(r[2] for r in kernels)} kernel launches"
+        )
+        print("| what | GPU ms per step | kernels per step |\n|---|---|---|")
+        for label, ms, count in kernels:
+            print(f"| {label} | {ms:.3f} | {count} |")
+        print(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=70))
+        report["split_sweep"] = split_sweep(eager)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":

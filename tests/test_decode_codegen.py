@@ -139,6 +139,8 @@ def test_heads_per_block():
 def test_num_splits_heuristic():
     # The H200 sweep's choices (benchmarks/decode_notes.md): about one resident wave of blocks.
     assert dec.num_splits(8, 128 * 1024, 132) == 64  # batch 1 at 128K: 512 blocks, 4 per SM
+    assert dec.num_splits(8, 8192, 132) == 64  # batch 1 at 8K: one wave too, 2 chunks per split
+    assert dec.num_splits(8, 4096, 132) == 32  # 64 chunks: at least 2 per split
     assert dec.num_splits(64, 32 * 1024, 132) == 8
     assert dec.num_splits(512, 8192, 132) == 1
     assert dec.num_splits(8, 64, 132) == 1  # one chunk: nothing to split
@@ -147,7 +149,7 @@ def test_num_splits_heuristic():
     for rows in range(1, 600, 7):
         for ctx in (64, 1000, 8192, 40000, 131072):
             s = dec.num_splits(rows, ctx, 132)
-            assert s in nice and 1 <= s <= dec.MAX_SPLITS and (s == 1 or s <= -(-ctx // 64) // 4)
+            assert s in nice and 1 <= s <= dec.MAX_SPLITS and (s == 1 or s <= -(-ctx // 64) // 2)
 
 
 def test_split_weights():

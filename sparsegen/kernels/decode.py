@@ -125,16 +125,25 @@ def _sm_count(device: torch.device) -> int:
 
 def num_splits(rows: int, max_context: int, sm_count: int) -> int:
     """Split-KV count from shapes only (no host sync): about BLOCKS_PER_SM blocks per SM in all,
-    i.e. one full resident wave, at least 4 CHUNKs (256 tokens) per split, at most MAX_SPLITS,
+    i.e. one full resident wave, at least 2 CHUNKs (128 tokens) per split, at most MAX_SPLITS,
     rounded down to 2^k or 3 * 2^k.
 
     rows = batch x head groups. Tuned on an H200 (benchmarks/decode_notes.md): with cheap blocks
     the best split keeps every block resident at once (extra waves only add the partials and the
     merge). Since splits share weighted work (split_bound in the template), a full wave of 4
     blocks per SM beat 3; on 132 SMs this picks 1 split at 64 x 8K, 8 at 8 x 32K and 64 at 1 x 128K.
+
+    The floor of 2 chunks per split (it was 4) decides only short contexts at batch 1-2. At 1 x 8K
+    (8 rows) the wave wants 66 splits; 4 chunks per split allowed 32 for a table of 513 pages
+    (eager) or a graph bucket of 512: 256 blocks, 2 per SM, half a wave, each warp walking 8
+    dependent 8-token tiles. The same half wave cost 29 % at 8 x 32K (4 splits 194.8 us vs 8
+    splits 151.1 us, tune_decode_h200_s2_balanced.json). Now 64 splits (512 blocks, one wave, 4
+    tiles per warp); the partials grow from 0.5 to 1 MB per layer (f32, 32 heads x 64 x 128),
+    well under a microsecond of traffic. (A graph bucket of 1024 pages, i.e. 8K+ contexts, got
+    64 already: the kernel divides the actual length, the count comes from the table width.)
     """
     chunks = -(-max_context // TILE)
-    want = min(max(1, BLOCKS_PER_SM * sm_count // max(rows, 1)), max(1, chunks // 4), MAX_SPLITS)
+    want = min(max(1, BLOCKS_PER_SM * sm_count // max(rows, 1)), max(1, chunks // 2), MAX_SPLITS)
     p = 1 << (want.bit_length() - 1)
     return 3 * p // 2 if p >= 2 and want >= 3 * p // 2 else p
 

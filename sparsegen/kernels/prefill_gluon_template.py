@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..codegen import render
+from ..errors import InputError
 from ..spec import HeadSpec, LayerSpec
 from .prefill_template import _affine_offsets, _ranges  # one head-grouping rule for both variants
 
@@ -28,6 +29,7 @@ CONFIG = {
     "programs": 0,  # persistent grid size; 0 = the GPU's SM count (tests force a small one)
     "q_smem": False,
     "pingpong": False,  # the two consumers take turns issuing their matmuls (FA3's inter-warpgroup overlap)
+    "kv_major": False,  # work items KV head by KV head (L2 reuse of its rows) instead of tile by tile
     "producer_regs": 24,
     "consumer_regs": 240,
     "maxnreg": 168,
@@ -52,6 +54,12 @@ def config(layer: LayerSpec, **overrides: Any) -> dict[str, Any]:
     if not cfg["persistent"] and not all(h.dense for h in layer.heads):
         cfg.update(block_n=128, stages=2, q_smem=True)
     cfg.update(overrides)
+    for h, head in enumerate(layer.heads):
+        if head.vert_stride and not head.dense and head.block_size % cfg["block_n"]:
+            raise InputError(
+                f"block_n {cfg['block_n']} does not divide head {h}'s vertical blocks of "
+                f"{head.block_size} tokens (a key tile covers whole vertical blocks)"
+            )
     cfg["wg_warps"] = 4 * (2 // cfg["consumers"])  # warps per consumer partition
     cfg["num_warps"] = 4 if cfg["consumers"] == 2 else 8  # the default partition's warps
     return cfg
@@ -120,7 +128,9 @@ def plan(layer: LayerSpec, dtype: str, cfg: dict[str, Any] | None = None) -> dic
         "head_dim": layer.head_dim,
         "group": layer.group_size,
         "dtype": dtype,
-        **{k: cfg[k] for k in ("block_m", "block_n", "stages", "consumers", "wg_warps", "q_smem")},
+        **{
+            k: cfg[k] for k in ("block_m", "block_n", "stages", "consumers", "wg_warps", "q_smem", "kv_major")
+        },
         "pingpong": cfg["pingpong"] and cfg["consumers"] == 2,
         **{k: cfg[k] for k in ("producer_regs", "consumer_regs")},
         "paths": paths(layer),
