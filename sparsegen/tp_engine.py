@@ -19,7 +19,7 @@ generators; unseeded ones from the global generator, seeded identically on every
 plan is broadcast each step: the per-step cost of tensor parallelism is the model's collectives
 only (two all-reduces per layer and one all-gather), which CUDA graphs capture. The price is
 that every rank must see the same engine calls in the same order: the driver sends each call
-(`submit`, `step`, `abort`, `results`, `call`) to every rank's queue and takes rank 0's answer,
+(`submit`, `add`, `step`, `abort`, `results`, `call`) to every rank's queue and takes rank 0's answer,
 so `TPEngine` offers `LLMEngine`'s surface (a request that one rank refuses, every rank refuses
 alike, and none is changed). Each `step()` costs one queue round trip besides the forward;
 `call(fn)` runs a whole loop on the ranks without it (the benchmarks use that).
