@@ -157,6 +157,11 @@ VARIANTS = {  # {} is the rule's choice for the case (prefill_gluon_template.con
     "c2_n64_s4_persist": {**BASE, "stages": 4, "persistent": True},
     "c2_n64_s2_persist": {**BASE, "stages": 2, "persistent": True},
     "c2_n128_s3": {**BASE, "block_n": 128, "stages": 3},
+    "c2_n128_s3_kv": {**BASE, "block_n": 128, "stages": 3, "kv_major": True},
+    "c2_n128_s3_kv_persist": {**BASE, "block_n": 128, "stages": 3, "kv_major": True, "persistent": True},
+    "c2_n64_s3_kv": {**BASE, "kv_major": True},
+    "c2_n64_s3_kv_persist": {**BASE, "kv_major": True, "persistent": True},
+    "rule_kv": {"kv_major": True},
 }
 
 

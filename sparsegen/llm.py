@@ -24,6 +24,7 @@ import torch
 
 from .engine import LLMEngine
 from .engine.sampling import SEED_LIMIT, SamplingParams
+from .engine_stats import EngineStats, engine_stats
 from .errors import InputError
 from .serve.chat import ChatTemplate, eos_token_ids
 from .serve.outputs import CompletionTracker, RequestOutput
@@ -171,6 +172,8 @@ class LLM:
             )
         if "tokenizer" in engine_options:
             raise InputError("pass the tokenizer as a path with tokenizer=")
+        if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
+            raise InputError(f"tensor_parallel_size must be an int, got {tensor_parallel_size!r}")
         dev = resolve_device(device)
         if tensor_parallel_size != 1:  # ranks in their own processes (sparsegen.tp_engine)
             from .tp_engine import tp_engine_for
@@ -183,6 +186,7 @@ class LLM:
                 model, random, tokenizer, dev, resolve_dtype(dtype, dev), force_dense, seed
             )
             self.engine, model_config = LLMEngine(net, tokenizer=tok, **engine_options), net.config
+        self.tensor_parallel_size = tensor_parallel_size
         self.model_name = str(model) if model is not None else f"random-{random}"
         self.tokenizer = tok
         vocab = model_config.vocab_size
@@ -197,6 +201,11 @@ class LLM:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    def stats(self) -> EngineStats:
+        """The engine's queue, batch and KV-cache occupancy (with tensor parallelism, rank 0's
+        after the last call)."""
+        return self.engine.stats() if self.tensor_parallel_size != 1 else engine_stats(self.engine)
 
     def encode(self, prompt, where: str = "prompt") -> list[int]:
         """Token ids of a str (encoded) or a list of ids (checked)."""
@@ -317,6 +326,8 @@ class LLM:
                 engine.abort(seqs[i].seq_id)
             if bar is not None:
                 bar.close()
+        if self.tensor_parallel_size != 1:
+            engine.results(seqs)  # the ranks keep each submitted request until its result is taken
         base = next(self._ids)
         return [
             RequestOutput(

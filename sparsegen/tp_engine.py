@@ -19,7 +19,7 @@ generators; unseeded ones from the global generator, seeded identically on every
 plan is broadcast each step: the per-step cost of tensor parallelism is the model's collectives
 only (two all-reduces per layer and one all-gather), which CUDA graphs capture. The price is
 that every rank must see the same engine calls in the same order: the driver sends each call
-(`submit`, `step`, `abort`, `results`, `call`) to every rank's queue and takes rank 0's answer,
+(`submit`, `add`, `step`, `abort`, `results`, `call`) to every rank's queue and takes rank 0's answer,
 so `TPEngine` offers `LLMEngine`'s surface (a request that one rank refuses, every rank refuses
 alike, and none is changed). Each `step()` costs one queue round trip besides the forward;
 `call(fn)` runs a whole loop on the ranks without it (the benchmarks use that).
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from . import distributed
+from .engine_stats import EngineStats
 from .errors import DistributedError, InputError
 from .log import get_logger
 from .tp_failures import Failure, Refused, check_pickles, exit_text, reraise
@@ -78,6 +79,17 @@ def _terminate(procs) -> None:
             p.join(1.0)
 
 
+def check_tensor_parallel(config, tensor_parallel_size: object, device_type: str) -> int:
+    """The tensor-parallel size, checked against the model and the devices before any rank starts:
+    it must divide the KV heads (whole KV groups per rank) and the GeGeLU units, and fit the GPUs."""
+    world = distributed.check_tp_size(tensor_parallel_size, config.num_key_value_heads, device_type)
+    if config.ff_intermediate_size % world:
+        raise InputError(
+            f"tensor_parallel_size {world} does not divide ff_intermediate_size {config.ff_intermediate_size}"
+        )
+    return world
+
+
 class TPEngine:
     """`LLMEngine`'s `generate` and `warmup`, run by `tensor_parallel_size` ranks."""
 
@@ -94,14 +106,7 @@ class TPEngine:
     ):
         device_type = torch.device(device).type
         config = self.model_config = source.load_config()
-        self.world_size = distributed.check_tp_size(
-            tensor_parallel_size, config.num_key_value_heads, device_type
-        )
-        if config.ff_intermediate_size % self.world_size:
-            raise InputError(
-                f"tensor_parallel_size {self.world_size} does not divide ff_intermediate_size "
-                f"{config.ff_intermediate_size}"
-            )
+        self.world_size = check_tensor_parallel(config, tensor_parallel_size, device_type)
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else config.eos_token_id
         self.warmup_s = 0.0
@@ -121,8 +126,10 @@ class TPEngine:
         ready = self._wait(want="ready")
         self.warmup_s = max(r["warmup_s"] for r in ready)
         self.max_model_len = ready[0]["max_model_len"]
+        self.kv_capacity: tuple[int, int] = ready[0]["kv_capacity"]  # (pages, tokens), as LLMEngine's
+        self._stats: EngineStats = ready[0]["stats"]
         self.has_unfinished = False
-        self._aborted: set[int] = set()
+        self._aborted: set[int] | None = None  # while generate() runs: its requests that were aborted
 
     # -- waiting on the ranks -------------------------------------------------------------------
     def _wait(self, want: str):
@@ -182,7 +189,7 @@ class TPEngine:
         check_pickles((kind, payload), f"{kind}'s arguments")  # else the queue drops them silently
         for q in self._cmds:
             q.put((kind, payload))
-        value = self._wait(want="done")
+        value, self.has_unfinished, self._stats = self._wait(want="done")  # rank 0's, after the call
         if isinstance(value, Refused):
             raise reraise(0, value.failure, "")
         return value
@@ -192,15 +199,26 @@ class TPEngine:
         """Queue the prompts on every rank (checked first there: all or none, as LLMEngine.submit)."""
         return [RequestHandle(i) for i in self._run("submit", (prompts, params))]
 
+    def add_request(self, prompt_ids: list[int], params) -> RequestHandle:
+        """Queue one request on every rank (checked first there), as LLMEngine.add_request; its
+        result is never kept on the ranks (a server reads its TokenEvents instead)."""
+        return RequestHandle(self._run("add", (prompt_ids, params)))
+
+    def stats(self) -> EngineStats:
+        """Rank 0's EngineStats after the last call (every rank schedules alike)."""
+        return self._stats
+
     def step(self) -> list:
         """One forward pass on every rank; rank 0's TokenEvents."""
-        events, self.has_unfinished = self._run("step", None)
-        return events
+        return self._run("step", None)
 
     def abort(self, request_id: int) -> bool:
-        """Drop an unfinished request on every rank (before the next step)."""
+        """Drop an unfinished request on every rank (before the next step). False once the engine
+        is closed: nothing is unfinished then (so cleanup after a failure does not raise again)."""
+        if self._closed:
+            return False
         done = self._run("abort", request_id)
-        if done:
+        if done and self._aborted is not None:
             self._aborted.add(request_id)
         return done
 
@@ -213,6 +231,7 @@ class TPEngine:
         these requests' TokenEvents (and may `abort` a request, as stop strings do)."""
         handles = self.submit(prompts, params)
         left = {h.seq_id for h in handles}
+        self._aborted = set()
         try:
             while left:
                 for event in self.step():
@@ -225,9 +244,9 @@ class TPEngine:
                 if left and not self.has_unfinished:
                     raise DistributedError(f"requests {sorted(left)} are unfinished, but every rank is idle")
         finally:
-            if not self._closed:
-                for i in left:
-                    self.abort(i)
+            self._aborted = None
+            for i in left:
+                self.abort(i)
         return self.results(handles)
 
     def warmup(self) -> float:
@@ -283,4 +302,4 @@ def _warmup(ctx: RankContext) -> float:
     return ctx.engine.warmup()
 
 
-__all__ = ["ModelSource", "RankContext", "TPEngine"]
+__all__ = ["ModelSource", "RankContext", "TPEngine", "check_tensor_parallel"]

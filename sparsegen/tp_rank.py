@@ -1,7 +1,8 @@
 """One tensor-parallel rank's process: build its shard and engine, then run the driver's commands.
 
 Every rank runs the same engine calls in the same order (see `tp_engine`); only rank 0 sends
-values back. Anything a rank raises is reported as a `Failure` and the process exits at once.
+values back, each with its engine's `has_unfinished` and `EngineStats` after the call. Anything
+a rank raises is reported as a `Failure` and the process exits at once.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from . import distributed
+from .engine_stats import engine_stats
 from .errors import InputError, SparsegenError
 from .tp_failures import Refused, check_pickles, describe
 
@@ -49,8 +51,13 @@ def run_command(ctx: RankContext, seqs: dict, kind: str, payload):
             return Refused(describe(exc))
         seqs.update((s.seq_id, s) for s in new)
         return [s.seq_id for s in new]
+    if kind == "add":  # one request, for a server: its result is never asked for, so none is kept
+        try:
+            return engine.add_request(*payload).seq_id
+        except SparsegenError as exc:
+            return Refused(describe(exc))
     if kind == "step":
-        return engine.step(), engine.has_unfinished
+        return engine.step()
     if kind == "abort":
         return engine.abort(payload)
     if kind == "results":
@@ -74,7 +81,9 @@ def rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs, 
         model = source.build(TPShard(rank, world), info.device, group)
         engine = engine_on_rank(model, info, tokenizer, engine_kwargs)
         seconds = engine.warmup() if warmup else 0.0
-        out.put(("ready", rank, {"warmup_s": seconds, "max_model_len": engine.max_model_len}))
+        ready = {"warmup_s": seconds, "max_model_len": engine.max_model_len, "kv_capacity": engine.kv_capacity,
+                 "stats": engine_stats(engine)}  # fmt: skip
+        out.put(("ready", rank, ready))
         ctx = RankContext(info, model, engine)
         seqs: dict[int, Any] = {}  # seq_id -> Sequence, until its result is taken
         while (cmd := cmds.get()) is not None:
@@ -84,7 +93,7 @@ def rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs, 
                     check_pickles(value, f"the result of {cmd[0]!r}")
                 except InputError as exc:
                     value = Refused(describe(exc))
-                out.put(("done", 0, value))
+                out.put(("done", 0, (value, engine.has_unfinished, engine_stats(engine))))
     except BaseException as exc:  # report everything, even KeyboardInterrupt, then leave at once
         out.put(("error", rank, describe(exc)))
         leave(out, 1)  # no process-group teardown: peers may be dead, and NCCL's can block

@@ -146,11 +146,11 @@ def _gen(*args):
     return CliRunner().invoke(cli, ["generate", *args], catch_exceptions=False)
 
 
-@pytest.mark.parametrize(
-    "tp, match",
-    [("0", "0 is not in the range"), ("x", "'x' is not a valid integer"), ("1.5", "not a valid integer"),
-     ("4", "does not divide the model's 2 KV heads"), ("3", "does not divide")],
-)  # fmt: skip
+BAD_TP = [("0", "0 is not in the range"), ("x", "'x' is not a valid integer"), ("1.5", "not a valid integer"),
+          ("4", "does not divide the model's 2 KV heads"), ("3", "does not divide")]  # fmt: skip
+
+
+@pytest.mark.parametrize("tp, match", BAD_TP)
 def test_cli_bad_tp_is_a_usage_error(tp, match):
     res = _gen("--random", "tiny", "--prompt-ids", "1,2", "--device", "cpu", "--tp", tp)
     assert res.exit_code == 2, res.output
@@ -170,3 +170,37 @@ def test_cli_json_still_parses_with_tp_one():
                "--max-tokens", "2", "--no-warmup")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert len(json.loads(res.stdout)["output_ids"]) == 2
+
+
+def _serve(*args):
+    return CliRunner().invoke(cli, ["serve", *args], catch_exceptions=False)
+
+
+@pytest.mark.parametrize("tp, match", [*BAD_TP, ("-1", "not in the range")])
+def test_cli_serve_bad_tp_is_a_usage_error_before_anything_starts(tp, match):
+    pytest.importorskip("fastapi")
+    before = multiprocessing.active_children()
+    res = _serve("--random", "tiny", "--device", "cpu", "--port", "0", "--tp", tp)
+    assert res.exit_code == 2, res.output
+    assert "--tp" in res.stderr and match in res.stderr and "Traceback" not in res.output
+    assert multiprocessing.active_children() == before  # no rank was started
+
+
+def test_cli_serve_tp_on_a_missing_gpu_is_a_usage_error():
+    pytest.importorskip("fastapi")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; the check is for a CPU-only one")
+    res = _serve("--random", "tiny", "--device", "cuda", "--port", "0", "--tp", "2")
+    assert res.exit_code == 2 and "GPU" in res.stderr and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "tp, match", [(True, "must be an int"), (1.0, "must be an int"), (0, ">= 1"), (4, "2 KV heads")]
+)
+def test_llm_bad_tensor_parallel_size_is_refused_before_any_rank(tp, match):
+    from sparsegen import LLM
+
+    before = multiprocessing.active_children()
+    with pytest.raises(InputError, match=match):
+        LLM(random="tiny", device="cpu", tensor_parallel_size=tp)
+    assert multiprocessing.active_children() == before

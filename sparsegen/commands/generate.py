@@ -14,9 +14,9 @@ from pathlib import Path
 import click
 
 from .. import dtypes, progress
-from ..errors import InputError
 from ..log import get_logger
 from .options import SEED, engine_step_kwargs, engine_step_options, finite, torch_device
+from .tp_option import check_tp, tensor_parallel_option
 
 log = get_logger(__name__)
 
@@ -131,13 +131,7 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 @click.option("--chat", is_flag=True, help="Send each text prompt as a user turn of the chat template.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--stop-token-ids", default=None, help="Comma-separated token ids that end generation.")
-@click.option(
-    "--tp",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Tensor-parallel size: this many processes (one GPU each), each holding whole KV groups.",
-)
+@tensor_parallel_option
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
@@ -162,14 +156,12 @@ def _generate(
     device = torch_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
     engine_kwargs = dict(max_num_seqs=max_batch, **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs))
+    check_tp(tp, model_dir, random_size, device)
     if tp > 1:  # ranks are separate processes; this one drives them
         from ..tp_engine import tp_engine_for
 
-        try:  # --tp checked against the model and the GPUs before any rank starts
-            engine = tp_engine_for(model_dir, random_size, tokenizer_path, device, dtype, force_dense, 0, tp,
-                                   {**engine_kwargs, "warmup": not no_warmup})  # fmt: skip
-        except InputError as exc:
-            raise click.BadParameter(str(exc), param_hint="'--tp'") from None
+        engine = tp_engine_for(model_dir, random_size, tokenizer_path, device, dtype, force_dense, 0, tp,
+                               {**engine_kwargs, "warmup": not no_warmup})  # fmt: skip
         tokenizer, config = engine.tokenizer, engine.model_config
     else:
         model, tokenizer = build_model(model_dir, random_size, tokenizer_path, device, dtype, force_dense)

@@ -4,7 +4,8 @@
     curl localhost:8000/v1/completions -H 'content-type: application/json' \\
          -d '{"model": "random-tiny", "prompt": "Hello", "max_tokens": 8}'
 
-`--port 0` takes a free port; the log line "serving ... on http://HOST:PORT" names it.
+`--port 0` takes a free port; the log line "serving ... on http://HOST:PORT" names it. `--tp N`
+runs the model over N tensor-parallel processes (one GPU each; gloo ranks with --device cpu).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 import click
 
 from ..errors import MissingExtraError, SparsegenError
-from .options import engine_step_kwargs, engine_step_options
+from .options import engine_step_kwargs, engine_step_options, torch_device
+from .tp_option import check_tp, tensor_parallel_option
 
 
 def _log_to_stderr() -> None:
@@ -78,9 +80,10 @@ def _log_to_stderr() -> None:
     "--drain-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
     help="On SIGTERM, seconds running requests may take to finish.",
 )  # fmt: skip
+@tensor_parallel_option
 def command(
     model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
-    max_model_len, chunk_size, page_size, no_cuda_graphs, compile_model, no_warmup, drain_timeout,
+    max_model_len, chunk_size, page_size, no_cuda_graphs, compile_model, no_warmup, drain_timeout, tp,
 ):  # fmt: skip
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
     if (model_dir is None) == (random_size is None):
@@ -91,21 +94,16 @@ def command(
         raise MissingExtraError(  # a runtime failure: exit 1, one line (cli.py)
             f"sparsegen serve needs the [serve] extra (pip install 'sparsegen[serve]'): {exc}"
         ) from None
+    device = torch_device(device)
+    check_tp(tp, model_dir, random_size, device)
     _log_to_stderr()
     from ..llm import LLM
 
     try:
-        llm = LLM(
-            model=model_dir,
-            random=random_size,
-            tokenizer=tokenizer_path,
-            dtype=dtype,
-            device=device,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            compile_model=compile_model,
-            **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs),
-        )
+        steps = engine_step_kwargs(chunk_size, page_size, no_cuda_graphs)
+        llm = LLM(model=model_dir, random=random_size, tokenizer=tokenizer_path, dtype=dtype, device=device,
+                  tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                  compile_model=compile_model, **steps)  # fmt: skip
         if not no_warmup:
             seconds = llm.engine.warmup()
             logging.getLogger("sparsegen").info(
@@ -121,3 +119,6 @@ def command(
         serve(llm, host, port, max_queue=max_queue, drain_timeout=drain_timeout, model_name=served_model_name)
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
+    finally:
+        if tp > 1:
+            llm.engine.close()  # the ranks exit; on a crash, the TPEngine's finalizer stops them

@@ -90,7 +90,7 @@ WAIT_NOTICE_SECONDS = 1.0  # a waiter on another process's build says so after t
 T = TypeVar("T")
 
 # Loaded kernels by key string: a cache of objects built from verified entries (forget_memory()
-# empties it). The jit package's only other state is versions.toolchain_versions()'s lru_cache.
+# empties it). Besides it, the cache's modules keep only versions.toolchain_versions()'s lru_cache.
 _MEMORY: dict[str, Any] = {}
 
 

@@ -39,7 +39,8 @@ async def whole(engine: AsyncEngine, stream: RequestStream, fmt: Formatter, requ
             return Response(status_code=499)  # nobody reads it; the finally cancels the request
         if stream.error is not None:
             exc = stream.error
-            status = 400 if isinstance(exc, SparsegenError) else 500
+            bad_input = isinstance(exc, SparsegenError) and isinstance(exc, ValueError)  # cli.is_usage_error
+            status = 400 if bad_input else 500  # a runtime failure (a lost rank, a kernel error): 500
             return error_json(status, f"generation failed: {type(exc).__name__}: {exc}")
         return JSONResponse(fmt.whole())
     finally:

@@ -5,7 +5,9 @@ and `cancel()`. The engine thread drains the inbox between steps (adding sequenc
 cancelled ones), runs `engine.step()` while anything is unfinished, turns each event into text
 with the request's `CompletionTracker`s, and hands every step's updates back to the event loop
 in one `call_soon_threadsafe`. So requests from any number of connections share one
-continuous batch, and nothing but this thread touches the engine or the model.
+continuous batch, and nothing but this thread drives the engine or touches the model (the event
+loop only reads `LLM.stats()` for admission and /metrics). The engine is an `LLMEngine` or, with
+tensor parallelism, a `TPEngine`: both offer add_request, step, abort and has_unfinished.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..engine.sampling import SamplingParams, TokenLogprobs
-from ..errors import RequestError, ServerOverloaded
+from ..errors import DistributedError, RequestError, ServerOverloaded
 from ..llm import LLM
 from .outputs import CompletionTracker
 
@@ -80,11 +82,12 @@ class AsyncEngine:
         self.llm = llm
         self.engine = llm.engine
         self.max_queue = max_queue
-        self.capacity = self.engine.scheduler.max_num_seqs + max_queue
+        self.capacity = llm.stats().max_num_seqs + max_queue
         self.metrics = metrics
         self.inflight = 0  # sequences submitted and not finished (event-loop thread only)
         self.accepting = True
         self._inbox: deque = deque()
+        self._taken: list = []  # the commands the engine thread took from the inbox last
         self._cv = threading.Condition()
         self._stop = False
         self._live: dict[int, tuple[RequestStream, int]] = {}  # seq_id -> (stream, choice index)
@@ -179,11 +182,11 @@ class AsyncEngine:
     # -- engine thread -----------------------------------------------------------------------------
     @property
     def queue_depth(self) -> int:
-        return len(self.engine.scheduler.waiting) + len(self._inbox)
+        return self.llm.stats().waiting + len(self._inbox)
 
     @property
     def running(self) -> int:
-        return len(self.engine.scheduler.running)
+        return self.llm.stats().running
 
     def _run(self) -> None:
         try:
@@ -195,8 +198,8 @@ class AsyncEngine:
             for stream in {s for s, _ in self._live.values()}:
                 stream.error = exc
                 out.append((stream, None))
-            with self._cv:
-                waiting = [s for op, s in self._inbox if op == "add"]
+            with self._cv:  # the commands queued, and those taken but not done (a stream twice is fine)
+                waiting = [s for _, s in (*self._taken, *self._inbox)]
                 self._inbox.clear()
             for stream in waiting:
                 stream.error = exc
@@ -209,7 +212,7 @@ class AsyncEngine:
             with self._cv:
                 while not self._inbox and not engine.has_unfinished and not self._stop:
                     self._cv.wait()
-                commands = list(self._inbox)
+                commands = self._taken = list(self._inbox)
                 self._inbox.clear()
                 stop = self._stop
             out: list[tuple[RequestStream, Update | None]] = []
@@ -226,6 +229,8 @@ class AsyncEngine:
             if engine.has_unfinished:
                 try:
                     events = engine.step()
+                except DistributedError:  # a tensor-parallel engine that lost a rank is closed
+                    raise  # _run fails every request and /health turns 503
                 except Exception as exc:  # a failed step fails its requests, not the server
                     log.exception("engine step failed; failing %d requests", len(self._live))
                     for stream in {s for s, _ in self._live.values()}:
@@ -251,6 +256,8 @@ class AsyncEngine:
                 seq = self.engine.add_request(ids, t.params)
                 stream.seq_ids.append(seq.seq_id)
                 self._live[seq.seq_id] = (stream, t.index)
+        except DistributedError:  # a tensor-parallel engine that lost a rank is closed (see _run)
+            raise
         except Exception as exc:  # checked before submit; anything left fails this request only
             stream.error = exc
             self._abort(stream, out)

@@ -40,11 +40,11 @@ class Metrics:
 
     def bind(self, engine) -> None:
         """Gauges read the live engine at scrape time."""
-        alloc = engine.engine.cache.allocator
+        stats = engine.llm.stats
         self.queue_depth.set_function(lambda: engine.queue_depth)
         self.running.set_function(lambda: engine.running)
-        self.kv_pages_used.set_function(lambda: alloc.capacity - alloc.num_free)
-        self.kv_pages_total.set_function(lambda: alloc.capacity)
+        self.kv_pages_used.set_function(lambda: stats().kv_pages_used)
+        self.kv_pages_total.set_function(lambda: stats().kv_pages_total)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,31 @@
+"""`EngineStats`: how full an engine is now (its queue, its batch, its KV cache), for the server.
+
+The HTTP server reads these for admission (`max_num_seqs`) and for `/metrics`; through
+`LLM.stats()` they come from the engine in this process, or from tensor-parallel rank 0 (every
+rank schedules alike, so rank 0's numbers are every rank's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    max_num_seqs: int  # sequences the running batch holds at once
+    waiting: int  # sequences queued for a seat in the batch
+    running: int  # sequences in the running batch
+    kv_pages_used: int  # KV-cache pages held by sequences
+    kv_pages_total: int  # usable KV-cache pages
+
+
+def engine_stats(engine) -> EngineStats:
+    """An `LLMEngine`'s numbers, read now."""
+    scheduler, alloc = engine.scheduler, engine.cache.allocator
+    return EngineStats(
+        max_num_seqs=scheduler.max_num_seqs,
+        waiting=len(scheduler.waiting),
+        running=len(scheduler.running),
+        kv_pages_used=alloc.capacity - alloc.num_free,
+        kv_pages_total=alloc.capacity,
+    )
