@@ -418,7 +418,7 @@ def test_set_triton_gemv_takes_a_bool_and_switches_every_layer():
     from sparsegen.models import ForwardBatch
 
     ids, batch = torch.tensor([3]), ForwardBatch.whole_sequences([1])
-    model.set_triton_gemv(True)  # on a CPU without the interpreter the plain path runs: same logits
+    model.set_triton_gemv(True)  # on a CPU: the plain path (or the GEMV where Triton's interpreter is on)
     on = model(ids, batch)
     model.set_triton_gemv(False)
-    assert torch.equal(on, model(ids, batch))
+    torch.testing.assert_close(on, model(ids, batch), rtol=1e-5, atol=1e-5)

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .. import env, ops
+from .. import ops
 from ..errors import InputError
 from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
@@ -86,8 +86,10 @@ def _fast(x: torch.Tensor) -> bool:
 
 def _gemv_row(on: bool, x: torch.Tensor) -> bool:
     """One row (a batch-1 decode step) through the Triton GEMV (`ModelOptions.triton_gemv`): on a
-    GPU, or in Triton's interpreter (the CPU tests); never under torch.compile."""
-    return on and x.shape[0] == 1 and (x.is_cuda or env.interpreting()) and not torch.compiler.is_compiling()
+    GPU, or in Triton's interpreter when it is active (the CPU tests); never under torch.compile."""
+    if not on or torch.compiler.is_compiling() or x.shape[0] != 1:
+        return False
+    return x.is_cuda or ops.interpreter_usable()
 
 
 def linear(layer: nn.Linear, x: torch.Tensor, gemv: bool) -> torch.Tensor:
@@ -283,6 +285,7 @@ class Phi3SmallForCausalLM(nn.Module):
             "dummy_ids", torch.tensor(dummies, dtype=torch.long, device=options.device), persistent=False
         )
         self.fused = options.attn_impl != "reference"
+        self.gemv = options.triton_gemv  # a plain bool: what the traced forward reads
 
     def set_force_dense(self, force_dense: bool) -> None:
         """Switch every layer between its own spec and a dense one (same weights)."""
@@ -295,6 +298,7 @@ class Phi3SmallForCausalLM(nn.Module):
         if not isinstance(on, bool):
             raise InputError(f"set_triton_gemv takes a bool, got {on!r}")
         self.options = replace(self.options, triton_gemv=on)
+        self.gemv = on
         for block in self.model.layers:
             block.self_attn.gemv = block.mlp.gemv = on
 
@@ -330,9 +334,7 @@ class Phi3SmallForCausalLM(nn.Module):
         if batch.logits_index is not None:
             x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
         x, _ = add_norm(self.model.final_layernorm, x, residual, self.fused)
-        logits = (
-            linear(self.lm_head, x, self.options.triton_gemv).float() / cfg.mup_width_multiplier
-        )  # [B, vocab]
+        logits = linear(self.lm_head, x, self.gemv).float() / cfg.mup_width_multiplier  # [B, vocab]
         if self.dummy_ids.numel():
             logits.index_fill_(-1, self.dummy_ids, torch.finfo(logits.dtype).min)
         return logits
