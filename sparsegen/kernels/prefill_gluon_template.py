@@ -35,6 +35,7 @@ CONFIG = {
     "maxnreg": 168,
 }
 HEAD_DIMS = (64, 128)
+VERTICAL_BLOCK_N = 64  # the key tile of layers with vertical-stride heads (config())
 # Each distinct head pattern is a branch of the schedule and of the masked softmax, so build time
 # grows with their number (CPU, AOT: 8 patterns ~1.4x the build of 1, 32 patterns ~5x); layers with
 # more go to the tl kernel, whose build is flat in the number of distinct heads.
@@ -45,14 +46,18 @@ DTYPES = ("bf16", "fp16")
 def config(layer: LayerSpec, **overrides: Any) -> dict[str, Any]:
     """The tile shape and launch shape for `layer` (overrides are for benchmarks)."""
     cfg = dict(CONFIG)
-    # Layers with vertical-stride heads run persistent (H200, call 3: phi3small 32K 3.25 -> 3.02 ms,
-    # 8K 0.404 -> 0.421 ms); dense and window layers do not (dense 8K 0.94 -> 1.11 ms).
-    cfg["persistent"] = any(h.vert_stride and not h.dense for h in layer.heads)
-    # Window/local layers without vertical blocks take 128-key tiles, 2 stages and Q in shared
-    # memory (call 3: window 4096 at 8K 0.821 -> 0.788 ms, at 32K 4.08 -> 3.96 ms); dense
-    # layers keep 64-key tiles (n128 was 5-10 % slower there).
-    if not cfg["persistent"] and not all(h.dense for h in layer.heads):
-        cfg.update(block_n=128, stages=2, q_smem=True)
+    vertical = any(h.vert_stride and not h.dense for h in layer.heads)
+    # The rule, from session 4's interleaved sweep on the H200 (benchmarks/bench_prefill_gluon.py
+    # --variants, docs/performance.md): layers with vertical-stride heads keep 64-key tiles (their
+    # vertical blocks are 64 tokens), 3 stages, one program per work item, KV-head-major order
+    # (phi3small 32K 3.18 -> 2.98 ms, 8K 0.407 -> 0.387 ms against the persistent tile-major grid);
+    # every other layer takes 128-key tiles with 3 stages (dense 32K 15.66 -> 14.61 ms, window
+    # 4096 at 32K 3.87 -> 3.63 ms), dense layers in KV-head-major order too (32K 14.61 -> 13.81 ms:
+    # 1.09x SDPA in that run).
+    if vertical:
+        cfg.update(block_n=64, stages=3, persistent=False, kv_major=True)
+    else:
+        cfg.update(block_n=128, stages=3, q_smem=False, kv_major=all(h.dense for h in layer.heads))
     cfg.update(overrides)
     for h, head in enumerate(layer.heads):
         if head.vert_stride and not head.dense and head.block_size % cfg["block_n"]:
@@ -75,10 +80,10 @@ def covers(layer: LayerSpec, dtype: str) -> str | None:
     if n_paths > MAX_PATHS:
         return f"{n_paths} distinct head patterns (the Gluon kernel takes up to {MAX_PATHS})"
     for h, head in enumerate(layer.heads):
-        if head.vert_stride and not head.dense and head.block_size % CONFIG["block_n"]:
+        if head.vert_stride and not head.dense and head.block_size % VERTICAL_BLOCK_N:
             return (
                 f"head {h}: vertical blocks of {head.block_size} tokens are narrower than the "
-                f"{CONFIG['block_n']}-key tile"
+                f"{VERTICAL_BLOCK_N}-key tile"
             )
     return None
 
