@@ -12,25 +12,10 @@ import threading
 import time
 
 import pytest
+from helpers_tp import children, exited
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except FileNotFoundError:
-        return []
-
-
-def _exited(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie has exited
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.parametrize("tp", ["1", "2"])
@@ -77,7 +62,7 @@ def test_sigterm_drains_and_exits_zero(tp):
             "stream": True,
             "ignore_eos": True,
         }
-        ranks = _children(proc.pid) if tp != "1" else []
+        ranks = children(proc.pid) if tp != "1" else []
         if tp != "1":
             assert len(ranks) >= int(tp), ranks  # the ranks (and multiprocessing's resource tracker)
         chunks = []
@@ -100,9 +85,9 @@ def test_sigterm_drains_and_exits_zero(tp):
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=5)
         deadline = time.monotonic() + 15
-        while not all(_exited(p) for p in ranks) and time.monotonic() < deadline:
+        while not all(exited(p) for p in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert all(_exited(p) for p in ranks), "ranks outlived the server"
+        assert all(exited(p) for p in ranks), "ranks outlived the server"
     finally:
         if proc.poll() is None:
             proc.kill()
