@@ -162,6 +162,9 @@ VARIANTS = {  # {} is the rule's choice for the case (prefill_gluon_template.con
     "c2_n64_s3_kv": {**BASE, "kv_major": True},
     "c2_n64_s3_kv_persist": {**BASE, "kv_major": True, "persistent": True},
     "rule_kv": {"kv_major": True},
+    "c2_n64_s4_kv": {**BASE, "stages": 4, "kv_major": True},
+    "c2_n64_s2_kv": {**BASE, "stages": 2, "kv_major": True},
+    "rule_tile_order": {"kv_major": False},
 }
 
 

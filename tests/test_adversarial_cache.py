@@ -89,7 +89,6 @@ class Builds:
 
 
 def _get(key=None, build=None, required=REQUIRED):
-    cache.forget_memory()
     return cache.load_or_build(key or _key(), build or Builds(), _load, required=required, label="adv kernel")
 
 

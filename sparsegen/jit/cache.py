@@ -15,7 +15,10 @@ in modules with one job each:
 An entry is a directory `<cache_dir>/<name>-<digest24>/` holding the build's files plus a
 `manifest.json` with each file's SHA-256. Lookup order (DESIGN §5):
 
-    memory -> disk -> per-key file lock -> disk again -> build -> atomic rename
+    disk -> per-key file lock -> disk again -> build -> atomic rename
+
+(The per-process memo of loaded kernels is `sparsegen.kernels.base`'s, keyed by request; this
+module keeps no loaded objects.)
 
 Trust (entries hold code: rendered Python that is imported, cubins that are launched). The root
 must be a directory owned by this user and writable by nobody else. Below it, every level is
@@ -72,7 +75,6 @@ __all__ = [
     "cache_dir",
     "clear",
     "entry_path",
-    "forget_memory",
     "jit_disabled",
     "leftovers",
     "list_entries",
@@ -89,9 +91,8 @@ WAIT_NOTICE_SECONDS = 1.0  # a waiter on another process's build says so after t
 
 T = TypeVar("T")
 
-# Loaded kernels by key string: a cache of objects built from verified entries (forget_memory()
-# empties it). Besides it, the cache's modules keep only versions.toolchain_versions()'s lru_cache.
-_MEMORY: dict[str, Any] = {}
+# No module state here: loaded kernels are memoised per request in sparsegen.kernels.base; the
+# cache's modules keep only versions.toolchain_versions()'s lru_cache.
 
 
 def jit_disabled() -> bool:
@@ -130,7 +131,7 @@ class Lookup:
     """What `load_or_build` found: the loaded object and where it came from."""
 
     value: Any
-    status: str  # "memory" | "cached" | "compiled"
+    status: str  # "cached" (read from disk) | "compiled" (built now)
     path: Path
     seconds: float
 
@@ -156,9 +157,6 @@ def load_or_build(
     required: the file names `load` needs; an entry lacking any of them is rebuilt.
     """
     start = time.perf_counter()
-    hit = _MEMORY.get(key.key)
-    if hit is not None:
-        return Lookup(hit, "memory", entry_path(key), time.perf_counter() - start)
     required = required_names(required)
     with open_root() as (root, rfd):
         path = root / key.key
@@ -189,7 +187,6 @@ def load_or_build(
                     if not found.ok:
                         raise CacheError(f"cache entry {path} {found.problem} right after it was written")
     value = load(dict(found.files))
-    _MEMORY[key.key] = value
     return Lookup(value, status, path, time.perf_counter() - start)
 
 
@@ -258,10 +255,4 @@ def clear() -> int:
                 get_logger(__name__).warning(
                     "left %s in the kernel cache: it is not owned by this user", name
                 )
-    _MEMORY.clear()
     return removed
-
-
-def forget_memory() -> None:
-    """Drop the in-memory layer (tests use it to force a disk read)."""
-    _MEMORY.clear()

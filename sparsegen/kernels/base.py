@@ -205,10 +205,9 @@ _BY_ID: dict[tuple, tuple[LayerSpec, Any]] = {}
 
 
 def forget() -> None:
-    """Drop this process's kernels (both memos and the cache's memory layer); the disk stays."""
+    """Drop this process's kernels (both memos); the disk cache stays."""
     _BY_REQUEST.clear()
     _BY_ID.clear()
-    cache.forget_memory()
 
 
 def lookup(request: KernelRequest) -> Lookup:
@@ -246,8 +245,7 @@ def lookup(request: KernelRequest) -> Lookup:
         key, build, load, required=fam.required(request), label=f"{name} for {request.arch}"
     )
     _BY_REQUEST[request] = found.value
-    status = "cached" if found.status == "memory" else found.status
-    return Lookup(found.value, status, time.perf_counter() - start)
+    return Lookup(found.value, found.status, time.perf_counter() - start)
 
 
 def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, with_status: bool = False):
