@@ -1,5 +1,5 @@
 """Functions that `TPEngine.call` runs on every tensor-parallel rank (module level, so they pickle),
-and the configs of the tensor-parallel tests."""
+the configs of the tensor-parallel tests, and process-state checks read from /proc."""
 
 from __future__ import annotations
 
@@ -83,3 +83,21 @@ def unpicklable_result(ctx):
     import threading
 
     return threading.Lock()
+
+
+def exited(pid: int) -> bool:
+    """Whether process `pid` is gone (a zombie has exited too)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def children(pid: int) -> list[int]:
+    """The processes that process `pid`'s main thread started."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []

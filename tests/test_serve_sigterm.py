@@ -1,4 +1,5 @@
-"""`sparsegen serve` as a process: SIGTERM drains the request in flight and exits 0."""
+"""`sparsegen serve` as a process: SIGTERM drains the request in flight and exits 0 (with `--tp 2`
+on the CPU too: then the two gloo ranks exit with it)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,20 @@ import threading
 import time
 
 import pytest
+from helpers_tp import children, exited
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 
-def test_sigterm_drains_and_exits_zero():
+@pytest.mark.parametrize("tp", ["1", "2"])
+def test_sigterm_drains_and_exits_zero(tp):
+    if tp != "1" and not os.path.isdir("/proc"):
+        pytest.skip("finds the rank processes in /proc")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-c", "from sparsegen.cli import main; main()", "serve", "--random", "tiny", "--port", "0", "--no-warmup",
-           "--drain-timeout", "30"]  # fmt: skip
+           "--drain-timeout", "30", "--device", "cpu", "--tp", tp]  # fmt: skip
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[str] = []
     port = []
@@ -57,6 +62,9 @@ def test_sigterm_drains_and_exits_zero():
             "stream": True,
             "ignore_eos": True,
         }
+        ranks = children(proc.pid) if tp != "1" else []
+        if tp != "1":
+            assert len(ranks) >= int(tp), ranks  # the ranks (and multiprocessing's resource tracker)
         chunks = []
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
@@ -76,6 +84,10 @@ def test_sigterm_drains_and_exits_zero():
         assert "Traceback" not in log, log
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=5)
+        deadline = time.monotonic() + 15
+        while not all(exited(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(exited(p) for p in ranks), "ranks outlived the server"
     finally:
         if proc.poll() is None:
             proc.kill()

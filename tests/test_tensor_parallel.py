@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 from helpers_checkpoint import single_thread, write_checkpoint  # noqa: F401
-from helpers_tp import WIDE_HF_CONFIG, die_on_forward, hang_on_forward, last_logits, rank_facts
+from helpers_tp import WIDE_HF_CONFIG, die_on_forward, exited, hang_on_forward, last_logits, rank_facts
 
 from sparsegen import DistributedError
 from sparsegen.engine import LLMEngine, SamplingParams
@@ -182,14 +182,6 @@ def test_cli_generate_tp2_prints_the_tokens_of_tp1():
     assert len(rows[1]) == 2 and all(len(x["output_ids"]) == 6 for x in rows[1])
 
 
-def _exited(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie has exited
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
 def test_ranks_exit_when_their_driver_is_killed():
     driver = (
@@ -205,9 +197,9 @@ def test_ranks_exit_when_their_driver_is_killed():
     pids = [int(p) for p in res.stdout.split()]
     assert len(pids) == 2
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not all(_exited(p) for p in pids):
+    while time.monotonic() < deadline and not all(exited(p) for p in pids):
         time.sleep(0.2)
-    assert all(_exited(p) for p in pids), "ranks outlived their driver"
+    assert all(exited(p) for p in pids), "ranks outlived their driver"
 
 
 def test_llm_tensor_parallel_size_2_equals_one_process():

@@ -79,3 +79,29 @@ def test_tp2_cuda_graph_replays_equal_eager_steps():
             out[graphs] = [r.output_ids for r in engine.generate(prompts, params)]
             assert (engine.call(graph_counts) > 0) == graphs
     assert out[True] == out[False]
+
+
+def test_serve_tp2_over_http_equals_offline_generate():
+    """`sparsegen serve --tp 2`'s engine on GPUs: a request over HTTP gives the tokens that
+    `LLM.generate` gives on the same tensor-parallel engine, and /metrics reads rank 0's cache."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from sparsegen import LLM
+    from sparsegen.serve.server import ServerThread
+
+    llm = LLM(random="7b", device="cuda", tensor_parallel_size=2, **ENGINE)
+    try:
+        prompt = _prompts([1500], seed=2)[0]
+        params = SamplingParams(max_tokens=16, ignore_eos=True)
+        want = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+        with ServerThread(llm) as srv:
+            body = {"model": "random-7b", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                    "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+            res = httpx.post(srv.url + "/v1/completions", json=body, timeout=300)
+            assert res.status_code == 200, res.text
+            assert res.json()["choices"][0]["token_ids"] == want
+            total = [ln for ln in httpx.get(srv.url + "/metrics", timeout=30).text.splitlines()
+                     if ln.startswith("sparsegen_kv_pages_total ")]  # fmt: skip
+            assert float(total[0].split()[1]) == llm.engine.kv_capacity[0] > 0
+    finally:
+        llm.engine.close()
