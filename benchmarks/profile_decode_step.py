@@ -13,8 +13,8 @@ Prints, for `--batch` sequences with a `--context`-token prompt each:
   paged decode, fused elementwise, other), with kernel launches per step, and the kernels that
   take the most of it;
 - the paged-decode split-KV sweep of one sparse and one dense layer over this batch's block
-  tables: the time of one launch per split count, next to the count the heuristic picks
-  (graph width and eager).
+  tables: the time of one launch per split count (CUDA-graph replays), next to the count the
+  heuristic picks (graph width and eager).
 The floor: the weights read once at the copy rate, plus the KV pages each layer reads (per KV
 group, the pages some head of the group needs: `layout.decode_pages`), which matter at batch 32.
 `--json OUT` writes every number printed.
@@ -133,6 +133,32 @@ def kv_read_bytes(model, batch: int, seq_len: int, page_size: int = 16) -> int:
     return batch * total
 
 
+def graphed_us(fn, calls: int = 20) -> float:
+    """Microseconds per fn() call on the GPU: `calls` calls captured in one CUDA graph, replayed
+    (eager launches of a ~10 us kernel would time the host's launch cost instead)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / calls)
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
 def split_sweep(engine: LLMEngine) -> list[dict]:
     from sparsegen.kernels.decode import _sm_count, get_decode_kernel, num_splits
 
@@ -156,21 +182,13 @@ def split_sweep(engine: LLMEngine) -> list[dict]:
         pick_eager = num_splits(rows, eager_width * ps, sms)
         sweep = {}
         for s in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256):
-            for _ in range(3):
-                kern.launch(q, cache.k[idx], cache.v[idx], wide, lens, 1 / 128, splits=s)
-            torch.cuda.synchronize()
-            n = 50
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(n):
-                kern.launch(q, cache.k[idx], cache.v[idx], wide, lens, 1 / 128, splits=s)
-            stop.record()
-            torch.cuda.synchronize()
-            sweep[s] = start.elapsed_time(stop) * 1e3 / n
+            kc, vc = cache.k[idx], cache.v[idx]
+            sweep[s] = graphed_us(lambda s=s, kern=kern, q=q, kc=kc, vc=vc: kern.launch(q, kc, vc, wide, lens, 1 / 128,
+                                                                                       splits=s))  # fmt: skip
         best = min(sweep, key=sweep.get)
-        print(f"decode {kind} layer, {len(seqs)} x {int(lens.max())} tokens, us per launch by splits (eager, incl. "
-              f"reduce): {' '.join(f'{s}:{t:.1f}' for s, t in sweep.items())}; best {best}; heuristic picks "
-              f"{pick_graph} (graph width {width} pages), {pick_eager} (eager)")  # fmt: skip
+        print(f"decode {kind} layer, {len(seqs)} x {int(lens.max())} tokens, us per launch by splits (CUDA-graph "
+              f"replays, incl. the reduce): {' '.join(f'{s}:{t:.1f}' for s, t in sweep.items())}; best {best}; "
+              f"heuristic picks {pick_graph} (graph width {width} pages), {pick_eager} (eager)")  # fmt: skip
         out.append({"kind": kind, "us_by_splits": sweep, "best": best, "pick_graph": pick_graph,
                     "pick_eager": pick_eager, "graph_width_pages": width})  # fmt: skip
     return out
