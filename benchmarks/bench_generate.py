@@ -1,10 +1,12 @@
 """End-to-end Phi-3-Small (random `7b` weights, bf16) through the engine: sparse vs every layer dense.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_generate.py [--out generate.json] [--quick] [--compile both]
+                                                         [--gemv both]
     PYTHONPATH=$PWD python3 benchmarks/bench_generate.py --smoke   # CPU, tiny model, short prompts
 
 In one run, with the same weights, for sparse attention and for every layer dense (and, with
-`--compile both`, for decode steps with and without torch.compile inside the CUDA graphs):
+`--compile both`, for decode steps with and without torch.compile inside the CUDA graphs; with
+`--gemv both`, with cuBLAS and with the batch-1 Triton GEMV):
 - time to first token of one 8K-token and one 32K-token prompt (chunked prefill, 8K chunks);
 - decode tokens/s and ms/step at batch 1 and at batch 32, each sequence with an 8K-token
   prompt. Only decode steps are timed (from the step after every sequence has its first
@@ -84,7 +86,7 @@ def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, gra
             "peak_gib": peak_gib(), "kv": kv_info(engine)}  # fmt: skip
 
 
-def run_mode(model, mode: str, compiled: bool, args, sizes) -> dict:
+def run_mode(model, mode: str, name: str, compiled: bool, args, sizes) -> dict:
     short, long, big_batch, steps, warm = sizes
     graphs = not args.no_cuda_graphs
     model.set_force_dense(mode == "dense")
@@ -95,9 +97,8 @@ def run_mode(model, mode: str, compiled: bool, args, sizes) -> dict:
         "decode_b32": decode_rate(model, big_batch, short, steps, warm, graphs, compiled, args.kv_gib),
     }
     kv = r["decode_b1"]["kv"]
-    name = f"{mode}{'+compile' if compiled else ''}"
     print(
-        f"{name:15s} TTFT {short} {r['ttft_8k']['ttft_s'] * 1e3:8.1f} ms  TTFT {long} {r['ttft_32k']['ttft_s'] * 1e3:8.1f} ms  "
+        f"{name:20s} TTFT {short} {r['ttft_8k']['ttft_s'] * 1e3:8.1f} ms  TTFT {long} {r['ttft_32k']['ttft_s'] * 1e3:8.1f} ms  "
         f"b1 {r['decode_b1']['tokens_per_s']:7.1f} tok/s ({r['decode_b1']['step_ms']:.2f} ms/step)  "
         f"b{big_batch} {r['decode_b32']['tokens_per_s']:8.1f} tok/s ({r['decode_b32']['step_ms']:.2f} ms/step)  "
         f"KV {kv['pages']} pages = {kv['tokens']} tokens ({kv['gib']:.1f} GiB)  "
@@ -115,11 +116,18 @@ def main() -> None:
     ap.add_argument("--compile", choices=["off", "on", "both"], default="off",
                     help="decode steps through torch.compile inside the graphs (both: measure each)")  # fmt: skip
     ap.add_argument("--modes", default="sparse,dense", help="comma-separated: sparse, dense")
+    ap.add_argument("--gemv", choices=["off", "on", "both"], default="off",
+                    help="batch-1 linear layers through the Triton GEMV (ModelOptions.triton_gemv)")  # fmt: skip
     ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per engine (GPU)")
     ap.add_argument(
         "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
     )
     args = ap.parse_args()
+    flags = {"off": [False], "on": [True], "both": [False, True]}
+    # torch.compile traces the plain linear layers (the GEMV is an eager kernel): no compile+gemv run
+    combos = [(c, g) for g in flags[args.gemv] for c in flags[args.compile] if not (c and g)]
+    if not combos:
+        ap.error("--compile on with --gemv on measures nothing: compiled steps do not use the GEMV")
     steps, warm = (16, 3) if args.quick or args.smoke else (64, 4)
     short, long, big_batch = (8192, 32768, 32) if not args.smoke else (512, 1024, 4)
     if args.smoke:
@@ -135,13 +143,13 @@ def main() -> None:
         f"{size} random weights ({weights / 1e9:.2f} GB) built in {time.perf_counter() - t0:.1f} s",
         flush=True,
     )
-    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     rows = {}
-    for compiled in compiles:
+    for compiled, gemv in combos:
+        model.set_triton_gemv(gemv)
         for mode in args.modes.split(","):
-            rows[f"{mode}{'+compile' if compiled else ''}"] = run_mode(
-                model, mode, compiled, args, (short, long, big_batch, steps, warm)
-            )
+            name = f"{mode}{'+compile' if compiled else ''}{'+gemv' if gemv else ''}"
+            rows[name] = run_mode(model, mode, name, compiled, args, (short, long, big_batch, steps, warm))
+    model.set_triton_gemv(False)
     if "sparse" in rows and "dense" in rows:
         s, d = rows["sparse"], rows["dense"]
         print(

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The engine's GPU call (issue 13), about 6-7 minutes on an H200. From the repo root:
 #   OUT=/some/dir bash benchmarks/gpu_engine.sh
-#   STAGES="profile1 generate" bash benchmarks/gpu_engine.sh   # a subset (tests profile1 profile32 generate)
+#   STAGES="profile1 generate" bash benchmarks/gpu_engine.sh   # a subset (tests profile1 profile32 generate gemv)
 #   SMOKE=1 bash benchmarks/gpu_engine.sh                      # CPU: tiny model, checks the plumbing only
 # Stages, each python step under its own `timeout`:
 #   tests      pytest -m gpu tests/test_engine_gpu.py (graph steps vs eager, bf16 vs the reference,
 #              compile_model=True inside the graphs as the batch shrinks)
-#   profile1   profile_decode_step.py at batch 1, 8K: graphs, torch.compile in graphs, eager profile
-#   profile32  the same at batch 32 (no compile: bench_generate measures that)
-#   generate   bench_generate.py --quick --compile both --modes sparse
-# Writes to $OUT: summary.txt, profile_b1.json, profile_b32.json, generate.json, logs.tar.gz;
+#   profile1   profile_decode_step.py at batch 1, 8K: graphs, graphs + Triton GEMV, torch.compile in
+#              graphs, eager profile, split sweep
+#   profile32  the same at batch 32 (graphs and eager only: bench_generate measures compile there)
+#   generate   bench_generate.py --quick --modes sparse: plain graphs, +compile, +Triton GEMV
+#   gemv       bench_gemv.py: each 7b linear layer, cuBLAS vs the Triton GEMV (GEMV_SWEEP=1: tiles too)
+# Writes to $OUT: summary.txt, profile_b1.json, profile_b32.json, generate.json, gemv.json, logs.tar.gz;
 # prints a short table last.
 set -uo pipefail
 OUT=${OUT:-/tmp/sparsegen-engine-out}
@@ -17,7 +19,7 @@ LOGS=$(mktemp -d /tmp/sparsegen-engine-logs.XXXX)
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export SPARSEGEN_CACHE_DIR=${SPARSEGEN_CACHE_DIR:-/tmp/sparsegen-cache}
-STAGES=${STAGES:-"tests profile1 profile32 generate"}
+STAGES=${STAGES:-"tests profile1 profile32 generate gemv"}
 SMOKE=${SMOKE:-0}
 summary=$OUT/summary.txt
 : > "$summary"
@@ -37,13 +39,13 @@ step() {
 
 if [[ $SMOKE == 1 ]]; then
   PROFILE_ARGS=(--smoke --steps 2 --context 64)
-  COMPILE_FLAG=()  # inductor on a CPU takes minutes; the CPU tier traces compile_model with aot_eager
-  GEN_ARGS=(--smoke --compile off)
+  PROFILE1_FLAGS=(--gemv)  # inductor on a CPU takes minutes; the CPU tier traces compile_model with aot_eager
+  GEN_ARGS=(--smoke --compile off --gemv both --modes sparse)
   PROF32_BATCH=3
 else
   PROFILE_ARGS=()
-  COMPILE_FLAG=(--compile)
-  GEN_ARGS=(--quick --compile both --modes sparse)
+  PROFILE1_FLAGS=(--compile --gemv)
+  GEN_ARGS=(--quick --compile both --gemv both --modes sparse)
   PROF32_BATCH=32
 fi
 
@@ -66,7 +68,7 @@ fi
 
 if want profile1; then
   echo "== profile: batch 1, 8K context, graphs / compile in graphs / eager"
-  step profile_b1 "${PROFILE_TIMEOUT:-130}" python3 benchmarks/profile_decode_step.py --batch 1 "${COMPILE_FLAG[@]}" \
+  step profile_b1 "${PROFILE_TIMEOUT:-130}" python3 benchmarks/profile_decode_step.py --batch 1 "${PROFILE1_FLAGS[@]}" \
     --json "$OUT/profile_b1.json" "${PROFILE_ARGS[@]}"
   grep -E '^(weights|step|GPU kernel|aten ops|decode |\|)' "$LOGS/profile_b1.log" | tee -a "$summary"
 fi
@@ -80,8 +82,19 @@ fi
 
 if want generate; then
   echo "== bench_generate ${GEN_ARGS[*]}"
-  step generate "${GEN_TIMEOUT:-180}" python3 benchmarks/bench_generate.py "${GEN_ARGS[@]}" --out "$OUT/generate.json"
+  step generate "${GEN_TIMEOUT:-200}" python3 benchmarks/bench_generate.py "${GEN_ARGS[@]}" --out "$OUT/generate.json"
   grep -E '^(sparse|dense)' "$LOGS/generate.log" | tee -a "$summary"
+fi
+
+if want gemv; then
+  echo "== bench_gemv (7b linear layers at batch 1)"
+  if [[ $SMOKE == 1 ]]; then
+    echo "gemv skipped: needs a GPU" | tee -a "$summary"
+  else
+    sweep=(); [[ ${GEMV_SWEEP:-0} == 1 ]] && sweep=(--sweep)
+    step gemv "${GEMV_TIMEOUT:-60}" python3 benchmarks/bench_gemv.py --out "$OUT/gemv.json" "${sweep[@]}"
+    grep -E '^[a-z_+]+ +N|^one layer' "$LOGS/gemv.log" | tee -a "$summary"
+  fi
 fi
 
 echo
@@ -108,7 +121,7 @@ for name in ("profile_b1.json", "profile_b32.json"):
     if not r:
         continue
     b = r["batch"]
-    for key in ("CUDA graphs", "torch.compile in CUDA graphs"):
+    for key in ("CUDA graphs", "CUDA graphs + Triton GEMV", "torch.compile in CUDA graphs"):
         if key in r:
             x = r[key]
             rep = x.get("replay_ms")
@@ -128,6 +141,11 @@ for mode, r in (g or {}).items():
                      f"b1 {r['decode_b1']['tokens_per_s']:.1f} tok/s ({r['decode_b1']['step_ms']:.2f} ms)",
                      f"b{r['decode_b32']['batch']} {r['decode_b32']['tokens_per_s']:.0f} tok/s "
                      f"({r['decode_b32']['step_ms']:.2f} ms)", ""))
+gm = load("gemv.json")
+for r in (gm or {}).get("rows", []):
+    rows.append((f"gemv {r['name']}", f"cuBLAS {r['cublas_us']:.1f} us ({r['cublas_tb_s']:.2f} TB/s)",
+                 f"GEMV {r['gemv_us']:.1f} us ({r['gemv_tb_s']:.2f} TB/s)", f"err {r['rel_err']:.1e}",
+                 f"best {r['best_us']:.1f} us {r['best_tile']}" if "best_us" in r else ""))
 print("| what | | | | |\n|---|---|---|---|---|")
 for row in rows:
     print("| " + " | ".join(row) + " |")

@@ -5,8 +5,8 @@
     PYTHONPATH=$PWD python3 benchmarks/profile_decode_step.py --smoke   # CPU, tiny model: the plumbing
 
 Prints, for `--batch` sequences with a `--context`-token prompt each:
-- the wall time of an engine step with CUDA graphs (and, with `--compile`, with torch.compile
-  inside the graphs) and without graphs; for graphed steps also the replay alone (CUDA events
+- the wall time of an engine step with CUDA graphs (with `--gemv` also with the batch-1 Triton
+  GEMV, with `--compile` also with torch.compile inside the graphs) and without graphs; for graphed steps also the replay alone (CUDA events
   around `graph.replay()`), so that wall - replay is the host's share of a step (building the
   inputs, copies, sampling, the token read-back, the scheduler), during which the GPU idles;
 - the GPU kernel time of an eager step (torch.profiler), grouped (linear layers, LayerNorm,
@@ -23,6 +23,7 @@ group, the pages some head of the group needs: `layout.decode_pages`), which mat
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 
@@ -190,6 +191,9 @@ def timed_engine(model, args, report: dict, name: str, compiled: bool) -> None:
         line += "; no graph captured (CPU)"
     print(line, flush=True)
     del engine
+    gc.collect()  # the next engine allocates its own KV cache (35 GB at batch 32)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -198,6 +202,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=8192, help="prompt tokens of each sequence")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile inside the graphs")
+    ap.add_argument("--gemv", action="store_true", help="also time the graphs with the Triton GEMV (batch 1)")
     ap.add_argument("--json", default=None, help="write the numbers here")
     ap.add_argument(
         "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
@@ -233,6 +238,10 @@ def main() -> None:
               f"(weights alone {weight_bytes / bw * 1e3:.2f} ms)", flush=True)  # fmt: skip
 
     timed_engine(model, args, report, "CUDA graphs", compiled=False)
+    if args.gemv:
+        model.set_triton_gemv(True)
+        timed_engine(model, args, report, "CUDA graphs + Triton GEMV", compiled=False)
+        model.set_triton_gemv(False)
     if args.compile:
         timed_engine(model, args, report, "torch.compile in CUDA graphs", compiled=True)
     eager = engine_at(model, args, graphs=False)

@@ -374,7 +374,7 @@ def test_generate_cli_7b_on_cpu_exits_with_one_line():
      ({"dtype": torch.int32}, "dtype"), ({"dtype": "bf16"}, "dtype"), ({"force_dense": 1}, "force_dense"),
      ({"attn_impl": "cuda"}, "attn_impl"), ({"attn_impl": True}, "attn_impl"),
      ({"dummy_token_indices": "abc"}, "dummy_token_indices"), ({"dummy_token_indices": (1.5,)}, "dummy_token_indices"),
-     ({"colour": "red"}, "colour")],
+     ({"triton_gemv": 1}, "triton_gemv"), ({"colour": "red"}, "colour")],
 )  # fmt: skip
 def test_bad_model_options_are_input_errors(kw, field):
     from sparsegen.models import ModelOptions
@@ -403,3 +403,22 @@ def test_model_options_and_keywords_build_the_same_model():
     assert torch.equal(a(ids, batch), b(ids, batch))
     with pytest.raises(InputError, match="options must be a ModelOptions"):
         random_model("tiny", {"attn_impl": "reference"})
+
+
+def test_set_triton_gemv_takes_a_bool_and_switches_every_layer():
+    model = random_model("tiny", seed=0)
+    with pytest.raises(InputError, match="bool"):
+        model.set_triton_gemv(1)
+    model.set_triton_gemv(True)
+    assert model.options.triton_gemv and all(b.self_attn.gemv and b.mlp.gemv for b in model.model.layers)
+    model.set_triton_gemv(False)
+    assert not model.options.triton_gemv and not any(
+        b.self_attn.gemv or b.mlp.gemv for b in model.model.layers
+    )
+    from sparsegen.models import ForwardBatch
+
+    ids, batch = torch.tensor([3]), ForwardBatch.whole_sequences([1])
+    model.set_triton_gemv(True)  # on a CPU: the plain path (or the GEMV where Triton's interpreter is on)
+    on = model(ids, batch)
+    model.set_triton_gemv(False)
+    torch.testing.assert_close(on, model(ids, batch), rtol=1e-5, atol=1e-5)

@@ -139,3 +139,22 @@ def test_traced_call_still_validates_at_run_time():
     bad[-1] += 1  # cu_seqlens_k no longer ends at Tk
     with pytest.raises(sparsegen.InputError, match="cu_seqlens_k"):
         f(q, k, v, cq, bad)
+
+
+def test_spec_json_carries_torchs_constant_result_mark():
+    """custom_ops sets assume_constant_result's attribute itself (the public decorator imports
+    torch._dynamo at `import sparsegen`); this fails if torch's decorator marks differently."""
+    marked = torch.compiler.assume_constant_result(lambda: 0)
+    added = set(vars(marked)) - set(vars(lambda: 0))
+    assert added == {sgops.DYNAMO_CONSTANT_MARK}
+    assert getattr(sgops.spec_json, sgops.DYNAMO_CONSTANT_MARK) is True
+
+
+def test_import_sparsegen_does_not_import_dynamo():
+    import subprocess
+    import sys
+
+    code = "import sys, sparsegen, sparsegen.ops, sparsegen.custom_ops; print('torch._dynamo' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "False"

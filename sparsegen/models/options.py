@@ -35,6 +35,9 @@ class ModelOptions:
     force_dense: bool = False  # every layer dense (same weights), for comparison
     attn_impl: str | None = None  # a key of ATTN_IMPLS
     dummy_token_indices: tuple[int, ...] = ()  # ids whose logits are masked, when config.json has none
+    # Batch-1 linear layers through sparsegen's Triton GEMV (bias and up_proj's GeGeLU fused,
+    # `models.gemv`) instead of cuBLAS, on a GPU (or in Triton's interpreter). Off until measured.
+    triton_gemv: bool = False
 
     def __post_init__(self) -> None:
         device = self.device
@@ -48,8 +51,9 @@ class ModelOptions:
         object.__setattr__(self, "device", device)
         if self.dtype not in DTYPES:
             raise InputError(f"ModelOptions.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if not isinstance(self.force_dense, bool):
-            raise InputError(f"ModelOptions.force_dense must be a bool, got {self.force_dense!r}")
+        for name in ("force_dense", "triton_gemv"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"ModelOptions.{name} must be a bool, got {getattr(self, name)!r}")
         if self.attn_impl not in ATTN_IMPLS:
             raise InputError(
                 f"ModelOptions.attn_impl must be one of {tuple(ATTN_IMPLS)}, got {self.attn_impl!r}"

@@ -8,6 +8,8 @@ reference on a CPU. Tokens are flattened: activations are `[T, hidden]` for T to
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -82,6 +84,23 @@ def _fast(x: torch.Tensor) -> bool:
     return x.is_cuda and not torch.compiler.is_compiling()
 
 
+def _gemv_row(on: bool, x: torch.Tensor) -> bool:
+    """One row (a batch-1 decode step) through the Triton GEMV (`ModelOptions.triton_gemv`): on a
+    GPU, or in Triton's interpreter when it is active (the CPU tests); never under torch.compile."""
+    if not on or torch.compiler.is_compiling() or x.shape[0] != 1:
+        return False
+    return x.is_cuda or ops.interpreter_usable()
+
+
+def linear(layer: nn.Linear, x: torch.Tensor, gemv: bool) -> torch.Tensor:
+    """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row goes through the Triton GEMV."""
+    if _gemv_row(gemv, x):
+        from .gemv import gemv as triton_gemv
+
+        return triton_gemv(x, layer.weight, layer.bias)
+    return layer(x)
+
+
 def add_norm(
     norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +119,7 @@ class Attention(nn.Module):
         self.layer = layer  # also sets layer_json
         self.prefill_impl, self.decode_impl = options.attn_impls  # for sparsegen.prefill / paged_decode
         self.fused = options.attn_impl != "reference"  # the fused rotary kernel, on a GPU
+        self.gemv = options.triton_gemv
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -155,7 +175,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         t = x.shape[0]
         h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
-        qkv = self.query_key_value(x).view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
+        qkv = linear(self.query_key_value, x, self.gemv).view(t, hkv, g + 2, d)  # per KV group: G q, k, v
         write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
         if (
             self.fused and _fast(x) and fused_ops().supports_rotary(qkv)
@@ -178,7 +198,7 @@ class Attention(nn.Module):
             else:
                 k_all, v_all = k, v
             out = self._prefill(q, k_all, v_all, batch)
-        return self.dense(out.reshape(t, h * d))
+        return linear(self.dense, out.reshape(t, h * d), self.gemv)
 
 
 class MLP(nn.Module):
@@ -186,10 +206,16 @@ class MLP(nn.Module):
         super().__init__()
         self.limit = config.gegelu_limit
         self.fused = options.attn_impl != "reference"  # the fused GeGeLU kernel, on a GPU
+        self.gemv = options.triton_gemv
         self.up_proj = Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True, **fk)
         self.down_proj = Linear(config.ff_intermediate_size, config.hidden_size, bias=True, **fk)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
+        if _gemv_row(self.gemv, x):  # one kernel: up_proj, its bias and GeGeLU
+            from .gemv import gemv as triton_gemv
+
+            act = triton_gemv(x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit)  # [1, F]
+            return linear(self.down_proj, act, True)
         up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
         if self.fused and _fast(x):
             act = fused_ops().gegelu(up, self.limit)  # [T, F]
@@ -259,12 +285,22 @@ class Phi3SmallForCausalLM(nn.Module):
             "dummy_ids", torch.tensor(dummies, dtype=torch.long, device=options.device), persistent=False
         )
         self.fused = options.attn_impl != "reference"
+        self.gemv = options.triton_gemv  # a plain bool: what the traced forward reads
 
     def set_force_dense(self, force_dense: bool) -> None:
         """Switch every layer between its own spec and a dense one (same weights)."""
         self.spec = model_spec(self.config, force_dense)
         for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
             block.self_attn.layer = layer
+
+    def set_triton_gemv(self, on: bool) -> None:
+        """Switch the batch-1 linear layers between cuBLAS and the Triton GEMV (same weights)."""
+        if not isinstance(on, bool):
+            raise InputError(f"set_triton_gemv takes a bool, got {on!r}")
+        self.options = replace(self.options, triton_gemv=on)
+        self.gemv = on
+        for block in self.model.layers:
+            block.self_attn.gemv = block.mlp.gemv = on
 
     def tie_embeddings(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
@@ -298,7 +334,7 @@ class Phi3SmallForCausalLM(nn.Module):
         if batch.logits_index is not None:
             x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
         x, _ = add_norm(self.model.final_layernorm, x, residual, self.fused)
-        logits = self.lm_head(x).float() / cfg.mup_width_multiplier  # [B, vocab]
+        logits = linear(self.lm_head, x, self.gemv).float() / cfg.mup_width_multiplier  # [B, vocab]
         if self.dummy_ids.numel():
             logits.index_fill_(-1, self.dummy_ids, torch.finfo(logits.dtype).min)
         return logits

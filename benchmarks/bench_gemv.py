@@ -1,0 +1,129 @@
+"""Batch-1 linear layers of Phi-3-Small 7b: cuBLAS (`F.linear`) against sparsegen's Triton GEMV (GPU).
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_gemv.py [--out gemv.json] [--sweep]
+
+For each 7b shape (qkv, dense, up_proj + GeGeLU, down_proj, lm_head), bf16, one row: the time
+of one call inside a CUDA graph of 24 calls, each call on another copy of the weight (copies
+total >= 1.5 GB, so no call finds its weight in the 50 MB L2, as in a decode step where 32
+layers' weights stream through), and the read rate. `up_proj + GeGeLU` compares F.linear
+followed by the fused GeGeLU kernel (today's path) with the GEMV that does both. Each GEMV
+result is checked against F.linear (rel err). `--sweep` also times every (BLOCK_N, BLOCK_K,
+warps) tile and prints the best, next to the heuristic's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+CALLS = 24
+SHAPES = (  # name, N (weight rows), K, with bias, GeGeLU
+    ("qkv", 6144, 4096, True, False),
+    ("dense", 4096, 4096, True, False),
+    ("up_proj+gegelu", 28672, 4096, True, True),
+    ("down_proj", 4096, 14336, True, False),
+    ("lm_head", 100352, 4096, False, False),
+)
+LIMIT = 20.0
+
+
+def graph_us(fn) -> float:
+    """Microseconds per call: a CUDA graph of CALLS calls (fn(i) for i in range(CALLS)), replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(CALLS):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS):
+            fn(i)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / CALLS)
+    return sorted(times)[len(times) // 2]
+
+
+def rel_err(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sweep", action="store_true", help="also time every tile configuration")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gemv needs a CUDA GPU")
+    from sparsegen.models import fused, gemv
+
+    dev, dt = "cuda", torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    for name, n, k, has_bias, geg in SHAPES:
+        copies = max(2, min(CALLS, -(-(3 << 29) // (n * k * 2))))  # >= 1.5 GB of weights in all
+        ws = [(torch.randn(n, k, device=dev, generator=gen) / k**0.5).to(dt) for _ in range(copies)]
+        b = torch.randn(n, device=dev, generator=gen).to(dt) if has_bias else None
+        x = torch.randn(1, k, device=dev, generator=gen).to(dt)
+        nbytes = n * k * 2
+
+        def plain(i, ws=ws, b=b, x=x, geg=geg):
+            y = torch.nn.functional.linear(x, ws[i % len(ws)], b)
+            return fused.gegelu(y, LIMIT) if geg else y
+
+        def ours(i, ws=ws, b=b, x=x, geg=geg, **tile):
+            return gemv.gemv(x, ws[i % len(ws)], b, gegelu_limit=LIMIT if geg else None, **tile)
+
+        err = rel_err(ours(0), plain(0))
+        t_plain, t_ours = graph_us(plain), graph_us(ours)
+        row = {"name": name, "n": n, "k": k, "cublas_us": t_plain, "gemv_us": t_ours, "rel_err": err,
+               "cublas_tb_s": nbytes / t_plain / 1e6, "gemv_tb_s": nbytes / t_ours / 1e6}  # fmt: skip
+        if args.sweep:
+            best = None
+            for bn in (2, 4, 8, 16):
+                for bk in (256, 512, 1024, 2048):
+                    for warps in (4, 8):
+                        if bn * bk * (2 if geg else 1) > 16384:
+                            continue
+                        tile = {"block_n": bn, "block_k": bk, "num_warps": warps}
+                        try:
+                            t = graph_us(lambda i, tile=tile: ours(i, **tile))
+                        except Exception as exc:  # noqa: BLE001 - a tile that fails to build is skipped
+                            print(f"  {name} {tile}: {type(exc).__name__}")
+                            continue
+                        if best is None or t < best[0]:
+                            best = (t, tile)
+            if best is not None:
+                row.update(best_us=best[0], best_tile=best[1], best_tb_s=nbytes / best[0] / 1e6)
+        rows.append(row)
+        line = (f"{name:15s} N {n:6d} K {k:5d}: cuBLAS {t_plain:7.2f} us ({row['cublas_tb_s']:.2f} TB/s)  "
+                f"GEMV {t_ours:7.2f} us ({row['gemv_tb_s']:.2f} TB/s)  x{t_plain / t_ours:.2f}  rel err {err:.1e}")  # fmt: skip
+        if "best_us" in row:
+            line += f"  best tile {row['best_tile']} {row['best_us']:.2f} us ({row['best_tb_s']:.2f} TB/s)"
+        print(line, flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    per_layer = {r["name"]: r for r in rows}
+    layer_plain = sum(per_layer[s]["cublas_us"] for s in ("qkv", "dense", "up_proj+gegelu", "down_proj"))
+    layer_ours = sum(per_layer[s]["gemv_us"] for s in ("qkv", "dense", "up_proj+gegelu", "down_proj"))
+    print(f"one layer's four linears: cuBLAS {layer_plain:.1f} us, GEMV {layer_ours:.1f} us; x32 layers + "
+          f"lm_head: {(32 * layer_plain + per_layer['lm_head']['cublas_us']) / 1e3:.3f} ms vs "
+          f"{(32 * layer_ours + per_layer['lm_head']['gemv_us']) / 1e3:.3f} ms per step")  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"calls_per_graph": CALLS, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

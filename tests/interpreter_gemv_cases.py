@@ -1,0 +1,148 @@
+"""The batch-1 Triton GEMV (`sparsegen.models.gemv`) in Triton's interpreter on a CPU.
+
+Against `F.linear` (and `gegelu(F.linear(...))`) in float64, fp32 and fp16 (the interpreter is
+fp16/fp32 only), on shapes that are not multiples of the tiles, with forced tile sizes larger
+than the matrix (every mask), plus the model and engine with `triton_gemv=True` against the
+plain model. Run by tests/test_gemv_interpreter.py in a fresh process with TRITON_INTERPRET=1
+set before Triton is imported.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers_checkpoint import single_thread  # noqa: F401
+
+from sparsegen.errors import InputError
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SPARSEGEN_QUIET", "1")
+
+
+def _gemv():
+    from sparsegen import ops
+    from sparsegen.models import gemv
+
+    assert ops.interpreter_usable(), "TRITON_INTERPRET=1 must be set before Triton is imported"
+    return gemv
+
+
+def _case(n, k, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, k, generator=gen).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype)
+    return x, w, b
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 33), (64, 96), (130, 200), (6, 1000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gemv_equals_linear(n, k, dtype, with_bias):
+    g = _gemv()
+    x, w, b = _case(n, k, dtype, seed=n * 1000 + k)
+    b = b if with_bias else None
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double() if b is not None else None)
+    got = g.gemv(x, w, b)
+    assert got.shape == (1, n) and got.dtype == dtype and torch.isfinite(got).all()
+    assert rel(got, want) < (1e-6 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("n,k", [(2, 5), (64, 96), (130, 200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_with_gegelu_equals_plain(n, k, dtype):
+    from sparsegen.models.phi3small import gegelu
+
+    g = _gemv()
+    x, w, b = _case(n, k, dtype, seed=n + k)
+    w = w * 8  # push some pre-activations past the limit so the clamps matter
+    limit = 3.0
+    up = torch.nn.functional.linear(x.float(), w.float(), b.float()).to(dtype)  # rounded as the model's up
+    want = gegelu(up.float(), limit)
+    got = g.gemv(x, w, b, gegelu_limit=limit)
+    assert got.shape == (1, n // 2) and torch.isfinite(got).all()
+    assert (up.float().abs() > limit).any()
+    assert rel(got, want) < (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("block_n,block_k", [(1, 16), (16, 16), (16, 2048), (4, 64)])
+def test_forced_tiles_cover_every_mask(block_n, block_k):
+    g = _gemv()
+    x, w, b = _case(37, 150, torch.float32, seed=block_n + block_k)
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    assert rel(g.gemv(x, w, b, block_n=block_n, block_k=block_k), want) < 1e-6
+    up = torch.nn.functional.linear(x, w[:36], b[:36])
+    from sparsegen.models.phi3small import gegelu
+
+    got = g.gemv(x, w[:36], b[:36], gegelu_limit=20.0, block_n=block_n, block_k=block_k)
+    assert rel(got, gegelu(up, 20.0)) < 1e-5
+
+
+def test_strided_weight_rows():
+    """A weight whose rows are a view with a longer stride (e.g. a slice of columns) is read right."""
+    g = _gemv()
+    x, w, b = _case(20, 64, torch.float32, seed=5)
+    wide = torch.zeros(20, 100)
+    wide[:, :64] = w
+    view = wide[:, :64]
+    assert view.stride() == (100, 1)
+    assert rel(g.gemv(x, view, b), torch.nn.functional.linear(x, w, b)) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (lambda x, w, b: (torch.zeros(2, 8), w, b), "one row"),
+        (lambda x, w, b: (torch.zeros(1, 9), w, b), "does not fit"),
+        (lambda x, w, b: (x.half(), w, b), "does not fit"),
+        (lambda x, w, b: (x, w.t().contiguous().t(), b), "stride"),
+        (lambda x, w, b: (x, w, b[:3]), "bias"),
+    ],
+)
+def test_bad_inputs_are_input_errors(bad, match):
+    g = _gemv()
+    x, w, b = _case(6, 8, torch.float32, seed=0)
+    with pytest.raises(InputError, match=match):
+        g.gemv(*bad(x, w, b))
+    with pytest.raises(InputError, match="even"):
+        g.gemv(torch.zeros(1, 8), torch.zeros(5, 8), None, gegelu_limit=1.0)
+
+
+def test_model_and_engine_with_triton_gemv_match_the_plain_model():
+    """triton_gemv=True: the batch-1 linear layers (qkv, dense, up_proj with GeGeLU, down_proj,
+    lm_head) go through the GEMV; logits and greedy tokens equal the cuBLAS-path model's."""
+    from sparsegen.engine import LLMEngine, SamplingParams
+    from sparsegen.models import ForwardBatch, random_model
+
+    _gemv()
+    fast = random_model("tiny", seed=7, triton_gemv=True)
+    plain = random_model("tiny", seed=7)
+    ids = torch.tensor([5])
+    batch = ForwardBatch.whole_sequences([1])
+    calls = []
+    import sparsegen.models.gemv as gm
+
+    real = gm.gemv
+    gm.gemv = lambda *a, **kw: calls.append(kw.get("gegelu_limit")) or real(*a, **kw)
+    try:
+        got = fast(ids, batch)
+    finally:
+        gm.gemv = real
+    layers = fast.config.num_hidden_layers
+    assert len(calls) == 4 * layers + 1 and calls.count(fast.config.gegelu_limit) == layers
+    torch.testing.assert_close(got, plain(ids, batch), rtol=1e-5, atol=1e-5)
+    prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    assert (
+        LLMEngine(fast).generate([prompt], params)[0].output_ids
+        == LLMEngine(plain).generate([prompt], params)[0].output_ids
+    )
