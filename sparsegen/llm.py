@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .engine import LLMEngine
+from .engine.checks import check_prompt
 from .engine.sampling import SEED_LIMIT, SamplingParams
 from .engine_stats import EngineStats, engine_stats
 from .errors import InputError
@@ -212,16 +213,10 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError(f"{where} is text, but this checkpoint has no tokenizer: pass token ids")
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-        else:
+            prompt = self.tokenizer.encode(prompt)
+        elif not isinstance(prompt, (list, tuple)):
             raise InputError(f"{where} must be a str or a list of token ids, got {type(prompt).__name__}")
-        if not ids:
-            raise InputError(f"{where} is empty (it has no tokens)")
-        for pos, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
-                raise InputError(f"{where} token {pos} is {t!r}, not a token id in 0..{self.vocab_size - 1}")
+        ids = check_prompt(prompt, self.vocab_size, where)  # the engine's checks: ints in the vocabulary
         if len(ids) >= self.max_model_len:
             raise InputError(
                 f"{where} has {len(ids)} tokens; the model takes at most {self.max_model_len - 1}"
