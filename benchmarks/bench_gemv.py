@@ -6,7 +6,9 @@ For each 7b shape (qkv, dense, up_proj + GeGeLU, down_proj, lm_head), bf16, one 
 of one call inside a CUDA graph of 24 calls, each call on another copy of the weight (0.8 to
 1.6 GB of copies, far above the 50 MB L2, as in a decode step where 32 layers' weights stream
 through), and the read rate. `up_proj + GeGeLU` compares F.linear
-followed by the fused GeGeLU kernel (today's path) with the GEMV that does both. Each GEMV
+followed by the fused GeGeLU kernel (today's path) with the GEMV that does both; the `norm+`
+rows put the fused residual add + LayerNorm kernel before cuBLAS, against the GEMV that does
+the norm itself (what the model's triton_gemv path runs). Each GEMV
 result is checked against F.linear (rel err). `--sweep` also times every (BLOCK_N, BLOCK_K,
 warps) tile and prints the best, next to the heuristic's.
 """
@@ -19,13 +21,18 @@ import json
 import torch
 
 CALLS = 24
-SHAPES = (  # name, N (weight rows), K, with bias, GeGeLU
-    ("qkv", 6144, 4096, True, False),
-    ("dense", 4096, 4096, True, False),
-    ("up_proj+gegelu", 28672, 4096, True, True),
-    ("down_proj", 4096, 14336, True, False),
-    ("lm_head", 100352, 4096, False, False),
+SHAPES = (  # name, N (weight rows), K, with bias, GeGeLU, residual add + LayerNorm before it
+    ("qkv", 6144, 4096, True, False, False),
+    ("dense", 4096, 4096, True, False, False),
+    ("up_proj+gegelu", 28672, 4096, True, True, False),
+    ("down_proj", 4096, 14336, True, False, False),
+    ("lm_head", 100352, 4096, False, False, False),
+    ("norm+qkv", 6144, 4096, True, False, True),
+    ("norm+up_proj+gegelu", 28672, 4096, True, True, True),
+    ("norm+lm_head", 100352, 4096, False, False, True),
 )
+LAYER = ("qkv", "dense", "up_proj+gegelu", "down_proj")  # the four linears of a block
+LAYER_FUSED = ("norm+qkv", "dense", "norm+up_proj+gegelu", "down_proj")  # the model's triton_gemv path
 LIMIT = 20.0
 
 
@@ -71,19 +78,26 @@ def main() -> None:
     dev, dt = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
-    for name, n, k, has_bias, geg in SHAPES:
+    for name, n, k, has_bias, geg, norm in SHAPES:
         copies = max(2, min(CALLS, -(-(3 << 29) // (n * k * 2))))  # >= 1.5 GB of weights in all
         ws = [(torch.randn(n, k, device=dev, generator=gen) / k**0.5).to(dt) for _ in range(copies)]
         b = torch.randn(n, device=dev, generator=gen).to(dt) if has_bias else None
         x = torch.randn(1, k, device=dev, generator=gen).to(dt)
+        res = torch.randn(1, k, device=dev, generator=gen).to(dt)
+        lnw = (1 + 0.1 * torch.randn(k, device=dev, generator=gen)).to(dt)
+        lnb = (0.1 * torch.randn(k, device=dev, generator=gen)).to(dt)
         nbytes = n * k * 2
 
-        def plain(i, ws=ws, b=b, x=x, geg=geg):
+        def plain(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb):
+            if norm:  # today's path: the fused add + LayerNorm kernel, then cuBLAS
+                x, _ = fused.add_layer_norm(x, res, lnw, lnb, 1e-5)
             y = torch.nn.functional.linear(x, ws[i % len(ws)], b)
             return fused.gegelu(y, LIMIT) if geg else y
 
-        def ours(i, ws=ws, b=b, x=x, geg=geg, **tile):
-            return gemv.gemv(x, ws[i % len(ws)], b, gegelu_limit=LIMIT if geg else None, **tile)
+        def ours(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb, **tile):
+            out = gemv.gemv(x, ws[i % len(ws)], b, gegelu_limit=LIMIT if geg else None,
+                            norm=(res, lnw, lnb, 1e-5) if norm else None, **tile)  # fmt: skip
+            return out[0] if norm else out
 
         err = rel_err(ours(0), plain(0))
         t_plain, t_ours = graph_us(plain), graph_us(ours)
@@ -114,12 +128,15 @@ def main() -> None:
         print(line, flush=True)
         del ws
         torch.cuda.empty_cache()
-    per_layer = {r["name"]: r for r in rows}
-    layer_plain = sum(per_layer[s]["cublas_us"] for s in ("qkv", "dense", "up_proj+gegelu", "down_proj"))
-    layer_ours = sum(per_layer[s]["gemv_us"] for s in ("qkv", "dense", "up_proj+gegelu", "down_proj"))
-    print(f"one layer's four linears: cuBLAS {layer_plain:.1f} us, GEMV {layer_ours:.1f} us; x32 layers + "
-          f"lm_head: {(32 * layer_plain + per_layer['lm_head']['cublas_us']) / 1e3:.3f} ms vs "
-          f"{(32 * layer_ours + per_layer['lm_head']['gemv_us']) / 1e3:.3f} ms per step")  # fmt: skip
+    r = {row["name"]: row for row in rows}
+    plain_ms = (32 * sum(r[s]["cublas_us"] for s in LAYER_FUSED) + r["norm+lm_head"]["cublas_us"]) / 1e3
+    bare_ms = (32 * sum(r[s]["gemv_us"] for s in LAYER) + r["lm_head"]["gemv_us"]) / 1e3
+    fused_ms = (32 * sum(r[s]["gemv_us"] for s in LAYER_FUSED) + r["norm+lm_head"]["gemv_us"]) / 1e3
+    print(f"one layer's four linears: cuBLAS {sum(r[s]['cublas_us'] for s in LAYER):.1f} us, GEMV "
+          f"{sum(r[s]['gemv_us'] for s in LAYER):.1f} us. Per step (32 layers + lm_head, the norms included): "
+          f"today's kernels {plain_ms:.3f} ms, GEMV + separate norms "
+          f"{bare_ms + (r['norm+qkv']['cublas_us'] - r['qkv']['cublas_us']) * 65 / 1e3:.3f} ms, "
+          f"GEMV with the norms inside {fused_ms:.3f} ms")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"calls_per_graph": CALLS, "rows": rows}, f, indent=2)

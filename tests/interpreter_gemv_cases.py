@@ -87,6 +87,33 @@ def test_forced_tiles_cover_every_mask(block_n, block_k):
     assert rel(got, gegelu(up, 20.0)) < 1e-5
 
 
+@pytest.mark.parametrize("n,k", [(7, 33), (70, 200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_res", [True, False])
+@pytest.mark.parametrize("geg", [False, True])
+def test_gemv_with_add_norm_equals_add_norm_then_linear(n, k, dtype, with_res, geg):
+    """norm=(residual, w, b, eps): the input is LayerNorm(x + residual), computed per program;
+    the sum comes back exactly as `x + residual` rounds (x itself without a residual)."""
+    from sparsegen.models.phi3small import gegelu
+
+    g = _gemv()
+    x, w, b = _case(n - n % 2 if geg else n, k, dtype, seed=3 * n + k)
+    gen = torch.Generator().manual_seed(k)
+    res = (4 * torch.randn(1, k, generator=gen)).to(dtype) if with_res else None
+    lnw = (1 + 0.2 * torch.randn(k, generator=gen)).to(dtype)
+    lnb = (0.1 * torch.randn(k, generator=gen)).to(dtype)
+    s = x + res if with_res else x
+    h = torch.nn.functional.layer_norm(s.float(), (k,), lnw.float(), lnb.float(), 1e-5).to(dtype)
+    want = torch.nn.functional.linear(h.float(), w.float(), b.float()).to(dtype)
+    if geg:
+        want = gegelu(want.float(), 20.0)
+    got, summed = g.gemv(x, w, b, gegelu_limit=20.0 if geg else None, norm=(res, lnw, lnb, 1e-5),
+                         block_n=8, block_k=64)  # fmt: skip
+    assert torch.equal(summed, s) and summed.shape == (1, k)
+    assert not with_res or summed.data_ptr() != x.data_ptr()
+    assert torch.isfinite(got).all() and rel(got, want) < (1e-5 if dtype == torch.float32 else 3e-3)
+
+
 def test_strided_weight_rows():
     """A weight whose rows are a view with a longer stride (e.g. a slice of columns) is read right."""
     g = _gemv()
@@ -115,11 +142,21 @@ def test_bad_inputs_are_input_errors(bad, match):
         g.gemv(*bad(x, w, b))
     with pytest.raises(InputError, match="even"):
         g.gemv(torch.zeros(1, 8), torch.zeros(5, 8), None, gegelu_limit=1.0)
+    ln = torch.ones(8)
+    with pytest.raises(InputError, match="norm must be"):
+        g.gemv(x, w, b, norm=(None, ln, ln))
+    with pytest.raises(InputError, match="ln_weight"):
+        g.gemv(x, w, b, norm=(None, torch.ones(7), ln, 1e-5))
+    with pytest.raises(InputError, match="residual"):
+        g.gemv(x, w, b, norm=(torch.zeros(1, 8, dtype=torch.float16), ln, ln, 1e-5))
+    with pytest.raises(InputError, match="weight and bias"):
+        g.gemv(x, w, b, norm=(None, None, ln, 1e-5))
 
 
 def test_model_and_engine_with_triton_gemv_match_the_plain_model():
-    """triton_gemv=True: the batch-1 linear layers (qkv, dense, up_proj with GeGeLU, down_proj,
-    lm_head) go through the GEMV; logits and greedy tokens equal the cuBLAS-path model's."""
+    """triton_gemv=True: the batch-1 linear layers (qkv and up_proj with the residual add and
+    LayerNorm before them, up_proj with GeGeLU, dense, down_proj, lm_head with the final norm)
+    go through the GEMV; logits and greedy tokens equal the cuBLAS-path model's."""
     from sparsegen.engine import LLMEngine, SamplingParams
     from sparsegen.models import ForwardBatch, random_model
 
@@ -132,17 +169,44 @@ def test_model_and_engine_with_triton_gemv_match_the_plain_model():
     import sparsegen.models.gemv as gm
 
     real = gm.gemv
-    gm.gemv = lambda *a, **kw: calls.append(kw.get("gegelu_limit")) or real(*a, **kw)
+    gm.gemv = lambda *a, **kw: (
+        calls.append((kw.get("gegelu_limit"), kw.get("norm") is not None)) or real(*a, **kw)
+    )
     try:
         got = fast(ids, batch)
     finally:
         gm.gemv = real
     layers = fast.config.num_hidden_layers
-    assert len(calls) == 4 * layers + 1 and calls.count(fast.config.gegelu_limit) == layers
+    assert len(calls) == 4 * layers + 1 and calls.count((fast.config.gegelu_limit, True)) == layers
+    assert sum(norm for _, norm in calls) == 2 * layers + 1  # qkv, up_proj, lm_head: every LayerNorm
     torch.testing.assert_close(got, plain(ids, batch), rtol=1e-5, atol=1e-5)
     prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
     assert (
         LLMEngine(fast).generate([prompt], params)[0].output_ids
         == LLMEngine(plain).generate([prompt], params)[0].output_ids
     )
+
+
+def test_tensor_parallel_model_keeps_its_own_layers_under_triton_gemv():
+    """A tensor-parallel model (one rank here) with triton_gemv=True: its column-parallel QKV and
+    up_proj go through the GEMV, its row-parallel dense/down_proj and vocab-parallel lm_head (which
+    communicate) run themselves; logits equal the plain model's."""
+    from sparsegen.models import ForwardBatch, named_config, random_model
+    from sparsegen.models.tensor_parallel import TPShard, random_tp_model
+
+    _gemv()
+    cfg = named_config("tiny")
+    tp = random_tp_model(cfg, TPShard(0, 1), seed=3, triton_gemv=True)
+    plain = random_model(cfg, seed=3)
+    ids, batch = torch.tensor([9]), ForwardBatch.whole_sequences([1])
+    import sparsegen.models.gemv as gm
+
+    calls, real = [], gm.gemv
+    gm.gemv = lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw)
+    try:
+        got = tp(ids, batch)
+    finally:
+        gm.gemv = real
+    assert len(calls) == 2 * cfg.num_hidden_layers  # QKV and up_proj of each block, nothing else
+    torch.testing.assert_close(got, plain(ids, batch), rtol=1e-5, atol=1e-5)

@@ -195,7 +195,8 @@ def test_fused_add_layer_norm_bf16_matches_plain(n):
 
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
 def test_triton_gemv_matches_cublas_on_the_7b_shapes(dtype):
-    """The batch-1 Triton GEMV (bias; GeGeLU for up_proj) against F.linear on the 7b shapes."""
+    """The batch-1 Triton GEMV (bias; GeGeLU for up_proj; the residual add + LayerNorm before it)
+    against F.linear (after the fused norm kernel) on the 7b shapes."""
     from sparsegen.models import fused, gemv
 
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -210,6 +211,17 @@ def test_triton_gemv_matches_cublas_on_the_7b_shapes(dtype):
         got = gemv.gemv(x, w, b, gegelu_limit=20.0 if geg else None)
         assert got.shape == want.shape and torch.isfinite(got).all()
         assert rel_err(got, want) < 1e-2, (n, k)
+        # the residual add + LayerNorm inside the GEMV, against the fused norm kernel then F.linear
+        res = torch.randn(1, k, device=DEV, generator=gen).to(dtype)
+        lnw = (1 + 0.1 * torch.randn(k, device=DEV, generator=gen)).to(dtype)
+        lnb = (0.1 * torch.randn(k, device=DEV, generator=gen)).to(dtype)
+        h, summed = fused.add_layer_norm(x, res, lnw, lnb, 1e-5)
+        want = torch.nn.functional.linear(h, w, b)
+        if geg:
+            want = fused.gegelu(want, 20.0)
+        got, got_sum = gemv.gemv(x, w, b, gegelu_limit=20.0 if geg else None, norm=(res, lnw, lnb, 1e-5))
+        assert torch.equal(got_sum, summed) and torch.isfinite(got).all()
+        assert rel_err(got, want) < 1e-2, ("norm", n, k)
 
 
 def test_engine_with_triton_gemv_in_graphs_matches_cublas():

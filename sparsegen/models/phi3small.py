@@ -92,9 +92,10 @@ def _gemv_row(on: bool, x: torch.Tensor) -> bool:
     return x.is_cuda or ops.interpreter_usable()
 
 
-def linear(layer: nn.Linear, x: torch.Tensor, gemv: bool) -> torch.Tensor:
-    """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row goes through the Triton GEMV."""
-    if _gemv_row(gemv, x):
+def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
+    """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
+    through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself)."""
+    if isinstance(layer, nn.Linear) and _gemv_row(gemv, x):
         from .gemv import gemv as triton_gemv
 
         return triton_gemv(x, layer.weight, layer.bias)
@@ -173,12 +174,24 @@ class Attention(nn.Module):
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
     ) -> torch.Tensor:  # [T, hidden]
-        t = x.shape[0]
+        return self.attend(linear(self.query_key_value, x, self.gemv), cos, sin, batch, kv_cache)
+
+    def attend(
+        self,
+        qkv: torch.Tensor,  # [T, (H + 2 Hkv) * D]: the query_key_value projection
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+        batch: ForwardBatch,
+        kv_cache: KVCacheLayer | None,
+    ) -> torch.Tensor:  # [T, hidden]
+        """Everything of the block's attention after the QKV projection: rotary, the cache write,
+        attention, the output projection."""
+        t = qkv.shape[0]
         h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
-        qkv = linear(self.query_key_value, x, self.gemv).view(t, hkv, g + 2, d)  # per KV group: G q, k, v
+        qkv = qkv.view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
         write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
         if (
-            self.fused and _fast(x) and fused_ops().supports_rotary(qkv)
+            self.fused and _fast(qkv) and fused_ops().supports_rotary(qkv)
         ):  # one kernel: rotary, split, cache write
             q, k, v = fused_ops().rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
         else:
@@ -246,10 +259,29 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (this block's MLP output, the stream before it)
+        plain = isinstance(self.self_attn.query_key_value, nn.Linear) and isinstance(
+            self.mlp.up_proj, nn.Linear
+        )
+        if plain and _gemv_row(self.self_attn.gemv, x):
+            return self._forward_row(x, residual, cos, sin, batch, kv_cache)
         h, residual = add_norm(self.input_layernorm, x, residual, self.fused)
         attn = self.self_attn(h, cos, sin, batch, kv_cache)
         h, residual = add_norm(self.post_attention_layernorm, attn, residual, self.fused)
         return self.mlp(h), residual
+
+    def _forward_row(self, x, residual, cos, sin, batch, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """One row through the Triton GEMV (`ModelOptions.triton_gemv`): each residual add and
+        LayerNorm happen inside the GEMV that reads their output (QKV, then up_proj + GeGeLU)."""
+        from .gemv import gemv
+
+        attn, mlp = self.self_attn, self.mlp
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, residual = gemv(x, attn.query_key_value.weight, attn.query_key_value.bias,
+                             norm=(residual, ln1.weight, ln1.bias, ln1.eps))  # fmt: skip
+        out = attn.attend(qkv, cos, sin, batch, kv_cache)  # [1, hidden]
+        act, residual = gemv(out, mlp.up_proj.weight, mlp.up_proj.bias, gegelu_limit=mlp.limit,
+                             norm=(residual, ln2.weight, ln2.bias, ln2.eps))  # fmt: skip
+        return linear(mlp.down_proj, act, True), residual
 
 
 class Phi3SmallModel(nn.Module):
@@ -333,8 +365,15 @@ class Phi3SmallForCausalLM(nn.Module):
             x, residual = layer(x, residual, cos, sin, batch, kv_caches[i] if kv_caches is not None else None)
         if batch.logits_index is not None:
             x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
-        x, _ = add_norm(self.model.final_layernorm, x, residual, self.fused)
-        logits = linear(self.lm_head, x, self.gemv).float() / cfg.mup_width_multiplier  # [B, vocab]
+        final = self.model.final_layernorm
+        if isinstance(self.lm_head, nn.Linear) and _gemv_row(self.gemv, x):  # final add + LN inside the GEMV
+            from .gemv import gemv
+
+            out, _ = gemv(x, self.lm_head.weight, None, norm=(residual, final.weight, final.bias, final.eps))
+        else:
+            x, _ = add_norm(final, x, residual, self.fused)
+            out = self.lm_head(x)
+        logits = out.float() / cfg.mup_width_multiplier  # [B, vocab]
         if self.dummy_ids.numel():
             logits.index_fill_(-1, self.dummy_ids, torch.finfo(logits.dtype).min)
         return logits
