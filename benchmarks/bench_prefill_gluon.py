@@ -141,7 +141,7 @@ def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
     return row
 
 
-BASE = {"block_n": 64, "stages": 3, "q_smem": False, "persistent": False, "consumers": 2}
+BASE = {"block_n": 64, "stages": 3, "q_smem": False, "persistent": False, "consumers": 2, "vpair": False}
 VARIANTS = {  # {} is the rule's choice for the case (prefill_gluon_template.config)
     "rule": {},
     "rule_pingpong": {"pingpong": True},
@@ -165,6 +165,8 @@ VARIANTS = {  # {} is the rule's choice for the case (prefill_gluon_template.con
     "c2_n64_s4_kv": {**BASE, "stages": 4, "kv_major": True},
     "c2_n64_s2_kv": {**BASE, "stages": 2, "kv_major": True},
     "rule_tile_order": {"kv_major": False},
+    "c2_n128_s2_vpair_kv": {**BASE, "block_n": 128, "stages": 2, "vpair": True, "kv_major": True},
+    "c2_n128_s3_vpair_kv": {**BASE, "block_n": 128, "stages": 3, "vpair": True, "kv_major": True},
 }
 
 
@@ -201,8 +203,9 @@ def variants(names: list[str], cases: list[str], lens: list[int], rounds: int = 
         kernels = {}
         for name in names:
             ov = VARIANTS[name]
-            if ov.get("block_n", 64) > 64 and any(h.vert_stride and not h.dense for h in layer.heads):
-                continue
+            vertical = any(h.vert_stride and not h.dense for h in layer.heads)
+            if vertical and ov.get("block_n", 128) > 64 and not ov.get("vpair", True):
+                continue  # 128-key tiles need vpair on 64-token vertical blocks
             g = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16, **ov)
             p = PrefillProblem(layer, [700, 1500], [1000, 2049], seed=3, dtype=torch.bfloat16, device="cuda")
             tt = p.tensors

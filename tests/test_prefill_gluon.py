@@ -75,6 +75,62 @@ def test_schedule_covers_exactly_the_visible_tiles(head, k_len, q_frac, tile):
     _check_schedule(head, q_len, k_len, block_m, block_n)
 
 
+def _check_pair_schedule(head: HeadSpec, q_len: int, k_len: int, block_m: int, block_n: int) -> None:
+    """vpair: every visible (query, key) pair is counted exactly once, nothing else is counted."""
+    layer = LayerSpec(num_heads=1, num_kv_heads=1, head_dim=64, heads=(head,))
+    vis = sparsegen.visible_mask(layer, q_len, k_len)[0].int()  # [q_len, k_len]
+    first, half = k_len - q_len, block_n // 2
+    counted = torch.zeros(q_len, k_len + block_n, dtype=torch.int32)
+    for m0 in range(0, -(-k_len // block_m) * block_m, block_m):
+        rows = slice(max(m0, first) - first, min(m0 + block_m, k_len) - first)
+        found, lo = gluon_schedule.pair_tiles(head, m0, q_len, k_len, block_m=block_m, block_n=block_n)
+        if rows.stop <= rows.start:
+            assert found == [], (m0, found)
+            continue
+        assert found, f"live query tile {m0} visits no key tile"
+        for n0, n1, masked, hole in found:
+            for c0, is_hole in ((n0, False), (n1, hole)):
+                # a masked diagonal tile's second chunk may start past k_len (nothing there counts)
+                assert c0 % half == 0 and 0 <= c0 < (k_len + half if masked else k_len), (c0, k_len)
+                if is_hole or c0 >= k_len:
+                    continue
+                cols = slice(c0, c0 + half)
+                if masked:
+                    keep = vis[rows, c0 : min(c0 + half, k_len)].clone()
+                    keep[:, : max(0, lo - c0)] = 0  # keys below lo are not counted
+                    counted[rows, c0 : c0 + keep.shape[1]] += keep
+                else:
+                    assert c0 + half <= k_len and vis[rows, cols].all(), (
+                        f"unmasked chunk {c0} (m0 {m0}) is not fully visible"
+                    )
+                    counted[rows, cols] += 1
+    counted = counted[:, :k_len]
+    assert (counted <= 1).all(), "a (query, key) pair is counted twice"
+    assert torch.equal(counted, vis), "a visible pair is not counted"
+
+
+@given(
+    head=head_specs(),
+    k_len=st.integers(1, 900),
+    q_frac=st.floats(0.0, 1.0),
+    tile=st.sampled_from([(128, 128), (128, 64), (64, 32)]),
+)
+@example(
+    head=HeadSpec(block_size=64, local_blocks=16, vert_stride=8, vert_offset=7),
+    k_len=900,
+    q_frac=1.0,
+    tile=(128, 128),
+)
+@example(head=HeadSpec(block_size=64, local_blocks=3, vert_stride=1), k_len=700, q_frac=0.5, tile=(128, 128))
+@example(head=HeadSpec(block_size=128, local_blocks=1, vert_stride=2, vert_offset=1), k_len=899, q_frac=0.2,
+         tile=(128, 128))  # fmt: skip
+def test_pair_schedule_counts_every_visible_pair_once(head, k_len, q_frac, tile):
+    block_m, block_n = tile
+    if head.vert_stride and not head.dense and head.block_size % (block_n // 2):
+        return  # config() refuses vertical blocks narrower than a chunk
+    _check_pair_schedule(head, max(1, round(q_frac * k_len)), k_len, block_m, block_n)
+
+
 def test_schedule_phi3small_long_rows():
     """A 4K sequence: every phi3small head's schedule, with a 1000-token prefix."""
     for head in sparsegen.get_pattern("phi3small").layers[0].heads[:8]:

@@ -23,20 +23,18 @@ def _near(x: int, head: HeadSpec) -> int:
     return min(starts)
 
 
-def tiles(
-    head: HeadSpec, m0: int, q_len: int, k_len: int, *, block_m: int = 128, block_n: int = 64
-) -> list[tuple[int, bool]]:
-    """(first key, masked) of every key tile the query tile at position m0 visits, in order.
-
-    Query row r of the sequence sits at position k_len - q_len + r; the tile holds positions
-    [m0, m0 + block_m). Returns [] for a tile with no live query row (the kernel exits)."""
+def _bounds(head: HeadSpec, m0: int, q_len: int, k_len: int, block_m: int, block_n: int):
+    """The numbers `_schedule` computes for one query tile: lo (first key of the near range,
+    moved down to a vertical kb_lo's first key), the near tiles' start a, masked-below b,
+    diagonal d, one past the last live row hi, and kb_lo; None for a tile with no live row."""
     first = k_len - q_len
     if not (m0 < k_len and m0 + block_m > first):
-        return []
+        return None
     top = max(m0, first)
     hi = min(m0 + block_m, k_len)
     last = hi - 1
     vert = 0 if head.dense else head.vert_stride
+    kb_lo = 0
     if head.dense:
         lo = full = 0
     else:
@@ -49,6 +47,21 @@ def tiles(
     a = lo // block_n * block_n
     d = max(a, m0 // block_n * block_n)
     b = min(max(-(-full // block_n) * block_n, a), d)
+    return lo, a, b, d, hi, kb_lo
+
+
+def tiles(
+    head: HeadSpec, m0: int, q_len: int, k_len: int, *, block_m: int = 128, block_n: int = 64
+) -> list[tuple[int, bool]]:
+    """(first key, masked) of every key tile the query tile at position m0 visits, in order.
+
+    Query row r of the sequence sits at position k_len - q_len + r; the tile holds positions
+    [m0, m0 + block_m). Returns [] for a tile with no live query row (the kernel exits)."""
+    found = _bounds(head, m0, q_len, k_len, block_m, block_n)
+    if found is None:
+        return []
+    lo, a, b, d, hi, kb_lo = found
+    vert = 0 if head.dense else head.vert_stride
     out: list[tuple[int, bool]] = []
     if vert:
         bs, tpb = head.block_size, head.block_size // block_n
@@ -58,3 +71,34 @@ def tiles(
     for n0 in range(a, hi, block_n):
         out.append((n0, n0 < b or n0 >= d))
     return out
+
+
+def pair_tiles(
+    head: HeadSpec, m0: int, q_len: int, k_len: int, *, block_m: int = 128, block_n: int = 128
+) -> tuple[list[tuple[int, int, bool, bool]], int]:
+    """The `vpair` schedule: ([(n0, n1, masked, hole), ...], lo). A key tile is two chunks of
+    block_n // 2 keys starting at n0 and n1: chunks 2j and 2j + 1 of the head's vertical blocks
+    (an odd last chunk pairs with itself: `hole`, its second copy counts nothing), then the near
+    range in whole tiles (n1 = n0 + block_n // 2). Masked tiles count only keys >= lo the head
+    sees; unmasked ones count every key."""
+    found = _bounds(head, m0, q_len, k_len, block_m, block_n)
+    if found is None:
+        return [], 0
+    lo, a, b, d, hi, kb_lo = found
+    half = block_n // 2
+    vert = 0 if head.dense else head.vert_stride
+    out: list[tuple[int, int, bool, bool]] = []
+    if vert:
+        bs, cpb = head.block_size, head.block_size // half
+        kb0 = vert - 1 - head.vert_offset
+        n_chunks = max(kb_lo - kb0 + vert - 1, 0) // vert * cpb
+
+        def start(c: int) -> int:
+            return kb0 * bs + (c // cpb) * vert * bs + (c % cpb) * half
+
+        for j in range((n_chunks + 1) // 2):
+            c1 = min(2 * j + 1, n_chunks - 1)
+            out.append((start(2 * j), start(c1), False, c1 == 2 * j))
+    for n0 in range(a, hi, block_n):
+        out.append((n0, n0 + half, n0 < b or n0 >= d, False))
+    return out, lo

@@ -47,7 +47,8 @@ ALIGNED_ARGS = ("Q", "O", "stride_qt", "stride_qh", "stride_ot", "stride_oh")
 
 
 def _kv_block(layer: LayerSpec, cfg: dict[str, Any]) -> list[int]:
-    return [cfg["block_n"], layer.head_dim]
+    """One TMA box: a key tile, or half of one when tiles are two chunks (vpair)."""
+    return [cfg["block_n"] // 2 if cfg["vpair"] else cfg["block_n"], layer.head_dim]
 
 
 def signature(layer: LayerSpec, dtype: str, cfg: dict[str, Any]) -> dict[str, str]:

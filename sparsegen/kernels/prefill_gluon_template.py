@@ -30,12 +30,13 @@ CONFIG = {
     "q_smem": False,
     "pingpong": False,  # the two consumers take turns issuing their matmuls (FA3's inter-warpgroup overlap)
     "kv_major": False,  # work items KV head by KV head (L2 reuse of its rows) instead of tile by tile
+    "vpair": False,  # key tiles of two block_n/2-key TMA boxes: two vertical chunks, or one near tile
     "producer_regs": 24,
     "consumer_regs": 240,
     "maxnreg": 168,
 }
 HEAD_DIMS = (64, 128)
-VERTICAL_BLOCK_N = 64  # the key tile of layers with vertical-stride heads (config())
+VERTICAL_BLOCK_N = 64  # the key chunk of layers with vertical-stride heads (config(): two per tile)
 # Each distinct head pattern is a branch of the schedule and of the masked softmax, so build time
 # grows with their number (CPU, AOT: 8 patterns ~1.4x the build of 1, 32 patterns ~5x); layers with
 # more go to the tl kernel, whose build is flat in the number of distinct heads.
@@ -47,22 +48,23 @@ def config(layer: LayerSpec, **overrides: Any) -> dict[str, Any]:
     """The tile shape and launch shape for `layer` (overrides are for benchmarks)."""
     cfg = dict(CONFIG)
     vertical = any(h.vert_stride and not h.dense for h in layer.heads)
-    # The rule, from session 4's interleaved sweep on the H200 (benchmarks/bench_prefill_gluon.py
-    # --variants, docs/performance.md): layers with vertical-stride heads keep 64-key tiles (their
-    # vertical blocks are 64 tokens), 3 stages, one program per work item, KV-head-major order
-    # (phi3small 32K 3.18 -> 2.98 ms, 8K 0.407 -> 0.387 ms against the persistent tile-major grid);
-    # every other layer takes 128-key tiles with 3 stages (dense 32K 15.66 -> 14.61 ms, window
-    # 4096 at 32K 3.87 -> 3.63 ms), dense layers in KV-head-major order too (32K 14.61 -> 13.81 ms:
-    # 1.09x SDPA in that run).
+    # The rule, from session 4's interleaved sweeps on the H200 (benchmarks/bench_prefill_gluon.py
+    # --variants, docs/performance.md): 128-key tiles with 3 stages for every layer (dense 32K
+    # 15.66 -> 14.61 ms, window 4096 at 32K 3.87 -> 3.63 ms against 64-key tiles); layers with
+    # vertical-stride heads build each tile from two 64-key chunks (`vpair`: their vertical blocks
+    # are 64 tokens), one program per work item, KV-head-major order (64-key tiles in that order:
+    # phi3small 32K 3.18 -> 2.98 ms against the persistent tile-major grid); dense layers in
+    # KV-head-major order too (32K 14.61 -> 13.81 ms: 1.09x SDPA in that run).
     if vertical:
-        cfg.update(block_n=64, stages=3, persistent=False, kv_major=True)
+        cfg.update(block_n=128, stages=3, vpair=True, persistent=False, kv_major=True)
     else:
         cfg.update(block_n=128, stages=3, q_smem=False, kv_major=all(h.dense for h in layer.heads))
     cfg.update(overrides)
+    chunk = cfg["block_n"] // 2 if cfg["vpair"] else cfg["block_n"]
     for h, head in enumerate(layer.heads):
-        if head.vert_stride and not head.dense and head.block_size % cfg["block_n"]:
+        if head.vert_stride and not head.dense and head.block_size % chunk:
             raise InputError(
-                f"block_n {cfg['block_n']} does not divide head {h}'s vertical blocks of "
+                f"a key chunk of {chunk} does not divide head {h}'s vertical blocks of "
                 f"{head.block_size} tokens (a key tile covers whole vertical blocks)"
             )
     cfg["wg_warps"] = 4 * (2 // cfg["consumers"])  # warps per consumer partition
@@ -137,6 +139,7 @@ def plan(layer: LayerSpec, dtype: str, cfg: dict[str, Any] | None = None) -> dic
             k: cfg[k] for k in ("block_m", "block_n", "stages", "consumers", "wg_warps", "q_smem", "kv_major")
         },
         "pingpong": cfg["pingpong"] and cfg["consumers"] == 2,
+        "vpair": cfg["vpair"],
         **{k: cfg[k] for k in ("producer_regs", "consumer_regs")},
         "paths": paths(layer),
     }
