@@ -144,11 +144,19 @@ def main() -> None:
         flush=True,
     )
     rows = {}
+
+    def save() -> None:  # after every run: a call stopped by its time limit keeps what it measured
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"size": size, "cuda_graphs": not args.no_cuda_graphs, "weights_gb": weights / 1e9,
+                           **rows}, f, indent=2)  # fmt: skip
+
     for compiled, gemv in combos:
         model.set_triton_gemv(gemv)
         for mode in args.modes.split(","):
             name = f"{mode}{'+compile' if compiled else ''}{'+gemv' if gemv else ''}"
             rows[name] = run_mode(model, mode, name, compiled, args, (short, long, big_batch, steps, warm))
+            save()
     model.set_triton_gemv(False)
     if "sparse" in rows and "dense" in rows:
         s, d = rows["sparse"], rows["dense"]
@@ -159,10 +167,6 @@ def main() -> None:
               f"TTFT {long} x{d['ttft_32k']['ttft_s'] / s['ttft_32k']['ttft_s']:.2f}   "
               f"decode b1 x{s['decode_b1']['tokens_per_s'] / d['decode_b1']['tokens_per_s']:.2f}   "
               f"decode b{big_batch} x{s['decode_b32']['tokens_per_s'] / d['decode_b32']['tokens_per_s']:.2f}")  # fmt: skip
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"size": size, "cuda_graphs": not args.no_cuda_graphs, "weights_gb": weights / 1e9, **rows},
-                      f, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ cat "$summary"
 
 if want tests; then
   echo "== engine gpu tests"
-  step tests "${TEST_TIMEOUT:-170}" python3 -m pytest -q -m gpu -s -p no:cacheprovider --durations=8 \
+  step tests "${TEST_TIMEOUT:-190}" python3 -m pytest -q -m gpu -s -p no:cacheprovider --durations=8 \
     tests/test_engine_gpu.py
   grep -E '(passed|failed|error|skipped)' "$LOGS/tests.log" | tail -n 1 | tee -a "$summary"
   grep -E '^(FAILED|ERROR)|tokens/s' "$LOGS/tests.log" | head -n 12

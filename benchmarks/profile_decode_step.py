@@ -255,13 +255,21 @@ def main() -> None:
               f"{bw / 1e12:.2f} TB/s: floor {floor_ms:.2f} ms = {args.batch * 1e3 / floor_ms:.0f} tok/s "
               f"(weights alone {weight_bytes / bw * 1e3:.2f} ms)", flush=True)  # fmt: skip
 
+    def save() -> None:  # after every part: a run stopped by its time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
+
     timed_engine(model, args, report, "CUDA graphs", compiled=False)
+    save()
     if args.gemv:
         model.set_triton_gemv(True)
         timed_engine(model, args, report, "CUDA graphs + Triton GEMV", compiled=False)
         model.set_triton_gemv(False)
+        save()
     if args.compile:
         timed_engine(model, args, report, "torch.compile in CUDA graphs", compiled=True)
+        save()
     eager = engine_at(model, args, graphs=False)
     report["eager_step_ms"] = step_ms(eager, args.steps)
     print(f"step without graphs: {report['eager_step_ms']:.2f} ms", flush=True)
@@ -289,10 +297,9 @@ def main() -> None:
         for label, ms, count in kernels:
             print(f"| {label} | {ms:.3f} | {count} |")
         print(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=70))
+        save()
         report["split_sweep"] = split_sweep(eager)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    save()
 
 
 if __name__ == "__main__":
