@@ -26,19 +26,11 @@ def layer_from_json(layer_json: str) -> LayerSpec:
     return LayerSpec.from_json(layer_json)
 
 
-# The attribute `torch.compiler.assume_constant_result` sets. Its public form imports
-# torch._dynamo (about 1 s here, 2-3 s on the GPU hosts) on every `import sparsegen`, CLI runs
-# included, so the mark is set directly; tests/test_custom_ops.py checks that torch's decorator
-# still sets exactly this attribute.
-DYNAMO_CONSTANT_MARK = "_dynamo_marked_constant"
-
-
 def spec_json(layer: LayerSpec) -> str:
-    # a spec is frozen: under torch.compile its JSON is a constant, not something to trace
-    return layer.to_json()
-
-
-setattr(spec_json, DYNAMO_CONSTANT_MARK, True)  # = torch.compiler.assume_constant_result(spec_json)
+    """The layer's canonical JSON, computed when the spec was made (`LayerSpec._json`): under
+    torch.compile this is a read of a str attribute, a constant, so no call into the frozen
+    instance is traced (torch 2.11's dynamo cannot reconstruct frozen dataclass instances)."""
+    return layer._json
 
 
 def _layer_json(layer: LayerSpec | str) -> str:

@@ -164,6 +164,11 @@ class LayerSpec:
         if len(heads) != self.num_heads:
             raise SpecError(f"LayerSpec.heads has {len(heads)} entries, but num_heads is {self.num_heads}")
         object.__setattr__(self, "heads", heads)
+        # The canonical JSON, made once: kernel keys and the registered ops take it, and under
+        # torch.compile reading a str attribute is a constant, where calling to_json() on the
+        # frozen instance is something torch 2.11's dynamo cannot trace. Not a field: eq, hash
+        # and repr see only the four fields.
+        object.__setattr__(self, "_json", _canonical_json(self.to_dict()))
 
     @property
     def group_size(self) -> int:
@@ -202,7 +207,7 @@ class LayerSpec:
         return cls(**{**data, "heads": tuple(HeadSpec.from_dict(h) for h in heads)})
 
     def to_json(self) -> str:
-        return _canonical_json(self.to_dict())
+        return self._json
 
     @classmethod
     def from_json(cls, text: str) -> LayerSpec:

@@ -62,3 +62,15 @@ def test_cache_dir_ls_clear(fresh_cache):
 
 def test_fuzz_needs_exactly_one_source():
     assert CliRunner().invoke(cli, ["fuzz"]).exit_code == 2
+
+
+def test_fuzz_in_process_leaves_the_environment_alone(monkeypatch):
+    """`sparsegen fuzz` sets TRITON_INTERPRET / SPARSEGEN_POISON_OUTPUT for its own run only."""
+    import os
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("SPARSEGEN_POISON_OUTPUT", raising=False)
+    before = dict(os.environ)
+    args = ["fuzz", "--random", "--kernel", "prefill", "--specs", "1", "--examples", "1", "--max-len", "8"]
+    CliRunner().invoke(cli, args)  # it may run, or refuse (Triton imported before the flag was set)
+    assert dict(os.environ) == before

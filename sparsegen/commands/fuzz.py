@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+from unittest import mock
 
 import click
 import torch
@@ -131,9 +132,14 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     if kernel == "decode" and not on_gpu:
         raise ImplUnavailableError("the CUDA paged-decode kernel needs an sm_80+ GPU; this machine has none")
     kernels = [k for k in KERNELS if kernel in (k, "all") and (k == "prefill" or on_gpu)]
-    if not on_gpu:
-        os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel is fetched
-    os.environ["SPARSEGEN_POISON_OUTPUT"] = "1"
+    # For this run only (a caller's process, e.g. a test's, keeps its own environment):
+    # TRITON_INTERPRET is read when the kernel is fetched; outputs are NaN-poisoned.
+    overrides = {"SPARSEGEN_POISON_OUTPUT": "1", **({} if on_gpu else {"TRITON_INTERPRET": "1"})}
+    with mock.patch.dict(os.environ, overrides):
+        _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu)
+
+
+def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu) -> None:
     from ..testing import PAGE_SIZES, decode_problems, prefill_problems  # MissingExtraError without [fuzz]
 
     from hypothesis import strategies as st  # isort: skip
