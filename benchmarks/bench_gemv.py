@@ -20,6 +20,8 @@ import json
 
 import torch
 
+from sparsegen.bench.common import graph_us as _graph_us
+
 CALLS = 24
 SHAPES = (  # name, N (weight rows), K, with bias, GeGeLU, residual add + LayerNorm before it
     ("qkv", 6144, 4096, True, False, False),
@@ -37,29 +39,8 @@ LIMIT = 20.0
 
 
 def graph_us(fn) -> float:
-    """Microseconds per call: a CUDA graph of CALLS calls (fn(i) for i in range(CALLS)), replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(CALLS):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS):
-            fn(i)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / CALLS)
-    return sorted(times)[len(times) // 2]
+    """Microseconds per call of fn(i), i in range(CALLS), from CUDA-graph replays."""
+    return _graph_us(fn, calls=CALLS)
 
 
 def rel_err(a, b) -> float:

@@ -30,6 +30,7 @@ import time
 import torch
 from torch.autograd import DeviceType
 
+from sparsegen.bench.common import graph_us
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.engine.cuda_graphs import width_bucket
 from sparsegen.models import random_model
@@ -133,32 +134,6 @@ def kv_read_bytes(model, batch: int, seq_len: int, page_size: int = 16) -> int:
     return batch * total
 
 
-def graphed_us(fn, calls: int = 20) -> float:
-    """Microseconds per fn() call on the GPU: `calls` calls captured in one CUDA graph, replayed
-    (eager launches of a ~10 us kernel would time the host's launch cost instead)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / calls)
-    del graph
-    return sorted(times)[len(times) // 2]
-
-
 def split_sweep(engine: LLMEngine) -> list[dict]:
     from sparsegen.kernels.decode import _sm_count, get_decode_kernel, num_splits
 
@@ -183,7 +158,7 @@ def split_sweep(engine: LLMEngine) -> list[dict]:
         sweep = {}
         for s in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256):
             kc, vc = cache.k[idx], cache.v[idx]
-            sweep[s] = graphed_us(lambda s=s, kern=kern, q=q, kc=kc, vc=vc: kern.launch(q, kc, vc, wide, lens, 1 / 128,
+            sweep[s] = graph_us(lambda _i, s=s, kern=kern, q=q, kc=kc, vc=vc: kern.launch(q, kc, vc, wide, lens, 1 / 128,
                                                                                        splits=s))  # fmt: skip
         best = min(sweep, key=sweep.get)
         print(f"decode {kind} layer, {len(seqs)} x {int(lens.max())} tokens, us per launch by splits (CUDA-graph "

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import sparsegen
+from sparsegen.bench.common import graph_us
 from sparsegen.kernels import decode as dec
 from sparsegen.layout import decode_pages
 from sparsegen.testing import rel_err
@@ -44,18 +45,9 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3)
 
 
-def graph_time_us(fn, reps: int = 20) -> float:
-    """Median time of one call, from replays of a graph holding `reps` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3 / reps
+def graph_time_us(fn) -> float:
+    """Microseconds per fn() call, from replays of a CUDA graph holding 20 calls."""
+    return graph_us(lambda _i: fn())
 
 
 def bench_case(layer, kernels: dict, batch: int, ctx: int, page_size: int, bw: float) -> dict:

@@ -12,16 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers_checkpoint import single_thread  # noqa: F401
+from helpers_interpreter import interpreter_env  # noqa: F401
 
 from sparsegen.errors import InputError
 
-pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-@pytest.fixture(autouse=True)
-def _interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("SPARSEGEN_QUIET", "1")
+pytestmark = pytest.mark.usefixtures("single_thread", "interpreter_env")
 
 
 def _gemv():

@@ -11,17 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers_checkpoint import single_thread  # noqa: F401
+from helpers_interpreter import interpreter_env  # noqa: F401
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import ForwardBatch, random_model
 
-pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-@pytest.fixture(autouse=True)
-def _interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("SPARSEGEN_QUIET", "1")
+pytestmark = pytest.mark.usefixtures("single_thread", "interpreter_env")
 
 
 def test_engine_with_generated_prefill_kernel_matches_reference():

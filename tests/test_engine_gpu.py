@@ -41,6 +41,27 @@ def _keep(cfg):
     return [i for i in range(cfg.vocab_size) if i not in set(cfg.dummy_token_indices)]
 
 
+def _check_decode_steps(engine, eager_model, cfg, *, agree: list | None = None) -> list[float]:
+    """Wrap `engine._forward`: after each decode step (replayed from a graph), run `eager_model`
+    on the very same batch (it rewrites the same cache slots) and record the logits' rel err
+    (and, given `agree`, the share of equal argmax tokens). Returns the list the errors go to."""
+    forward, errors = engine._forward, []
+
+    def checked(plan):
+        out = forward(plan)
+        if plan.is_decode:
+            ids, batch = engine.runner.prepare_decode(plan.chunks)
+            with torch.inference_mode():
+                eager = eager_model(ids, batch, engine.cache.layers)
+            errors.append(rel_err(out[:, _keep(cfg)], eager[:, _keep(cfg)]))
+            if agree is not None:
+                agree.append(float((out.argmax(-1) == eager.argmax(-1)).float().mean()))
+        return out
+
+    engine._forward = checked
+    return errors
+
+
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_prefill_logits_match_reference_bf16(block_size):
     cfg = tiny_config(block_size)
@@ -104,19 +125,8 @@ def test_cuda_graphs_equal_eager_decode():
     prompts = _prompts([64 * 20 + 7, 100, 3000], seed=2)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     engine = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)
-    forward, errors, agree = engine._forward, [], []
-
-    def checked(plan):
-        out = forward(plan)  # decode plans go through the graphs
-        if plan.is_decode:
-            ids, batch = engine.runner.prepare_decode(plan.chunks)
-            with torch.inference_mode():
-                eager = model(ids, batch, engine.cache.layers)  # rewrites the same cache slots
-            errors.append(rel_err(out[:, _keep(cfg)], eager[:, _keep(cfg)]))
-            agree.append(float((out.argmax(-1) == eager.argmax(-1)).float().mean()))
-        return out
-
-    engine._forward = checked
+    agree = []
+    errors = _check_decode_steps(engine, model, cfg, agree=agree)
     results = engine.generate(prompts, params)
     assert engine.graphs is not None and engine.graphs.graphs  # decode really replayed graphs
     assert all(len(r.output_ids) == 24 for r in results)
@@ -152,18 +162,7 @@ def test_compiled_decode_in_graphs_matches_eager():
     prompts = _prompts([64 * 20 + 7, 100, 300], seed=3)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (12, 8, 4)]
     engine = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True, compile_model=True)
-    forward, errors = engine._forward, []
-
-    def checked(plan):
-        out = forward(plan)
-        if plan.is_decode:
-            ids, batch = engine.runner.prepare_decode(plan.chunks)
-            with torch.inference_mode():
-                eager = model(ids, batch, engine.cache.layers)
-            errors.append(rel_err(out[:, _keep(cfg)], eager[:, _keep(cfg)]))
-        return out
-
-    engine._forward = checked
+    errors = _check_decode_steps(engine, model, cfg)
     got = engine.generate(prompts, params)
     assert {b for b, _ in engine.graphs.graphs} == {1, 2, 4}, list(engine.graphs.graphs)
     # Inductor fuses the elementwise ops and keeps their intermediates in fp32, so the compiled
@@ -233,18 +232,7 @@ def test_engine_with_triton_gemv_in_graphs_matches_cublas():
     prompts = _prompts([64 * 20 + 7], seed=5)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     engine = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)
-    forward, errors = engine._forward, []
-
-    def checked(plan):
-        out = forward(plan)
-        if plan.is_decode:
-            ids, batch = engine.runner.prepare_decode(plan.chunks)
-            with torch.inference_mode():
-                eager = plain(ids, batch, engine.cache.layers)
-            errors.append(rel_err(out[:, _keep(cfg)], eager[:, _keep(cfg)]))
-        return out
-
-    engine._forward = checked
+    errors = _check_decode_steps(engine, plain, cfg)
     got = engine.generate(prompts, params)
     assert engine.graphs.graphs and len(errors) >= 10 and max(errors) < 2e-2, errors
     want = LLMEngine(plain, kv_cache_bytes=TINY_KV, use_cuda_graphs=True).generate(prompts, params)

@@ -37,6 +37,36 @@ def median_ms_graph(fn, *, rep_ms: int = 100) -> tuple[float, bool]:
         return median_ms(fn, rep_ms=rep_ms), False
 
 
+def graph_us(fn, *, calls: int = 20, replays: int = 10) -> float:
+    """Median microseconds per call of fn(i), i = 0 .. calls - 1, from replays of one CUDA graph
+    that holds all `calls` calls: no launch gaps, so a ~10 us kernel is timed rather than the
+    host's launch cost. fn(i) may pick rotating inputs by i; it runs once per i on a side stream
+    first (allocations and lazy initialisation stay out of the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / calls)
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
 @dataclass(frozen=True)
 class Ceilings:
     copy_tb_s: float  # device-to-device copy, bytes read + written per second / 1e12
