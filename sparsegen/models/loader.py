@@ -123,19 +123,8 @@ def _scan_weight_map(folder: Path) -> dict[str, Path]:
     return files
 
 
-def checked_tensor(f, name: str, path: Path, shape: tuple[int, ...]) -> torch.Tensor:
-    """Tensor `name` of an open safetensors file, checked: present, readable, the shape the
-    config implies, a float dtype and finite. Every failure is a CheckpointError naming it."""
-    if name not in set(f.keys()):
-        raise CheckpointError(f"{path} lacks tensor {name!r} (listed there by {INDEX_FILE})")
-    try:
-        tensor = f.get_tensor(name)
-    except Exception as exc:  # noqa: BLE001 - safetensors/torch raise several types for bad data
-        raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
-    if tuple(tensor.shape) != tuple(shape):
-        raise CheckpointError(
-            f"tensor {name!r} in {path} has shape {tuple(tensor.shape)}, but config.json implies {tuple(shape)}"
-        )
+def checked_values(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
+    """A weight read from `path`: a float dtype and finite values, else a CheckpointError naming it."""
     if tensor.dtype not in WEIGHT_DTYPES:
         raise CheckpointError(
             f"tensor {name!r} in {path} has dtype {tensor.dtype}; weights must be float16, bfloat16, "
@@ -144,6 +133,20 @@ def checked_tensor(f, name: str, path: Path, shape: tuple[int, ...]) -> torch.Te
     if not torch.isfinite(tensor).all():
         raise CheckpointError(f"tensor {name!r} in {path} is not finite floating point (NaN or inf)")
     return tensor
+
+
+def checked_tensor(f, name: str, path: Path, shape: tuple[int, ...]) -> torch.Tensor:
+    """Tensor `name` of an open safetensors file (the caller saw it listed), checked: readable,
+    the shape the config implies, then `checked_values`. Every failure is a CheckpointError."""
+    try:
+        tensor = f.get_tensor(name)
+    except Exception as exc:  # noqa: BLE001 - safetensors/torch raise several types for bad data
+        raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
+    if tuple(tensor.shape) != tuple(shape):
+        raise CheckpointError(
+            f"tensor {name!r} in {path} has shape {tuple(tensor.shape)}, but config.json implies {tuple(shape)}"
+        )
+    return checked_values(tensor, name, path)
 
 
 def checkpoint_weight_map(folder: str | Path) -> dict[str, Path]:
@@ -159,6 +162,18 @@ def load_checkpoint(
 ) -> Phi3SmallForCausalLM:
     """The checkpoint's model, built as `options` (or its fields as keywords) say; the dtype
     defaults to bfloat16 here."""
+    return load_into(
+        folder, options, fields, empty_model, lambda f, name, path, param, config: checked_tensor(
+            f, name, path, tuple(param.shape)
+        ),
+    )  # fmt: skip
+
+
+def load_into(folder, options: ModelOptions | None, fields: dict, build, read):
+    """The load every loader shares: the options (dtype bfloat16 unless given), config.json and
+    the weight map, the model from build(config, options), then each safetensors file opened once
+    and every tensor of it copied in through read(f, name, path, param, config) (which checks and
+    may slice it), then `finish_load`. Every failure is a CheckpointError naming the tensor/file."""
     if options is None:
         fields.setdefault("dtype", torch.bfloat16)
     options = ModelOptions.of(options, **fields)
@@ -167,9 +182,8 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
     config = Phi3SmallConfig.from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
     weight_map = checkpoint_weight_map(folder)
-    model = empty_model(config, options)
+    model = build(config, options)
     params = dict(model.named_parameters())
-    loaded: set[str] = set()
     by_file: dict[Path, list[str]] = {}
     for name, path in weight_map.items():
         if name.endswith(SKIPPED_SUFFIXES):
@@ -177,11 +191,15 @@ def load_checkpoint(
         if name not in params:
             raise CheckpointError(f"{path} holds tensor {name!r}, which Phi-3-Small has no place for")
         by_file.setdefault(path, []).append(name)
+    loaded: set[str] = set()
     with torch.no_grad():
         for path, names in by_file.items():
             with _open(path) as f:
+                present = set(f.keys())
                 for name in names:
-                    params[name].copy_(checked_tensor(f, name, path, tuple(params[name].shape)))
+                    if name not in present:
+                        raise CheckpointError(f"{path} lacks tensor {name!r} (listed there by {INDEX_FILE})")
+                    params[name].copy_(read(f, name, path, params[name], config))
                     loaded.add(name)
     return finish_load(model, params, loaded, folder, config)
 

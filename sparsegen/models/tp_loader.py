@@ -15,16 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .config import CheckpointError, Phi3SmallConfig
-from .loader import (
-    INDEX_FILE,
-    SKIPPED_SUFFIXES,
-    WEIGHT_DTYPES,
-    _open,
-    checkpoint_weight_map,
-    contained_file,
-    finish_load,
-)
+from .config import CheckpointError
+from .loader import checked_values, load_into
 from .options import ModelOptions
 from .tensor_parallel import TensorParallelPhi3Small, TPShard, full_shape, shard_range, take_shard
 
@@ -45,14 +37,7 @@ def _read(f, name: str, path: Path, model_param: torch.Tensor, config, shard) ->
             tensor = take_shard(name, view, config, shard, model_param)
     except Exception as exc:
         raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
-    if tensor.dtype not in WEIGHT_DTYPES:
-        raise CheckpointError(
-            f"tensor {name!r} in {path} has dtype {tensor.dtype}; weights must be float16, bfloat16, "
-            "float32 or float64"
-        )
-    if not torch.isfinite(tensor).all():
-        raise CheckpointError(f"tensor {name!r} in {path} is not finite floating point (NaN or inf)")
-    return tensor
+    return checked_values(tensor, name, path)
 
 
 def load_tp_checkpoint(
@@ -65,31 +50,7 @@ def load_tp_checkpoint(
 ) -> TensorParallelPhi3Small:
     """This rank's part of the checkpoint, built as `options` (or ModelOptions fields as
     keywords) say; the dtype defaults to bfloat16 here, as in `load_checkpoint`."""
-    if options is None:
-        fields.setdefault("dtype", torch.bfloat16)
-    options = ModelOptions.of(options, **fields)
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder {folder} does not exist")
-    config = Phi3SmallConfig.from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
-    weight_map = checkpoint_weight_map(folder)
-    model = TensorParallelPhi3Small(config, shard, options, group=group)
-    params = dict(model.named_parameters())
-    by_file: dict[Path, list[str]] = {}
-    for name, path in weight_map.items():
-        if name.endswith(SKIPPED_SUFFIXES):
-            continue
-        if name not in params:
-            raise CheckpointError(f"{path} holds tensor {name!r}, which Phi-3-Small has no place for")
-        by_file.setdefault(path, []).append(name)
-    loaded: set[str] = set()
-    with torch.no_grad():
-        for path, names in by_file.items():
-            with _open(path) as f:
-                present = set(f.keys())
-                for name in names:
-                    if name not in present:
-                        raise CheckpointError(f"{path} lacks tensor {name!r} (listed there by {INDEX_FILE})")
-                    params[name].copy_(_read(f, name, path, params[name], config, shard))
-                    loaded.add(name)
-    return finish_load(model, params, loaded, folder, config)
+    return load_into(
+        folder, options, fields, lambda config, opts: TensorParallelPhi3Small(config, shard, opts, group=group),
+        lambda f, name, path, param, config: _read(f, name, path, param, config, shard),
+    )  # fmt: skip
