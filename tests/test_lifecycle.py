@@ -19,6 +19,16 @@ GOLDEN = Path(__file__).parent / "golden"
 TINY = LayerSpec(2, 1, 64, (HeadSpec(block_size=16, local_blocks=2, vert_stride=4, vert_offset=1),) * 2)
 
 
+def test_gluon_prefill_source_matches_golden():
+    """The sm_90 Gluon kernel of phi3small's sparse layer, rule config (the source run on the H200
+    in session 4). After a deliberate template change, regenerate with tests/golden/regenerate.py."""
+    from sparsegen.kernels import prefill_gluon_template
+
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    want = (GOLDEN / "prefill_gluon_phi3small_bf16.py.txt").read_text()
+    assert prefill_gluon_template.render_source(layer, "bf16") == want
+
+
 def test_decode_source_matches_golden():
     """After a deliberate template change, regenerate with tests/golden/regenerate.py."""
     layer = sparsegen.get_pattern("phi3small").layers[0]

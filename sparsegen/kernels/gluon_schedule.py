@@ -5,7 +5,8 @@
 which of them need a token mask. The CPU tests check it against `sparsegen.visible_mask` on
 fuzzed specs: every visible (query, key) pair is in some tile, an unmasked tile is fully visible
 to every live row, and no loaded tile is invisible to all of them. Keep it in step with
-`templates/prefill_gluon.py.jinja` (the GPU tests then check the kernel itself).
+`templates/prefill_gluon_schedule.py.jinja`, the part of the Gluon template it mirrors (the GPU
+tests then check the kernel itself).
 """
 
 from __future__ import annotations

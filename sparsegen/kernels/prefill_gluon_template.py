@@ -2,7 +2,8 @@
 
 `covers(layer, dtype)` says whether the Hopper kernel handles a layer (else the tl kernel does);
 `plan(layer, dtype)` turns a `LayerSpec` into the typed constants of
-`templates/prefill_gluon.py.jinja`, one "path" per distinct head pattern, and `render_source`
+`templates/prefill_gluon.py.jinja` (which includes its key-tile schedule,
+`prefill_gluon_schedule.py.jinja`), one "path" per distinct head pattern, and `render_source`
 renders it. The key-tile schedule the template computes is mirrored, as a pure function, in
 `gluon_schedule.py`.
 """
