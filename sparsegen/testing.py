@@ -262,6 +262,20 @@ class DecodeProblem:
         tensors are, which is far quicker on a GPU for long sequences."""
         return reference.paged_decode(*_oracle_args(self.args(), exact))
 
+    def as_prefill(self, b: int = 0, seed: int = 0) -> tuple:
+        """Sequence b as a prefill whose last query row is its decode query (the metamorphic
+        check: prefill's last row equals decode): (q, k, v, cu_seqlens, cu_seqlens) with
+        q: [n, H, D] random but for row n - 1, k/v: [n, Hkv, D] gathered from its pages."""
+        t, n = self.tensors, self.seq_lens[b]
+        pages = t["block_tables"][b, : -(-n // self.page_size)].long()
+        k = t["k_cache"][pages].flatten(0, 1)[:n]  # [n, Hkv, D]
+        v = t["v_cache"][pages].flatten(0, 1)[:n]
+        gen = torch.Generator().manual_seed(seed)
+        q = _randn((n, self.layer.num_heads, self.layer.head_dim), gen, self.dtype, self.device)
+        q[-1] = t["q"][b]
+        cu = torch.tensor([0, n], dtype=torch.int32, device=self.device)
+        return q, k, v, cu, cu
+
     def repro(self) -> str:
         return (
             f"DecodeProblem(layer=LayerSpec.from_json({self.layer.to_json()!r}), seq_lens={self.seq_lens}, "

@@ -97,12 +97,7 @@ def test_decode_equals_last_prefill_row():
     n, page_size = 3000, 16
     p = DecodeProblem(layer, [n], page_size, seed=5, dtype=torch.bfloat16, device="cuda")
     q, kc, vc, bt, sl, _, scale = p.args()
-    pages = bt[0, : -(-n // page_size)].long()
-    k = kc[pages].flatten(0, 1)[:n]  # [n, Hkv, D]
-    v = vc[pages].flatten(0, 1)[:n]
-    q_full = torch.randn(n, layer.num_heads, layer.head_dim, device="cuda", dtype=q.dtype)
-    q_full[-1] = q[0]
-    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    q_full, k, v, cu, _ = p.as_prefill(0)
     try:
         ref = sparsegen.prefill(q_full, k, v, cu, cu, layer, scale, impl="triton")[-1]
         print("decode vs last row of the compiled Triton prefill")

@@ -148,12 +148,7 @@ def test_last_row_equals_decode(which):
     n, page_size = 3001, 16
     p = DecodeProblem(layer, [n], page_size, seed=7, dtype=torch.bfloat16, device="cuda")
     q, kc, vc, bt, sl, _, scale = p.args()
-    pages = bt[0, : -(-n // page_size)].long()
-    k = kc[pages].flatten(0, 1)[:n]  # [n, Hkv, D]
-    v = vc[pages].flatten(0, 1)[:n]
-    q_full = torch.randn(n, layer.num_heads, layer.head_dim, device="cuda", dtype=q.dtype)
-    q_full[-1] = q[0]
-    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    q_full, k, v, cu, _ = p.as_prefill(0)
     last = _gluon(layer, torch.bfloat16)(q_full, k, v, cu, cu, layer, scale)[-1]
     dec = sparsegen.paged_decode(q, kc, vc, bt, sl, layer, scale, impl="cuda")[0]
     assert rel_err(last, dec) < 1e-2

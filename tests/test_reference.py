@@ -192,3 +192,22 @@ def test_interpreter_set_too_late_is_a_clear_error(monkeypatch):
         pytest.skip("this process started with TRITON_INTERPRET=1, so the interpreter is active")
     with pytest.raises(sg.ImplUnavailableError, match="after Triton was imported"):
         sg.prefill(q, k, k, cu, cu, layer, impl="triton")
+
+
+def test_decode_problem_as_prefill_gives_decode_as_its_last_row():
+    """DecodeProblem.as_prefill (the GPU tiers' metamorphic check) on the oracle itself."""
+    import sparsegen
+    from sparsegen import reference
+    from sparsegen.testing import DecodeProblem
+
+    for layer in (
+        sparsegen.get_pattern("phi3small").layers[0],
+        sparsegen.get_pattern("sliding-window").layers[0],
+    ):
+        p = DecodeProblem(layer, [300, 77], 16, seed=2, dtype=torch.float32)
+        want = reference.paged_decode(*p.args())  # [B, H, D]
+        for b in (0, 1):
+            q, k, v, cu, _ = p.as_prefill(b)
+            assert q.shape == (p.seq_lens[b], layer.num_heads, layer.head_dim) and k.shape[0] == p.seq_lens[b]
+            last = reference.prefill(q, k, v, cu, cu, layer, p.scale)[-1]
+            torch.testing.assert_close(last, want[b], rtol=1e-5, atol=1e-5)

@@ -78,6 +78,8 @@ def test_tp2_refused_requests_and_aborts_keep_the_ranks_in_step(tp2, tiny_ckpt):
     got = [r.output_ids for r in tp2.generate(PROMPTS, GREEDY, on_token=stop_second_after_three)]
     want = reference(tiny_ckpt, GREEDY)
     assert got[1] == want[1][:3] and got[0] == want[0] and got[2] == want[2]
+    stats = tp2.stats()  # rank 0's: the refused and the aborted requests hold no page
+    assert stats.kv_pages_used == 0 and stats.running == stats.waiting == 0 and not tp2.has_unfinished
     assert [r.output_ids for r in tp2.generate(PROMPTS, GREEDY)] == want  # still in step
 
 

@@ -108,7 +108,7 @@ class KernelRequest:
         return request
 
 
-class Kernel:
+class Kernel(abc.ABC):
     """A built kernel for one request: `name`, `key`, `path`, `source`, `arch`; `launch` runs it.
     Immutable after construction (apart from caches of loaded GPU modules)."""
 
@@ -130,8 +130,9 @@ class Kernel:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.key}, arch={self.arch})"
 
-    def launch(self, *args, **kwargs):  # pragma: no cover - every family overrides it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def launch(self, *args, **kwargs):
+        """Run on the current stream; inputs already validated (each family's own signature)."""
 
 
 class Family(abc.ABC):

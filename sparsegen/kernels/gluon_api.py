@@ -9,6 +9,8 @@ has what the kernel needs; nothing here touches a GPU.
 
 from __future__ import annotations
 
+import functools
+
 try:  # Triton 3.6
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -47,9 +49,15 @@ def available() -> str | None:
 
 
 def shared_layout(block_shape: list[int], dtype_name: str):
-    """The NVMMA shared layout TMA and wgmma agree on for a tile (largest swizzle that fits)."""
+    """The NVMMA shared layout TMA and wgmma agree on for a tile (largest swizzle that fits);
+    made once per (shape, dtype), since every launch asks for it."""
+    return _shared_layout(tuple(block_shape), dtype_name)
+
+
+@functools.cache
+def _shared_layout(block_shape: tuple[int, ...], dtype_name: str):
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype_name]
-    return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), dtype)
 
 
 def descriptor(tensor2d, block_shape: list[int], layout):

@@ -51,7 +51,7 @@ class PrefillKernel(Kernel):
         check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, self.layer,
                              allow_cpu=self.arch == INTERPRETER_ARCH, kernel=True, check_values=False,
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
-        self._check_target(q)
+        self.check_target(q)
         scale = softmax_scale(scale, self.layer.head_dim)
         launch = self.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k)
         if check:  # the device sync last (see prepare)
@@ -59,7 +59,7 @@ class PrefillKernel(Kernel):
                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
         return launch()
 
-    def _check_target(self, q: torch.Tensor) -> None:
+    def check_target(self, q: torch.Tensor) -> None:
         interp = self.arch == INTERPRETER_ARCH
         if q.dtype != self.dtype and not interp:
             raise InputError(f"q has dtype {q.dtype}, but this kernel was compiled for {self.dtype}")
@@ -122,7 +122,7 @@ class Launch:
         if self.device is None:
             self.fn(*self.args)
             return self.out
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        index = self.device.index  # a CUDA tensor's device always names its index
         stream = torch.cuda.current_stream(index).cuda_stream
         if index == torch.cuda.current_device():
             self.fn(*self.args, stream=stream)
