@@ -3,8 +3,10 @@
 Each graph reads its inputs from static buffers sized for `max_num_seqs` and the model's
 longest context. A step builds the rows on the host, the real ones and a harmless padding row
 for the rest (token 0 at position 0, writing into the cache's scratch page, reading only that
-page), copies them in with three host-to-device copies (ids/positions/slots, seq_lens, block
-tables; a fourth for LongRoPE flags), replays, and returns the real rows' logits. The host copy
+page), copies them in with three non-blocking host-to-device copies from pinned memory
+(ids/positions/slots, seq_lens, block tables; a fourth for LongRoPE flags), replays, and returns
+the real rows' logits. A lookahead step (`engine.inflight`) takes its ids from the previous
+step's sampled tokens instead, by a device-to-device copy after the host rows. The host copy
 of the block tables is kept across steps and only the pages added since are written into it
 (a row whose sequence or `page_epoch` changed is rewritten whole).
 
@@ -66,7 +68,7 @@ class DecodeGraphs:
         # The block tables on the host, kept across steps: a row is rewritten only from where
         # its sequence's table has grown (a page every page_size steps), or whole when the row
         # holds another sequence or a replaced table. Rebuilding 32 rows of an 8K context from
-        # Python lists took ~1.4 ms a step on the CPU (the GPU waits for it: each step is synchronous).
+        # Python lists took ~1.4 ms a step on the CPU (the GPU waited for it while steps were synchronous).
         self.host_tables = torch.full((n, width), cache.scratch_page, dtype=torch.int32)  # [B, max_pages]
         self._host_np = self.host_tables.numpy()
         self._row_keys: list[tuple[int, int, int] | None] = [None] * n  # (seq_id, page_epoch, pages written)

@@ -8,8 +8,11 @@
 Each `step()` asks the `Scheduler` for a plan (one prefill or one decode forward), has the
 `ModelRunner` run it (on a GPU, decode steps replay CUDA graphs; `use_cuda_graphs=False` turns
 that off), samples the rows that reached the end of their sequence, and hands the tokens back
-to `Scheduler.postprocess`. Requests may be added between steps: they join the batch as others
-finish. The engine itself builds each `Sequence` and keeps the request index of each.
+to `Scheduler.postprocess`. With `async_decode` (the default) a decode step's successor is
+launched before its tokens are read back, so the host's work overlaps the GPU's
+(`engine.inflight`; greedy and seeded tokens are the same as with `async_decode=False`).
+Requests may be added between steps: they join the batch as others finish. The engine itself
+builds each `Sequence` and keeps the request index of each.
 """
 
 from __future__ import annotations
