@@ -96,7 +96,7 @@ if want prefill; then
   smoke=(); [[ $SMOKE == 1 ]] && smoke=(--smoke)
   step prefill "${PREFILL_TIMEOUT:-120}" python3 benchmarks/profile_prefill.py --lengths "$plen" \
     --json "$OUT/profile_prefill.json" "${smoke[@]}"
-  grep -E '^[0-9]+ tokens|^  (GEMMs|\|)' "$LOGS/prefill.log" | tee -a "$summary"
+  grep -E '^[0-9]+ tokens|^  (GEMMs|kernels span|\|)' "$LOGS/prefill.log" | tee -a "$summary"
 fi
 
 if want generate; then

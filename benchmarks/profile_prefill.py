@@ -20,6 +20,7 @@ import time
 import torch
 from profile_decode_step import GROUPS as DECODE_GROUPS
 from profile_decode_step import grouped, sync
+from torch.autograd import DeviceType
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model
@@ -37,6 +38,16 @@ def ttft_s(engine: LLMEngine, length: int, seed: int) -> float:
     engine.generate([prompt(length, seed)], SamplingParams(max_tokens=1, ignore_eos=True))
     sync()
     return time.perf_counter() - start
+
+
+def kernel_span_ms(prof) -> tuple[float, float]:
+    """(first kernel start to last kernel end, summed kernel time) in ms: their difference is
+    the time the GPU sat idle between the prefill's kernels."""
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]  # fmt: skip
+    if not spans:
+        return 0.0, 0.0
+    return (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3, sum(b - a for a, b in spans) / 1e3
 
 
 def main() -> None:
@@ -78,6 +89,11 @@ def main() -> None:
             # The GEMMs' FLOPs are 2 x (parameters less the embedding, which is a gather) x tokens.
             gemm_tflop = 2 * (params - model.model.embed_tokens.weight.numel()) * n / 1e12
             kernels = grouped(prof.key_averages(), 1, GROUPS)
+            span, busy = kernel_span_ms(prof)
+            run.update(kernel_span_ms=span, kernel_busy_ms=busy)
+            print(
+                f"  kernels span {span:.1f} ms, busy {busy:.1f} ms: the GPU idles {span - busy:.1f} ms between them"
+            )
             run.update(gemm_tflop=gemm_tflop, gemm_floor_ms=gemm_tflop / ceiling * 1e3,
                        kernels=[{"group": g, "ms": ms, "launches": c} for g, ms, c in kernels])  # fmt: skip
             print(f"  GEMMs {gemm_tflop:.1f} TFLOP = {gemm_tflop / ceiling * 1e3:.1f} ms at {ceiling:.0f} TFLOP/s; "
