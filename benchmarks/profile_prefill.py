@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD python3 benchmarks/profile_prefill.py --lengths 8192,32768 --json out.json
     PYTHONPATH=$PWD python3 benchmarks/profile_prefill.py --smoke     # CPU: tiny model, plumbing only
 
-For each prompt length, on one engine (random 7b weights, bf16, the engine's default 8K chunks):
+For each prompt length, on one engine (random 7b weights, bf16, chunks of --chunk tokens, 8K by
+default as in the engine):
 - TTFT of the first prompt of that length and of a second one (a difference is one-time cost:
   library heuristics, new kernel specialisations), as `bench_generate.py` measures it;
 - the GPU kernel time of a third prefill (torch.profiler), grouped as `profile_decode_step.py`
@@ -53,6 +54,9 @@ def kernel_span_ms(prof) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="8192,32768", help="comma-separated prompt lengths")
+    ap.add_argument(
+        "--chunk", type=int, default=8192, help="max_num_batched_tokens (prefill tokens per step)"
+    )
     ap.add_argument("--json", default=None, help="write the numbers here")
     ap.add_argument("--smoke", action="store_true", help="check the script on a CPU: tiny model")
     args = ap.parse_args()
@@ -65,7 +69,7 @@ def main() -> None:
         raise SystemExit("profile_prefill needs a CUDA GPU (or --smoke)")
     model = random_model(size, device=device, dtype=dtype, seed=0)
     params = sum(p.numel() for p in model.parameters())
-    report: dict = {"size": size, "params": params, "runs": []}
+    report: dict = {"size": size, "params": params, "chunk": args.chunk, "runs": []}
     ceiling = None
     if device == "cuda":
         from sparsegen.bench.common import measure_ceilings
@@ -74,7 +78,7 @@ def main() -> None:
         report["matmul_tflops"] = ceiling
     kv = (24 << 30) if device == "cuda" else (64 << 20)
     for n in lengths:
-        engine = LLMEngine(model, kv_cache_bytes=kv, max_num_seqs=4, max_num_batched_tokens=8192,
+        engine = LLMEngine(model, kv_cache_bytes=kv, max_num_seqs=4, max_num_batched_tokens=args.chunk,
                            use_cuda_graphs=device == "cuda")  # fmt: skip
         engine.generate([prompt(512, 1)], SamplingParams(max_tokens=2, ignore_eos=True))  # as bench_generate
         first, second = ttft_s(engine, n, 2), ttft_s(engine, n, 3)
