@@ -215,9 +215,13 @@ class LLMEngine:
     def _forward(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
         return self.runner.run(plan)
 
+    @torch.inference_mode()
     def _launch(self, plan: Plan, after: InFlight | None = None) -> InFlight:
         """Run `plan`'s forward pass and sampler without reading the tokens back. `after` is the
-        in-flight step whose sampled tokens are `plan`'s input ids (a lookahead plan)."""
+        in-flight step whose sampled tokens are `plan`'s input ids (a lookahead plan). The sampler
+        runs in inference mode too, so that those ids are inference tensors like the ids a
+        synchronous step builds (torch.compile would otherwise guard on the difference and
+        recompile)."""
         if after is not None:
             plan = replace(plan, input_ids=after.tokens)
         logits = self._forward(plan)
