@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine's GPU call (issue 13), at most BUDGET=560 s (about 6-7 minutes) on an H200. From the repo root:
 #   OUT=/some/dir bash benchmarks/gpu_engine.sh
-#   STAGES="profile1 generate" bash benchmarks/gpu_engine.sh   # a subset (tests profile1 profile32 generate gemv)
+#   STAGES="profile1 generate" bash benchmarks/gpu_engine.sh   # a subset (tests profile1 profile32 prefill generate gemv)
 #   SMOKE=1 bash benchmarks/gpu_engine.sh                      # CPU: tiny model, checks the plumbing only
 # Stages, each python step under its own `timeout`:
 #   tests      pytest -m gpu tests/test_engine_gpu.py (graph steps vs eager, bf16 vs the reference,
@@ -10,6 +10,7 @@
 #              graphs, eager profile, split sweep
 #   profile32  the same at batch 32 (graphs and eager only: bench_generate measures compile there)
 #   generate   bench_generate.py --quick --modes sparse: plain graphs, +compile, +Triton GEMV
+#   prefill    profile_prefill.py: TTFT of a first and a second 8K / 32K prompt, a prefill's kernels grouped
 #   gemv       bench_gemv.py: each 7b linear layer, cuBLAS vs the Triton GEMV (GEMV_SWEEP=1: tiles too)
 # Writes to $OUT: summary.txt, profile_b1.json, profile_b32.json, generate.json, gemv.json, logs.tar.gz;
 # prints a short table last.
@@ -87,6 +88,15 @@ if want profile32; then
   step profile_b32 "${PROFILE32_TIMEOUT:-80}" python3 benchmarks/profile_decode_step.py --batch "$PROF32_BATCH" \
     --steps 4 --json "$OUT/profile_b32.json" "${PROFILE_ARGS[@]}"
   grep -E '^(weights|step|GPU kernel|aten ops|decode |\|)' "$LOGS/profile_b32.log" | tee -a "$summary"
+fi
+
+if want prefill; then
+  echo "== profile: one prompt's prefill (TTFT), 8K and 32K"
+  plen=8192,32768; [[ $SMOKE == 1 ]] && plen=40,70
+  smoke=(); [[ $SMOKE == 1 ]] && smoke=(--smoke)
+  step prefill "${PREFILL_TIMEOUT:-120}" python3 benchmarks/profile_prefill.py --lengths "$plen" \
+    --json "$OUT/profile_prefill.json" "${smoke[@]}"
+  grep -E '^[0-9]+ tokens|^  (GEMMs|kernels span|\|)' "$LOGS/prefill.log" | tee -a "$summary"
 fi
 
 if want generate; then

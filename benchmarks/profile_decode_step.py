@@ -97,14 +97,14 @@ def replay_ms(engine: LLMEngine, n: int = 20) -> float | None:
     return start.elapsed_time(stop) / n
 
 
-def grouped(events, steps: int) -> list[tuple[str, float, int]]:
+def grouped(events, steps: int, groups=GROUPS) -> list[tuple[str, float, int]]:
     """(group, ms per step, kernels per step) from profiler key averages of device kernels."""
     totals: dict[str, list[float]] = {}
     for e in events:
         if e.device_type != DeviceType.CUDA or e.self_device_time_total <= 0:
             continue  # CPU-side ops (aten::addmm...) also carry their kernels' time: count kernels once
         name = e.key.lower()
-        label = next((g for g, keys in GROUPS if any(k in name for k in keys)), "other (copies, adds, ...)")
+        label = next((g for g, keys in groups if any(k in name for k in keys)), "other (copies, adds, ...)")
         t = totals.setdefault(label, [0.0, 0])
         t[0] += e.self_device_time_total / 1e3 / steps
         t[1] += e.count / steps

@@ -55,19 +55,21 @@ def test_fused_gegelu_matches_plain(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("with_cache", [False, True])
-def test_fused_rotary_qkv_matches_plain(dtype, with_cache):
+@pytest.mark.parametrize("t", [7, 37])  # one program of 8 tokens; three of 16 with a masked tail
+def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t):
     from sparsegen.models import fused
     from sparsegen.models.rope import Rotary
 
-    t, hkv, g, d, page = 7, 2, 3, 16, 4
+    hkv, g, d, page = 2, 3, 16, 4
     gen = torch.Generator().manual_seed(1)
     qkv = torch.randn(t, hkv * (g + 2) * d, generator=gen).to(dtype).view(t, hkv, g + 2, d)
     angles = torch.rand(t, d // 2, generator=gen) * 50
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
     cache = slots = None
     if with_cache:
-        cache = tuple(torch.full((3, page, hkv, d), float("nan"), dtype=dtype) for _ in range(2))
-        slots = torch.randperm(3 * page, generator=gen)[:t]
+        pages = -(-t // page) + 1
+        cache = tuple(torch.full((pages, page, hkv, d), float("nan"), dtype=dtype) for _ in range(2))
+        slots = torch.randperm(pages * page, generator=gen)[:t]
     assert fused.supports_rotary(qkv)
     q, k, v = fused.rotary_qkv(qkv, cos, sin, cache, slots)
     tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float16 else {"rtol": 1e-5, "atol": 1e-5}
@@ -77,7 +79,7 @@ def test_fused_rotary_qkv_matches_plain(dtype, with_cache):
     if with_cache:
         kc, vc = (c.view(-1, hkv, d) for c in cache)
         assert torch.equal(kc[slots], k) and torch.equal(vc[slots], v)
-        untouched = torch.ones(3 * page, dtype=torch.bool)
+        untouched = torch.ones(pages * page, dtype=torch.bool)
         untouched[slots] = False
         assert kc[untouched].isnan().all() and vc[untouched].isnan().all()
 

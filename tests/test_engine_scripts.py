@@ -39,3 +39,13 @@ def test_profile_decode_step_smoke_writes_its_json(tmp_path):
 def test_profile_decode_step_rejects_bad_arguments(tmp_path):
     r = _run([sys.executable, "benchmarks/profile_decode_step.py", "--smoke", "--batch", "0"], tmp_path)
     assert r.returncode == 2 and "--batch" in r.stderr
+
+
+def test_profile_prefill_smoke_times_both_prompts(tmp_path):
+    out = tmp_path / "pp.json"
+    r = _run([sys.executable, "benchmarks/profile_prefill.py", "--smoke", "--lengths", "40,70",
+              "--json", str(out)], tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert [run["length"] for run in report["runs"]] == [40, 70]
+    assert all(run["ttft_first_ms"] > 0 and run["ttft_second_ms"] > 0 for run in report["runs"])

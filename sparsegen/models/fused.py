@@ -17,14 +17,23 @@ import triton.language as tl
 
 from ..errors import InputError
 
+# Tokens per rotary program. One token per program (8 KV groups x 8K tokens = 65K programs of
+# six 64-element rows) ran at 2.6x its read/write floor in an 8K prefill on the H200
+# (123 us a layer, docs/performance.md); a [16, D] tile per row keeps every warp busy.
+ROTARY_TOKENS = 16
+
 
 @triton.jit
 def _gegelu_kernel(X, Y, n_out, limit, BLOCK: tl.constexpr):
-    # X: [rows, 2F] contiguous, Y: [rows, F]; element i of Y reads X[2i] (gate), X[2i + 1] (linear).
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    # X: [rows, 2F] contiguous = n_out (gate, linear) pairs; Y: [rows, F], output i from pair i.
+    # The pairs load as one contiguous run of 2 * BLOCK (vector loads), then split in registers.
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    j = 2 * start + tl.arange(0, 2 * BLOCK)
+    pairs = tl.load(X + j, mask=j < 2 * n_out, other=0.0).to(tl.float32)
+    gate, lin = tl.split(tl.reshape(pairs, [BLOCK, 2]))  # [BLOCK] each
+    i = start + tl.arange(0, BLOCK)
     ok = i < n_out
-    gate = tl.minimum(tl.load(X + 2 * i, mask=ok, other=0.0).to(tl.float32), limit)
-    lin = tl.load(X + 2 * i + 1, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.minimum(gate, limit)
     lin = tl.minimum(tl.maximum(lin, -limit), limit)
     y = gate * tl.sigmoid(1.702 * gate) * (lin + 1.0)
     tl.store(Y + i, y.to(Y.dtype.element_ty), mask=ok)
@@ -43,40 +52,42 @@ def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
 @triton.jit
 def _rotary_qkv_kernel(
     QKV, COS, SIN, Q, K, V, KC, VC, SLOTS,
-    stride_t, stride_c, stride_q, stride_k, stride_slot,
-    HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, WRITE_CACHE: tl.constexpr,
+    n_tokens, stride_t, stride_c, stride_q, stride_k, stride_slot,
+    HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_CACHE: tl.constexpr,
 ):  # fmt: skip
-    # One program per (token, KV group): QKV row [G + 2, D] -> G rotated q rows, rotated k, v.
-    # COS/SIN: [T, D] float32; Q: [T, HKV * G, D]; K, V: [T, HKV, D]; KC/VC: [slots, HKV, D].
-    t = tl.program_id(0).to(tl.int64)
+    # One program per (BLOCK_T tokens, KV group): QKV rows [G + 2, D] -> G rotated q rows, rotated
+    # k, v. COS/SIN: [T, D] float32; Q: [T, HKV * G, D]; K, V: [T, HKV, D]; KC/VC: [slots, HKV, D].
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    ok = (t < n_tokens)[:, None]  # [BLOCK_T, 1]
     kv = tl.program_id(1)
-    half = tl.arange(0, D // 2)
-    cos_lo = tl.load(COS + t * stride_c + half)
-    cos_hi = tl.load(COS + t * stride_c + D // 2 + half)
-    sin_lo = tl.load(SIN + t * stride_c + half)
-    sin_hi = tl.load(SIN + t * stride_c + D // 2 + half)
-    row = QKV + t * stride_t + kv * (G + 2) * D
-    for j in tl.static_range(G + 1):  # G queries, then k
-        lo = tl.load(row + j * D + half).to(tl.float32)
-        hi = tl.load(row + j * D + D // 2 + half).to(tl.float32)
-        out_lo = lo * cos_lo - hi * sin_lo
-        out_hi = hi * cos_hi + lo * sin_hi
-        if j < G:
-            dst = Q + t * stride_q + (kv * G + j) * D
-        else:
-            dst = K + t * stride_k + kv * D
-        tl.store(dst + half, out_lo.to(Q.dtype.element_ty))
-        tl.store(dst + D // 2 + half, out_hi.to(Q.dtype.element_ty))
-        if WRITE_CACHE and j == G:
-            slot = tl.load(SLOTS + t * stride_slot)
-            tl.store(KC + (slot * HKV + kv) * D + half, out_lo.to(KC.dtype.element_ty))
-            tl.store(KC + (slot * HKV + kv) * D + D // 2 + half, out_hi.to(KC.dtype.element_ty))
-    full = tl.arange(0, D)
-    v = tl.load(row + (G + 1) * D + full)
-    tl.store(V + t * stride_k + kv * D + full, v)
+    half = tl.arange(0, D // 2)[None, :]  # [1, D/2]
+    full = tl.arange(0, D)[None, :]  # [1, D]
+    tc = t[:, None] * stride_c
+    cos_lo = tl.load(COS + tc + half, mask=ok, other=0.0)  # [BLOCK_T, D/2]
+    cos_hi = tl.load(COS + tc + D // 2 + half, mask=ok, other=0.0)
+    sin_lo = tl.load(SIN + tc + half, mask=ok, other=0.0)
+    sin_hi = tl.load(SIN + tc + D // 2 + half, mask=ok, other=0.0)
+    row = QKV + t[:, None] * stride_t + kv * (G + 2) * D  # [BLOCK_T, 1]
     if WRITE_CACHE:
-        slot = tl.load(SLOTS + t * stride_slot)
-        tl.store(VC + (slot * HKV + kv) * D + full, v)
+        slot = tl.load(SLOTS + t * stride_slot, mask=t < n_tokens, other=0)[:, None]  # [BLOCK_T, 1]
+    for j in tl.static_range(G + 1):  # G queries, then k
+        lo = tl.load(row + j * D + half, mask=ok, other=0.0).to(tl.float32)
+        hi = tl.load(row + j * D + D // 2 + half, mask=ok, other=0.0).to(tl.float32)
+        out_lo = (lo * cos_lo - hi * sin_lo).to(Q.dtype.element_ty)
+        out_hi = (hi * cos_hi + lo * sin_hi).to(Q.dtype.element_ty)
+        if j < G:
+            dst = Q + t[:, None] * stride_q + (kv * G + j) * D
+        else:
+            dst = K + t[:, None] * stride_k + kv * D
+        tl.store(dst + half, out_lo, mask=ok)
+        tl.store(dst + D // 2 + half, out_hi, mask=ok)
+        if WRITE_CACHE and j == G:
+            tl.store(KC + (slot * HKV + kv) * D + half, out_lo.to(KC.dtype.element_ty), mask=ok)
+            tl.store(KC + (slot * HKV + kv) * D + D // 2 + half, out_hi.to(KC.dtype.element_ty), mask=ok)
+    v = tl.load(row + (G + 1) * D + full, mask=ok)
+    tl.store(V + t[:, None] * stride_k + kv * D + full, v, mask=ok)
+    if WRITE_CACHE:
+        tl.store(VC + (slot * HKV + kv) * D + full, v, mask=ok)
 
 
 def supports_rotary(qkv: torch.Tensor) -> bool:
@@ -102,10 +113,11 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
         raise InputError("the KV cache tensors must be contiguous")
     kc, vc = cache if write else (k, v)
     slot_ptr = slots if write else cos
-    _rotary_qkv_kernel[(t, hkv)](
+    block_t = min(ROTARY_TOKENS, triton.next_power_of_2(t))
+    _rotary_qkv_kernel[(triton.cdiv(t, block_t), hkv)](
         qkv, cos, sin, q, k, v, kc, vc, slot_ptr,
-        qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
-        HKV=hkv, G=g, D=d, WRITE_CACHE=write,
+        t, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
+        HKV=hkv, G=g, D=d, BLOCK_T=block_t, WRITE_CACHE=write,
     )  # fmt: skip
     return q, k, v
 
