@@ -11,7 +11,7 @@ import pytest
 from sparsegen.errors import CompileError
 from sparsegen.jit import build_workers, triton_build
 
-SOURCE = '''
+SOURCE = """
 import triton
 import triton.language as tl
 
@@ -20,7 +20,7 @@ import triton.language as tl
 def add_one(X, Y, n):
     i = tl.program_id(0) * 128 + tl.arange(0, 128)
     tl.store(Y + i, tl.load(X + i, mask=i < n) + 1.0, mask=i < n)
-'''
+"""
 JOB = dict(fn_name="add_one", signature={"X": "*fp32", "Y": "*fp32", "n": "i32"}, aligned=("X", "Y"),
            arch="sm_90", options={"num_warps": 4}, module_name="sg_test_add_one", source_file="kernel.py")  # fmt: skip
 
