@@ -32,8 +32,9 @@ def test_bad_dtype(dtype):
 
 def test_uncovered_layer_says_why(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the tl fallback compiles for sm_90 here
-    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(HeadSpec(local_blocks=2),) * 2)
-    with pytest.raises(ImplUnavailableError, match="head_dim 96"):
+    narrow = HeadSpec(block_size=32, local_blocks=2, vert_stride=4)  # vertical blocks under 64 keys
+    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(narrow,) * 2)
+    with pytest.raises(ImplUnavailableError, match="narrower than the 64-key tile"):
         get_kernel(layer, "prefill", dtype=torch.bfloat16, arch="sm_90", variant="gluon")
     tl = get_kernel(layer, "prefill", dtype=torch.bfloat16, arch="sm_90")  # the default falls back
     assert tl.request.variant == "tl"
