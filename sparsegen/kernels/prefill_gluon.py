@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,8 +25,8 @@ from typing import Any
 import torch
 
 from .. import env
-from ..errors import CompileError, ImplUnavailableError
-from ..jit.triton_build import import_module
+from ..errors import ImplUnavailableError
+from ..jit import triton_build
 from ..spec import LayerSpec
 from . import base, gluon_api
 from . import prefill_gluon_template as tpl
@@ -70,31 +69,17 @@ def aot_compile(
     source: str, layer: LayerSpec, dtype: str, cfg: dict[str, Any], module_name: str
 ) -> dict[str, bytes]:
     """Compile the rendered module for sm_90 (no GPU needed); returns Triton's files by name."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    with tempfile.TemporaryDirectory(prefix="sparsegen-gluon-") as tmp:
-        path = Path(tmp) / SOURCE_FILE
-        path.write_text(source)
-        module = import_module(path, module_name)
-        try:
-            attrs = {(ARG_NAMES.index(a),): [["tt.divisibility", 16]] for a in ALIGNED_ARGS}
-            src = gluon_api.GluonASTSource(
-                getattr(module, KERNEL_FN), signature(layer, dtype, cfg), {}, attrs
-            )
-            options = {"num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
-            try:
-                compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-            except Exception as exc:
-                raise CompileError(
-                    f"Triton failed to compile the Gluon prefill kernel for sm_90: {exc}"
-                ) from exc
-        finally:
-            sys.modules.pop(module_name, None)
-    files = {Path(p).name: Path(p).read_bytes() for p in compiled.metadata_group.values()}
-    if not any(n.endswith(".cubin") for n in files) or not any(n.endswith(".json") for n in files):
-        raise CompileError(f"Triton's Gluon build lacks a cubin or metadata: {sorted(files)}")
-    return files
+    return triton_build.aot_compile(
+        source,
+        fn_name=KERNEL_FN,
+        signature=signature(layer, dtype, cfg),
+        aligned=ALIGNED_ARGS,
+        arch=ARCH,
+        options={"num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]},
+        module_name=module_name,
+        source_file=SOURCE_FILE,
+        gluon=True,
+    )
 
 
 def _load_compiled(files: dict[str, Path], layer: LayerSpec, dtype: str, cfg: dict[str, Any]):
