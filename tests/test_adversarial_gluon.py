@@ -32,8 +32,9 @@ def test_bad_dtype(dtype):
 
 def test_uncovered_layer_says_why(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the tl fallback compiles for sm_90 here
-    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(HeadSpec(local_blocks=2),) * 2)
-    with pytest.raises(ImplUnavailableError, match="head_dim 96"):
+    narrow = HeadSpec(block_size=32, local_blocks=2, vert_stride=4)  # vertical blocks under 64 keys
+    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(narrow,) * 2)
+    with pytest.raises(ImplUnavailableError, match="narrower than the 64-key tile"):
         get_kernel(layer, "prefill", dtype=torch.bfloat16, arch="sm_90", variant="gluon")
     tl = get_kernel(layer, "prefill", dtype=torch.bfloat16, arch="sm_90")  # the default falls back
     assert tl.request.variant == "tl"
@@ -68,3 +69,24 @@ def test_template_takes_typed_constants_only():
     cfg["stages"] = "3; import os"
     with pytest.raises(CompileError, match="stages"):
         tpl.render_source(layer, "bf16", cfg)
+
+
+def test_hd96_bad_input_is_refused_before_launch():
+    """Tensors at the padded width (128) are not a head_dim-96 layer's; on a machine without an
+    sm_90 GPU the AOT kernel refuses to launch (typed errors, nothing runs)."""
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("this machine can run the kernel")
+    layer = LayerSpec(num_heads=4, num_kv_heads=2, head_dim=96, heads=(HeadSpec(sliding_window=300),) * 4)
+    kernel = get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90", variant="gluon")
+    q = torch.zeros(5, 4, 96, dtype=torch.float16)
+    k = torch.zeros(5, 2, 96, dtype=torch.float16)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    wide_q, wide_k = torch.zeros(5, 4, 128, dtype=torch.float16), torch.zeros(5, 2, 128, dtype=torch.float16)
+    with pytest.raises(InputError, match="q must be"):
+        kernel(wide_q, k, k, cu, cu)
+    with pytest.raises(InputError, match="k must be"):
+        kernel(q, wide_k, wide_k, cu, cu)
+    with pytest.raises(InputError, match="contiguous in its last dim"):
+        kernel(q, k, torch.zeros(5, 2, 192, dtype=torch.float16)[..., ::2], cu, cu)
+    with pytest.raises(ImplUnavailableError, match="sm_90"):
+        kernel.launch(q, k, k, cu, cu, 0.1)

@@ -9,6 +9,7 @@ summary table, or with --json the list DESIGN §3 promises:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import click
 
 from .. import dtypes, env, progress
 from ..bench.common import format_table
+from ..jit import build_workers
 from ..kernels.decode import PAGE_SIZES
 from ..log import get_logger
 from .options import check_arch, load_pattern
@@ -36,10 +38,12 @@ def default_arch() -> str:
 def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool = False) -> list[dict]:
     """Build each (kind, distinct layer) kernel; returns DESIGN §3 records in job order.
 
-    Builds run side by side, a thread per kernel (up to the CPU count): NVRTC and Triton's MLIR
-    passes release the GIL. Parallel Triton builds (tl and Gluon) were checked to give the same
-    PTX as one-at-a-time builds (session 4, 3 x 6 kernels each); on the H200 host the cold
-    phi3small build had run its two prefill kernels one after another (2.7 + 2.9 s).
+    Builds run side by side, a thread per kernel (up to the CPU count). NVRTC releases the GIL;
+    Triton's front end does not (in threads, the two phi3small Gluon kernels took their summed
+    time, 5.4 s, on the H200 host), so Triton builds go to worker processes
+    (`jit.build_workers`), started first so that their start-up overlaps the rest. Parallel
+    Triton builds were checked to give the same PTX as one-at-a-time builds (session 4, 3 x 6
+    kernels each).
 
     Progress: one line per kernel as it finishes (through the "sparsegen" logger, whose handler
     writes whole lines under a lock, so parallel builds never interleave). On a terminal, one
@@ -85,9 +89,17 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
         }
 
     numbered = list(enumerate(jobs, 1))
-    workers = max(1, min(len(numbered), os.cpu_count() or 1))
-    with _quiet_cache_log(bar.drawn), bar, ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda job: build(job[0], *job[1]), numbered))  # in job order
+    threads = max(1, min(len(numbered), os.cpu_count() or 1))
+    triton_jobs = sum(kind == "prefill" for kind, _ in jobs)  # prefill kernels are Triton builds
+    with contextlib.ExitStack() as stack:
+        if triton_jobs > 1:
+            workers = stack.enter_context(build_workers.BuildWorkers(min(triton_jobs, threads)))
+            stack.enter_context(build_workers.using(workers.start()))
+        stack.enter_context(_quiet_cache_log(bar.drawn))
+        stack.enter_context(bar)
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
+        ctx = contextvars.copy_context()  # each thread builds with this context's workers
+        return list(pool.map(lambda job: ctx.copy().run(build, job[0], *job[1]), numbered))  # in job order
 
 
 @contextlib.contextmanager

@@ -47,11 +47,35 @@ def aot_compile(
     options: dict[str, int],
     module_name: str,
     source_file: str,
+    gluon: bool = False,
 ) -> dict[str, bytes]:
     """Compile `fn_name` of the rendered module for `arch` (no GPU needed); Triton's files by name.
 
     `signature` maps argument names (in order) to Triton types; the `aligned` ones are compiled
-    as divisible by 16, which the launcher must guarantee."""
+    as divisible by 16, which the launcher must guarantee. `gluon`: the kernel is `@gluon.jit`.
+    Inside `build_workers.using(...)` the build runs in a worker process (the same function)."""
+    from . import build_workers
+
+    job = {"source": source, "fn_name": fn_name, "signature": dict(signature), "aligned": list(aligned),
+           "arch": arch, "options": dict(options), "module_name": module_name, "source_file": source_file,
+           "gluon": gluon}  # fmt: skip
+    workers = build_workers.current()
+    return workers.compile(job) if workers is not None else compile_in_process(**job)
+
+
+def compile_in_process(
+    source: str,
+    *,
+    fn_name: str,
+    signature: dict[str, str],
+    aligned: list[str],
+    arch: str,
+    options: dict[str, int],
+    module_name: str,
+    source_file: str,
+    gluon: bool = False,
+) -> dict[str, bytes]:
+    """`aot_compile` in this process (also what a build worker runs)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -64,12 +88,20 @@ def aot_compile(
         try:
             fn = getattr(module, fn_name)
             attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-            src = ASTSource(fn, signature, constexprs={}, attrs=attrs)
+            if gluon:
+                from ..kernels.gluon_api import GluonASTSource
+
+                src = GluonASTSource(fn, signature, {}, attrs)
+            else:
+                src = ASTSource(fn, signature, constexprs={}, attrs=attrs)
             try:
                 target = GPUTarget("cuda", parse_arch(arch), 32)
                 compiled = triton.compile(src, target=target, options=dict(options))
             except Exception as exc:
-                raise CompileError(f"Triton failed to compile {fn_name} for {arch}: {exc}") from exc
+                kind = "Gluon kernel" if gluon else "kernel"
+                raise CompileError(
+                    f"Triton failed to compile the {kind} {fn_name} for {arch}: {exc}"
+                ) from exc
         finally:
             sys.modules.pop(module_name, None)
     files = {Path(p).name: Path(p).read_bytes() for p in compiled.metadata_group.values()}

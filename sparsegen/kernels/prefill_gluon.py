@@ -8,7 +8,8 @@
 `variant="tl"` asks for the tl kernel (`base.default_variant`). The module is rendered from
 `templates/prefill_gluon.py.jinja` (constants from `prefill_gluon_template.plan`) and compiled
 ahead of time through Gluon's AST source for sm_90: no GPU is needed to build it, only to run
-it. K and V reach the kernel as TMA descriptors over a 2-D view, made per call on the host.
+it. K and V reach the kernel as TMA descriptors made per call on the host: over a 2-D view for
+head_dim 64 and 128, over K and V themselves (3-D, zero-filled past head_dim) for head_dim 96.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from .. import env
-from ..errors import CompileError, ImplUnavailableError
-from ..jit.triton_build import import_module
+from ..errors import ImplUnavailableError
+from ..jit import triton_build
 from ..spec import LayerSpec
 from . import base, gluon_api
 from . import prefill_gluon_template as tpl
@@ -47,8 +47,11 @@ ALIGNED_ARGS = ("Q", "O", "stride_qt", "stride_qh", "stride_ot", "stride_oh")
 
 
 def _kv_block(layer: LayerSpec, cfg: dict[str, Any]) -> list[int]:
-    """One TMA box: a key tile, or half of one when tiles are two chunks (vpair)."""
-    return [cfg["block_n"] // 2 if cfg["vpair"] else cfg["block_n"], layer.head_dim]
+    """One TMA box: a key tile, or half of one when tiles are two chunks (vpair). A padded head_dim
+    (96) has a 3-D box [keys, 1, tile width] over [Tk, Hkv, D]: the columns past D are zero fill."""
+    keys = cfg["block_n"] // 2 if cfg["vpair"] else cfg["block_n"]
+    width = tpl.tile_dim(layer.head_dim)
+    return [keys, 1, width] if width != layer.head_dim else [keys, layer.head_dim]
 
 
 def signature(layer: LayerSpec, dtype: str, cfg: dict[str, Any]) -> dict[str, str]:
@@ -66,31 +69,17 @@ def aot_compile(
     source: str, layer: LayerSpec, dtype: str, cfg: dict[str, Any], module_name: str
 ) -> dict[str, bytes]:
     """Compile the rendered module for sm_90 (no GPU needed); returns Triton's files by name."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    with tempfile.TemporaryDirectory(prefix="sparsegen-gluon-") as tmp:
-        path = Path(tmp) / SOURCE_FILE
-        path.write_text(source)
-        module = import_module(path, module_name)
-        try:
-            attrs = {(ARG_NAMES.index(a),): [["tt.divisibility", 16]] for a in ALIGNED_ARGS}
-            src = gluon_api.GluonASTSource(
-                getattr(module, KERNEL_FN), signature(layer, dtype, cfg), {}, attrs
-            )
-            options = {"num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
-            try:
-                compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-            except Exception as exc:
-                raise CompileError(
-                    f"Triton failed to compile the Gluon prefill kernel for sm_90: {exc}"
-                ) from exc
-        finally:
-            sys.modules.pop(module_name, None)
-    files = {Path(p).name: Path(p).read_bytes() for p in compiled.metadata_group.values()}
-    if not any(n.endswith(".cubin") for n in files) or not any(n.endswith(".json") for n in files):
-        raise CompileError(f"Triton's Gluon build lacks a cubin or metadata: {sorted(files)}")
-    return files
+    return triton_build.aot_compile(
+        source,
+        fn_name=KERNEL_FN,
+        signature=signature(layer, dtype, cfg),
+        aligned=ALIGNED_ARGS,
+        arch=ARCH,
+        options={"num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]},
+        module_name=module_name,
+        source_file=SOURCE_FILE,
+        gluon=True,
+    )
 
 
 def _load_compiled(files: dict[str, Path], layer: LayerSpec, dtype: str, cfg: dict[str, Any]):
@@ -127,9 +116,10 @@ class GluonPrefillKernel(PrefillKernel):
         d, hkv = self.layer.head_dim, self.layer.num_kv_heads
         block = _kv_block(self.layer, self.config)
         layout = gluon_api.shared_layout(block, self.request.dtype)
-        (k_rows, stride_kh), (v_rows, stride_vh) = _rows(k, hkv, d), _rows(v, hkv, d)
-        k_desc = gluon_api.descriptor(k_rows, block, layout)
-        v_desc = gluon_api.descriptor(v_rows, block, layout)
+        view = _heads if tpl.tile_dim(d) != d else _rows  # padded tiles: 3-D descriptors
+        (k_view, stride_kh), (v_view, stride_vh) = view(k, hkv, d), view(v, hkv, d)
+        k_desc = gluon_api.descriptor(k_view, block, layout)
+        v_desc = gluon_api.descriptor(v_view, block, layout)
         n_q_tiles = -(-tk // self.config["block_m"])
         bh_count = (cu_seqlens_q.shape[0] - 1) * self.layer.num_heads
         n_items = bh_count * n_q_tiles
@@ -159,6 +149,20 @@ def _rows(t: torch.Tensor, hkv: int, d: int) -> tuple[torch.Tensor, int]:
         s_t, s_h = t.stride(0), t.stride(1)
     s_h = s_h if hkv > 1 else d
     return t.as_strided((t.shape[0], (hkv - 1) * s_h + d), (s_t, 1)), s_h
+
+
+def _heads(t: torch.Tensor, hkv: int, d: int) -> tuple[torch.Tensor, int]:
+    """k or v [Tk, Hkv, D] as the 3-D view a padded head_dim's descriptor covers (strides s_t, s_h, 1),
+    and its head stride. A box wider than D stops at the end of the last dim (TMA zero-fills the
+    rest), so it never reads another head's columns. Views into a fused qkv buffer need no copy;
+    other layouts are copied first: TMA-illegal ones (unaligned base, token or head stride, a strided
+    last dim) and any whose strides are not outer-to-inner without overlap (head-major buffers)."""
+    s_t, s_h = t.stride(0), (t.stride(1) if hkv > 1 else d)  # one head: s_h is never stepped over
+    aligned = all((s * t.element_size()) % 16 == 0 for s in (s_t, s_h)) and t.data_ptr() % 16 == 0
+    if not (t.stride(2) == 1 and s_h >= d and s_t >= hkv * s_h and aligned):
+        t = t.clone(memory_format=torch.contiguous_format)  # fresh, row-major strides
+        s_t, s_h = t.stride(0), d
+    return t.as_strided((t.shape[0], hkv, d), (s_t, s_h, 1)), s_h
 
 
 class GluonPrefill(Family):

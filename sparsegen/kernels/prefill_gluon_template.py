@@ -36,7 +36,18 @@ CONFIG = {
     "consumer_regs": 240,
     "maxnreg": 168,
 }
-HEAD_DIMS = (64, 128)
+# head_dim 96 runs in 128-wide register/shared tiles (Gluon shapes are powers of two), its K/V read
+# through 3-D TMA descriptors whose zero fill pads each head's row (prefill_gluon._heads); 64 and
+# 128 render exactly as before, so their keys and H200-measured kernels are unchanged. Dropping 96
+# from HEAD_DIMS sends such layers back to the tl kernel.
+HEAD_DIMS = (64, 96, 128)
+
+
+def tile_dim(head_dim: int) -> int:
+    """The width of a head_dim's register and shared-memory tiles: the next power of two."""
+    return 1 << (head_dim - 1).bit_length()
+
+
 VERTICAL_BLOCK_N = 64  # the key chunk of layers with vertical-stride heads (config(): two per tile)
 # Each distinct head pattern is a branch of the schedule and of the masked softmax, so build time
 # grows with their number (CPU, AOT: 8 patterns ~1.4x the build of 1, 32 patterns ~5x); layers with
@@ -134,6 +145,7 @@ def plan(layer: LayerSpec, dtype: str, cfg: dict[str, Any] | None = None) -> dic
         "num_heads": layer.num_heads,
         "num_kv_heads": layer.num_kv_heads,
         "head_dim": layer.head_dim,
+        "tile_d": tile_dim(layer.head_dim),
         "group": layer.group_size,
         "dtype": dtype,
         **{

@@ -1,0 +1,165 @@
+"""Triton builds in worker processes, for commands that build many kernels at once.
+
+Triton's front end (the kernel's AST to MLIR, and most passes) holds the GIL, so Triton builds
+in threads of one process run one after another: on the H200 host the cold `sparsegen compile
+--pattern phi3small` spent 5.4 s on its two Gluon kernels in threads, about their sum. Here each
+build goes to a worker process (`python -c`, importing Triton but not torch, which takes ~5 s
+to import on that host), so builds run side by side. NVRTC releases the GIL and needs no workers.
+
+    with build_workers.BuildWorkers(4) as workers, build_workers.using(workers):
+        ...  # triton_build.aot_compile calls in this context (and in threads started with
+             # contextvars.copy_context()) compile in the workers
+
+A worker reads one job per line on stdin and writes one reply per line on stdout (JSON; the
+built files base64-encoded). Its result is what `triton_build.compile_in_process` returns in the
+parent: the same function runs there. A worker that dies is reported as a CompileError naming
+its exit status and the end of its stderr; a worker is never reused after a failed exchange.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import contextvars
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+from ..errors import CompileError
+
+_CURRENT: contextvars.ContextVar[BuildWorkers | None] = contextvars.ContextVar("build_workers", default=None)
+WORKER_CODE = "from sparsegen.jit.build_workers import serve; serve()"
+
+
+def current() -> BuildWorkers | None:
+    """The workers builds in this context should use, or None (build in this process)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def using(workers: BuildWorkers) -> Iterator[BuildWorkers]:
+    token = _CURRENT.set(workers)
+    try:
+        yield workers
+    finally:
+        _CURRENT.reset(token)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER_CODE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._stderr: list[str] = []
+        # Drain stderr as it comes, so a chatty build cannot block the worker on a full pipe.
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self._stderr = (self._stderr + [line])[-20:]
+
+    def run(self, job: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            code = self.proc.wait()
+            tail = "".join(self._stderr).strip()[-1500:]
+            raise CompileError(f"a Triton build worker exited with status {code}: {tail or 'no stderr'}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class BuildWorkers:
+    """Up to `n` worker processes, started on first use (`start()` starts them all now, so their
+    start-up overlaps the caller's own work); `compile(job)` blocks the calling thread only."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"BuildWorkers needs n >= 1, got {n}")
+        self.n = n
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> BuildWorkers:
+        with self._lock:
+            while len(self._all) < self.n:
+                worker = _Worker()
+                self._all.append(worker)
+                self._idle.put(worker)
+        return self
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            if self._idle.empty() and len(self._all) < self.n:
+                worker = _Worker()
+                self._all.append(worker)
+                return worker
+        return self._idle.get()
+
+    def compile(self, job: dict) -> dict[str, bytes]:
+        """Run `triton_build.compile_in_process(**job)` in a worker; its files by name."""
+        worker = self._take()
+        try:
+            reply = worker.run(job)
+        except BaseException:
+            worker.close()
+            with self._lock:
+                self._all.remove(worker)
+            raise
+        self._idle.put(worker)
+        if "error" in reply:
+            raise CompileError(reply["error"])
+        return {name: base64.b64decode(data) for name, data in reply["files"].items()}
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._all = self._all, []
+        for worker in workers:
+            worker.close()
+
+    def __enter__(self) -> BuildWorkers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def serve() -> None:
+    """The worker's loop: one JSON job per stdin line, one JSON reply per stdout line."""
+    from .triton_build import compile_in_process
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # anything a build prints must not corrupt the reply stream
+    for line in sys.stdin:
+        try:
+            files = compile_in_process(**json.loads(line))
+            reply = {"files": {n: base64.b64encode(b).decode("ascii") for n, b in files.items()}}
+        except CompileError as exc:
+            reply = {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as a CompileError
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
