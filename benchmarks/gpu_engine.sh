@@ -140,7 +140,7 @@ for name in ("profile_b1.json", "profile_b32.json"):
     if not r:
         continue
     b = r["batch"]
-    for key in ("CUDA graphs", "CUDA graphs + Triton GEMV", "torch.compile in CUDA graphs"):
+    for key in ("CUDA graphs", "CUDA graphs, sync steps", "CUDA graphs + Triton GEMV", "torch.compile in CUDA graphs"):
         if key in r:
             x = r[key]
             rep = x.get("replay_ms")

@@ -49,8 +49,8 @@ def _check_decode_steps(engine, eager_model, cfg, *, agree: list | None = None) 
 
     def checked(plan):
         out = forward(plan)
-        if plan.is_decode:
-            ids, batch = engine.runner.prepare_decode(plan.chunks)
+        if plan.is_decode:  # a lookahead step's ids are the previous step's tokens, on the device
+            ids, batch = engine.runner.prepare_decode(plan.chunks, plan.input_ids)
             with torch.inference_mode():
                 eager = eager_model(ids, batch, engine.cache.layers)
             errors.append(rel_err(out[:, _keep(cfg)], eager[:, _keep(cfg)]))
@@ -237,3 +237,85 @@ def test_engine_with_triton_gemv_in_graphs_matches_cublas():
     assert engine.graphs.graphs and len(errors) >= 10 and max(errors) < 2e-2, errors
     want = LLMEngine(plain, kv_cache_bytes=TINY_KV, use_cuda_graphs=True).generate(prompts, params)
     assert got[0].output_ids[:3] == want[0].output_ids[:3]
+
+
+class _Plans:
+    """Counts an engine's lookahead steps and checks its pages after every step() call."""
+
+    def __init__(self, engine):
+        self.lookahead, forward = 0, engine._forward
+
+        def counted(plan):
+            self.lookahead += plan.lookahead
+            return forward(plan)
+
+        engine._forward = counted
+
+
+def _pages_ok(engine) -> None:
+    alloc = engine.cache.allocator
+    held = [p for s in engine.scheduler.running for p in s.pages]
+    assert sorted(held + list(alloc._free)) == list(range(alloc.capacity))
+
+
+def _drive(engine, prompts, params, abort_at=None):
+    """Step to the end (checking pages after each call); abort request 1 before call `abort_at`."""
+    seqs = engine.submit(prompts, params)
+    events, k = [], 0
+    while engine.has_unfinished:
+        if k == abort_at:
+            assert engine.abort(seqs[1].seq_id)
+        events += engine.step()
+        _pages_ok(engine)
+        k += 1
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
+    return {i: [e.token_id for e in events if e.index == i] for i in range(len(prompts))}
+
+
+def test_async_graph_steps_equal_the_synchronous_engine():
+    """async_decode (the default) with CUDA graphs: step n+1 is launched from step n's tokens on
+    the device, before they are read. Finishes by length are known ahead, so both engines run the
+    same plans on the same graphs: greedy and seeded tokens are equal token for token, also as the
+    batch shrinks (buckets 4, 2, 1) and with an abort while a step is in flight."""
+    cfg = tiny_config(64)
+    model = random_model(cfg, device=DEV, dtype=BF16, seed=6)
+    prompts = _prompts([64 * 20 + 7, 100, 3000, 517], seed=6)
+    params = [
+        SamplingParams(max_tokens=30, ignore_eos=True),
+        SamplingParams(max_tokens=9, ignore_eos=True),
+        SamplingParams(max_tokens=21, temperature=0.9, top_k=50, seed=4, ignore_eos=True),
+        SamplingParams(max_tokens=14, ignore_eos=True, logprobs=1),
+    ]
+    for abort_at in (None, 5):
+        sync = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True, async_decode=False)
+        fast = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)
+        plans = _Plans(fast)
+        want = _drive(sync, prompts, params, abort_at)
+        got = _drive(fast, prompts, params, abort_at)
+        assert got == want, abort_at
+        assert fast.graphs.graphs and plans.lookahead >= 20
+        assert {b for b, _ in fast.graphs.graphs} >= {4, 2, 1}
+
+
+def test_async_8k_context_page_accounting():
+    """Four 8K-token prompts (8192 is a page boundary: the first decode step needs a new page,
+    grown by the lookahead planner), uneven lengths, a stop token and an abort mid-flight: after
+    every step each page is free or held by exactly one running sequence, all are free at the end,
+    and greedy tokens equal the synchronous engine's wherever the plans are the same."""
+    cfg = replace(tiny_config(64), max_position_embeddings=16384)
+    model = random_model(cfg, device=DEV, dtype=BF16, seed=7)
+    prompts = _prompts([8192, 8191, 8193, 8000], seed=7)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (40, 17, 33, 25)]
+    sync = LLMEngine(model, kv_cache_bytes=TINY_KV, async_decode=False)
+    fast = LLMEngine(model, kv_cache_bytes=TINY_KV)
+    plans = _Plans(fast)
+    want = _drive(sync, prompts, params, abort_at=6)
+    got = _drive(fast, prompts, params, abort_at=6)
+    assert got == want and plans.lookahead >= 20
+    # a stop token (a token of request 0 first seen at its 6th token or later, else its first
+    # token) ends it while others go on
+    w = want[0]
+    stop = w[next((k for k in range(5, len(w)) if w[k] not in w[:k]), 0)]
+    params[0] = SamplingParams(max_tokens=40, stop_token_ids=(stop,), ignore_eos=True)
+    got = _drive(fast, prompts, params)
+    assert got[0] == want[0][: want[0].index(stop) + 1]

@@ -131,8 +131,8 @@ def test_graph_bookkeeping_with_preemption_and_uneven_finishes():
 
     run = graphs.run
 
-    def checked_run(inputs):
-        out = run(inputs)
+    def checked_run(inputs, input_ids=None):
+        out = run(inputs, input_ids)
         b = next(size for size in graphs.sizes if size >= len(inputs.pages))  # rows this replay reads
         want = torch.full_like(graphs.host_tables, engine.cache.scratch_page)
         for i, pages in enumerate(inputs.pages):

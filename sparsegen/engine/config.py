@@ -43,6 +43,9 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + generated tokens per sequence
     use_cuda_graphs: bool = True
     compile_model: bool = False  # decode steps through torch.compile (inductor), inside the graphs
+    # launch each decode step before the previous one's tokens reach the host (engine.inflight);
+    # greedy and seeded tokens are the same either way
+    async_decode: bool = True
 
     def __post_init__(self) -> None:
         check_int("page_size", self.page_size, 1, MAX_PAGE_SIZE)
@@ -51,6 +54,6 @@ class EngineConfig:
         check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         check_optional_int("max_model_len", self.max_model_len, 2)
-        for name in ("use_cuda_graphs", "compile_model"):
+        for name in ("use_cuda_graphs", "compile_model", "async_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -3,8 +3,10 @@
 Each graph reads its inputs from static buffers sized for `max_num_seqs` and the model's
 longest context. A step builds the rows on the host, the real ones and a harmless padding row
 for the rest (token 0 at position 0, writing into the cache's scratch page, reading only that
-page), copies them in with three host-to-device copies (ids/positions/slots, seq_lens, block
-tables; a fourth for LongRoPE flags), replays, and returns the real rows' logits. The host copy
+page), copies them in with three non-blocking host-to-device copies from pinned memory
+(ids/positions/slots, seq_lens, block tables; a fourth for LongRoPE flags), replays, and returns
+the real rows' logits. A lookahead step (`engine.inflight`) takes its ids from the previous
+step's sampled tokens instead, by a device-to-device copy after the host rows. The host copy
 of the block tables is kept across steps and only the pages added since are written into it
 (a row whose sequence or `page_epoch` changed is rewritten whole).
 
@@ -66,7 +68,7 @@ class DecodeGraphs:
         # The block tables on the host, kept across steps: a row is rewritten only from where
         # its sequence's table has grown (a page every page_size steps), or whole when the row
         # holds another sequence or a replaced table. Rebuilding 32 rows of an 8K context from
-        # Python lists took ~1.4 ms a step on the CPU (the GPU waits for it: each step is synchronous).
+        # Python lists took ~1.4 ms a step on the CPU (the GPU waited for it while steps were synchronous).
         self.host_tables = torch.full((n, width), cache.scratch_page, dtype=torch.int32)  # [B, max_pages]
         self._host_np = self.host_tables.numpy()
         self._row_keys: list[tuple[int, int, int] | None] = [None] * n  # (seq_id, page_epoch, pages written)
@@ -122,7 +124,18 @@ class DecodeGraphs:
                 table[i, start : len(pages)] = pages[start:]
             self._row_keys[i] = (seq_id, epoch, len(pages))
 
-    def run(self, inputs: DecodeInputs) -> torch.Tensor:  # [B, vocab] float32
+    def _copy_in(self, dst: torch.Tensor, host: torch.Tensor) -> None:
+        """Host to the static buffer `dst`, without making the host wait for the GPU (see
+        `model_runner.to_device`): through a pinned block of the caching host allocator, which
+        keeps it until the copy has run. The copy is ordered on the current stream after every
+        replay launched before it, so the previous step's graph has read the buffers by then."""
+        dst.copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
+
+    def run(self, inputs: DecodeInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay the step's graph; returns [n, vocab] float32 logits (a copy: the graph's output
+        buffer is rewritten by the next replay). `input_ids` ([n] int64 on the device: the
+        previous step's sampled tokens) replace `inputs.ids`, copied device to device after the
+        host rows, on the same stream."""
         n = len(inputs.ids)
         b = next(s for s in self.sizes if s >= n)
         w = width_bucket(inputs.width, self.max_pages)
@@ -132,13 +145,16 @@ class DecodeGraphs:
             [inputs.ids + [0] * pad, inputs.positions + [0] * pad, inputs.slots + [scratch * ps] * pad],
             dtype=torch.long,
         )  # [3, b] on the host
-        self.i64[:, :b].copy_(rows)
-        self.seq_lens[:b].copy_(torch.tensor(inputs.seq_lens + [1] * pad, dtype=torch.int32))
+        self._copy_in(self.i64[:, :b], rows)
+        if input_ids is not None:
+            self.ids[:n].copy_(input_ids)
+        self._copy_in(self.seq_lens[:b], torch.tensor(inputs.seq_lens + [1] * pad, dtype=torch.int32))
         self._update_host_tables(inputs, b)
-        self.block_tables[:b, :w].copy_(self.host_tables[:b, :w])
+        # host_tables[:b, :w] is a strided view of the kept table: pin a contiguous copy of it
+        self._copy_in(self.block_tables[:b, :w], self.host_tables[:b, :w].contiguous())
         if self.has_long_rope:
             flags = inputs.use_long if inputs.use_long is not None else [False] * n
-            self.use_long[:b].copy_(torch.tensor(flags + [False] * pad, dtype=torch.bool))
+            self._copy_in(self.use_long[:b], torch.tensor(flags + [False] * pad, dtype=torch.bool))
         if (b, w) not in self.graphs:
             self.graphs[b, w] = self._capture(b, w)
         graph, logits = self.graphs[b, w]

@@ -8,8 +8,11 @@
 Each `step()` asks the `Scheduler` for a plan (one prefill or one decode forward), has the
 `ModelRunner` run it (on a GPU, decode steps replay CUDA graphs; `use_cuda_graphs=False` turns
 that off), samples the rows that reached the end of their sequence, and hands the tokens back
-to `Scheduler.postprocess`. Requests may be added between steps: they join the batch as others
-finish. The engine itself builds each `Sequence` and keeps the request index of each.
+to `Scheduler.postprocess`. With `async_decode` (the default) a decode step's successor is
+launched before its tokens are read back, so the host's work overlaps the GPU's
+(`engine.inflight`; greedy and seeded tokens are the same as with `async_decode=False`).
+Requests may be added between steps: they join the batch as others finish. The engine itself
+builds each `Sequence` and keeps the request index of each.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -26,8 +29,9 @@ from ..errors import EngineError, InputError
 from ..models.phi3small import Phi3SmallForCausalLM
 from .checks import check_params, check_prompt, expand_params
 from .config import KERNEL_PAGE_SIZES, EngineConfig
+from .inflight import InFlight, overlappable
 from .model_runner import ModelRunner
-from .sampling import SamplingParams, TokenLogprobs, sample
+from .sampling import SamplingParams, TokenLogprobs, sample_on_device
 from .scheduler import Plan, Scheduler
 from .sequence import Sequence
 
@@ -89,6 +93,7 @@ class LLMEngine:
         max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
         compile_model: bool = False,
+        async_decode: bool = True,
     ):
         config = EngineConfig(
             page_size=page_size,
@@ -99,6 +104,7 @@ class LLMEngine:
             max_model_len=max_model_len,
             use_cuda_graphs=use_cuda_graphs,
             compile_model=compile_model,
+            async_decode=async_decode,
         )
         if not isinstance(model, Phi3SmallForCausalLM):
             raise InputError(f"model must be a Phi3SmallForCausalLM, got {type(model).__name__}")
@@ -130,6 +136,7 @@ class LLMEngine:
         self._index: dict[int, int] = {}  # seq_id -> request index
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ids = itertools.count()
+        self._inflight: InFlight | None = None  # a launched step not yet booked (async_decode)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -208,34 +215,77 @@ class LLMEngine:
     def _forward(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
         return self.runner.run(plan)
 
-    def step(self) -> list[TokenEvent]:
-        """Run one forward pass; returns the tokens it produced (possibly none)."""
-        plan = self.scheduler.schedule()
-        if plan is None:
-            return []
+    @torch.inference_mode()
+    def _launch(self, plan: Plan, after: InFlight | None = None) -> InFlight:
+        """Run `plan`'s forward pass and sampler without reading the tokens back. `after` is the
+        in-flight step whose sampled tokens are `plan`'s input ids (a lookahead plan). The sampler
+        runs in inference mode too, so that those ids are inference tensors like the ids a
+        synchronous step builds (torch.compile would otherwise guard on the difference and
+        recompile)."""
+        if after is not None:
+            plan = replace(plan, input_ids=after.tokens)
         logits = self._forward(plan)
-        sampled = plan.sampled
-        if sampled:
-            out = sample(
-                logits,
-                [s.params for s in sampled],
-                [s.output_ids for s in sampled],
-                [s.prompt_ids for s in sampled],
-                eos_token_id=self.eos_token_id,
-            )
-            tokens, logprobs = out.token_ids, out.logprobs
-        else:
-            tokens, logprobs = [], []
-        reasons = self.scheduler.postprocess(plan, tokens, time.perf_counter())
+        seqs = plan.sampled
+        if not seqs:
+            return InFlight(plan, None, None)
+        ahead = 1 if plan.lookahead else 0  # a lookahead row's previous token is not booked yet
+        out = sample_on_device(
+            logits,
+            [s.params for s in seqs],
+            [s.output_ids for s in seqs],
+            [s.prompt_ids for s in seqs],
+            eos_token_id=self.eos_token_id,
+            num_generated=[len(s.output_ids) + ahead for s in seqs],
+        )
+        return InFlight(plan, out.token_ids, out.to_host())
+
+    def _complete(self, done: InFlight) -> list[TokenEvent]:
+        """Read `done`'s tokens and book them. Rows whose sequence ended while the step was in
+        flight (it finished at the step before, or was aborted) are dropped: their token is
+        never emitted, and their pages were freed when they ended."""
+        out = done.output()
+        plan, now = done.plan, time.perf_counter()
+        keep = [i for i, s in enumerate(plan.sampled) if s.finish_reason is None]
+        live = tuple(c for c in plan.chunks if c.seq.finish_reason is None)
+        sampled = [plan.sampled[i] for i in keep]
+        tokens = [out.token_ids[i] for i in keep]
+        reasons = self.scheduler.postprocess(replace(plan, chunks=live, input_ids=None), tokens, now)
         events = []
-        for seq, token, lp, reason in zip(sampled, tokens, logprobs, reasons, strict=True):
+        for seq, token, i, reason in zip(sampled, tokens, keep, reasons, strict=True):
             events.append(
-                TokenEvent(self._index[seq.seq_id], token, reason, logprobs=lp, request_id=seq.seq_id)
+                TokenEvent(
+                    self._index[seq.seq_id], token, reason, logprobs=out.logprobs[i], request_id=seq.seq_id
+                )
             )
             if reason is not None:
                 del self._index[seq.seq_id]
                 del self._live[seq.seq_id]
         return events
+
+    def step(self) -> list[TokenEvent]:
+        """Run one step and return the tokens it produced (possibly none).
+
+        With `async_decode`, a decode step is launched before the previous one's tokens are
+        read, where that is exact (see `engine.inflight`): a call launches the next decode step,
+        then reads and books the step in flight and returns its events. Each call still returns
+        one step's tokens; at most one step is left in flight between calls."""
+        if self._inflight is None:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                return []
+            self._inflight = self._launch(plan)
+        done, self._inflight = self._inflight, None
+        if self.config.async_decode and overlappable(done.plan):
+            nxt = self.scheduler.schedule_lookahead(done.plan)
+            if nxt is not None:
+                self._inflight = self._launch(nxt, after=done)
+        try:
+            return self._complete(done)
+        except BaseException:
+            # the launched step assumed `done`'s tokens booked; without them it is dropped too
+            # (its sequences are as before it: the next step recomputes the same position)
+            self._inflight = None
+            raise
 
     def warmup(self) -> float:
         """Run one two-token request now, so that kernel builds, library set-up and the first

@@ -86,9 +86,13 @@ class DecodeInputs:
     scratch: int  # the scratch page, which pads the tables
     use_long: list[bool] | None  # LongRoPE long factors per row; None without LongRoPE
 
-    def to_batch(self, device: torch.device) -> tuple[torch.Tensor, ForwardBatch]:
+    def to_batch(
+        self, device: torch.device, input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ForwardBatch]:
+        """The step as tensors on `device`; `input_ids` ([B] int64, on `device`) replaces `ids`."""
+
         def t(x, dtype=torch.long):
-            return torch.tensor(x, dtype=dtype, device=device)
+            return to_device(torch.tensor(x, dtype=dtype), device)
 
         tables = [p + [self.scratch] * (self.width - len(p)) for p in self.pages]  # [B, width]
         batch = ForwardBatch(
@@ -99,7 +103,17 @@ class DecodeInputs:
             block_tables=t(tables, torch.int32),  # [B, width]
             seq_lens=t(self.seq_lens, torch.int32),  # [B]
         )
-        return t(self.ids), batch  # ids: [B]
+        return (t(self.ids) if input_ids is None else input_ids), batch  # ids: [B]
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`, without making the host wait for the GPU: a plain `.to("cuda")`
+    from pageable memory synchronises the stream, i.e. waits for a decode step still running
+    (`engine.inflight` launches the next step before the last one ends). The pinned copy stays
+    alive in the caching host allocator until the copy has run, so nothing overwrites it early."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class ModelRunner:
@@ -191,12 +205,13 @@ class ModelRunner:
         ps, scratch = self.cache.page_size, self.cache.scratch_page
         seqs = [c.seq for c in chunks]
         width = max(len(s.pages) for s in seqs)
-        positions = [len(s) - 1 for s in seqs]
+        positions = [c.start for c in chunks]  # len(s) - 1, or len(s) in a lookahead step
         use_long = None
         if self.long_rope_after is not None:
             use_long = [self.use_long_rope(s, p, p + 1)[0] for s, p in zip(seqs, positions, strict=True)]
         return DecodeInputs(
-            ids=[s.last_token for s in seqs],
+            # a lookahead step's tokens are on the device (Plan.input_ids): 0 stands in here
+            ids=[s.last_token if c.completes else 0 for s, c in zip(seqs, chunks, strict=True)],
             positions=positions,
             slots=[s.pages[p // ps] * ps + p % ps for s, p in zip(seqs, positions, strict=True)],
             seq_lens=[p + 1 for p in positions],
@@ -207,16 +222,18 @@ class ModelRunner:
             use_long=use_long,
         )
 
-    def prepare_decode(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
-        return self.decode_inputs(chunks).to_batch(self.model.device)
+    def prepare_decode(
+        self, chunks: Seq[Chunk], input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ForwardBatch]:
+        return self.decode_inputs(chunks).to_batch(self.model.device, input_ids)
 
     @torch.inference_mode()
     def run(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
         if plan.is_decode:
             inputs = self.decode_inputs(plan.chunks)
             if self.graphs is not None and self.graphs.fits(len(plan.chunks)):
-                return self.graphs.run(inputs)
-            ids, batch = inputs.to_batch(self.model.device)
+                return self.graphs.run(inputs, plan.input_ids)
+            ids, batch = inputs.to_batch(self.model.device, plan.input_ids)
             return self.decode_forward(ids, batch, self.cache.layers)
         ids, batch = self.prepare_prefill(plan.chunks)
         return self.model(ids, batch, self.cache.layers)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -226,6 +226,17 @@ def apply_penalties(
     return logits - frequency[:, None] * out_counts - presence[:, None] * (out_counts > 0).float()
 
 
+def _on(device: torch.device, values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list as a tensor on `device`. On a GPU it goes through pinned memory with a
+    non-blocking copy: `torch.tensor(..., device="cuda")` would wait for all work queued on the
+    stream (a decode step launched ahead, see `engine.inflight`). The caching host allocator keeps
+    the pinned block until the copy has run."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 # -- noise ----------------------------------------------------------------------------------------
 _M32 = 0xFFFFFFFF
 
@@ -242,9 +253,9 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def seeded_exponentials(seeds: Sequence[int], steps: Sequence[int], vocab: int, device) -> torch.Tensor:
     """[B, vocab] float32 Exp(1) noise, a pure function of (seed, step, column) per row."""
     s = [seed % SEED_LIMIT for seed in seeds]
-    lo = torch.tensor([x & _M32 for x in s], dtype=torch.long, device=device)[:, None]
-    hi = torch.tensor([x >> 32 for x in s], dtype=torch.long, device=device)[:, None]
-    step = torch.tensor([t & _M32 for t in steps], dtype=torch.long, device=device)[:, None]
+    lo = _on(device, [x & _M32 for x in s], torch.long)[:, None]
+    hi = _on(device, [x >> 32 for x in s], torch.long)[:, None]
+    step = _on(device, [t & _M32 for t in steps], torch.long)[:, None]
     k1 = _mix32(lo ^ 0x243F6A88)
     k2 = _mix32(hi ^ k1 ^ 0x85A308D3)
     k3 = _mix32(step ^ k2 ^ 0x13198A2E)  # [B, 1] one key per (seed, step)
@@ -255,6 +266,53 @@ def seeded_exponentials(seeds: Sequence[int], steps: Sequence[int], vocab: int, 
 
 
 # -- the sampler ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceSample:
+    """One step's sampler output before the host reads it: tensors on the logits' device, or
+    (after `to_host`) pinned copies that an event says when are complete."""
+
+    token_ids: torch.Tensor  # [B] int64
+    logprob_rows: tuple[int, ...] = ()  # rows that asked for logprobs, in order
+    logprob_ks: tuple[int, ...] = ()  # each such row's number of top entries
+    chosen: torch.Tensor | None = None  # [R] float32: the sampled token's log-probability
+    top_ids: torch.Tensor | None = None  # [R, k] int64, k = max(logprob_ks) (None when k == 0)
+    top_values: torch.Tensor | None = None  # [R, k] float32
+    ready: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU only)
+
+    def to_host(self) -> DeviceSample:
+        """Start copying every tensor to pinned host memory (non-blocking, on the current stream)
+        and record an event after them; on a CPU the tensors are already on the host."""
+        if self.token_ids.device.type != "cuda":
+            return self
+
+        def pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            return out.copy_(t, non_blocking=True)
+
+        ready = torch.cuda.Event()
+        host = replace(self, token_ids=pinned(self.token_ids), chosen=pinned(self.chosen),
+                       top_ids=pinned(self.top_ids), top_values=pinned(self.top_values))  # fmt: skip
+        ready.record()
+        return replace(host, ready=ready)
+
+    def output(self) -> SamplerOutput:
+        """The tokens (and log-probabilities) as Python values; waits for `to_host`'s copies."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        token_ids = self.token_ids.tolist()
+        logprobs: list[TokenLogprobs | None] = [None] * len(token_ids)
+        if self.logprob_rows:
+            chosen = self.chosen.tolist()
+            top_i = self.top_ids.tolist() if self.top_ids is not None else None
+            top_v = self.top_values.tolist() if self.top_values is not None else None
+            for j, (r, kr) in enumerate(zip(self.logprob_rows, self.logprob_ks, strict=True)):
+                top = tuple(zip(top_i[j][:kr], top_v[j][:kr], strict=True)) if kr else ()
+                logprobs[r] = TokenLogprobs(token_ids[r], chosen[j], top)
+        return SamplerOutput(token_ids, logprobs)
+
+
 def sample(
     logits: torch.Tensor,  # [B, V] float32
     params: Sequence[SamplingParams],
@@ -264,11 +322,40 @@ def sample(
     eos_token_id: int | None = None,
 ) -> SamplerOutput:
     """One token per row (see the module docstring for the order of the steps)."""
+    return sample_on_device(logits, params, output_ids, prompt_ids, eos_token_id=eos_token_id).output()
+
+
+def sample_on_device(
+    logits: torch.Tensor,  # [B, V] float32
+    params: Sequence[SamplingParams],
+    output_ids: Sequence[Sequence[int]],  # each row's generated tokens so far
+    prompt_ids: Sequence[Sequence[int]] | None = None,  # needed only for repetition_penalty
+    *,
+    eos_token_id: int | None = None,
+    num_generated: Sequence[int] | None = None,
+) -> DeviceSample:
+    """`sample()` without reading anything back: the tokens stay on the logits' device.
+
+    `num_generated` (default: the lengths of `output_ids`) is each row's count of tokens generated
+    before this one, which is all that `min_tokens` and a seed's stream need. A decode step
+    launched before the previous step's tokens reach the host passes counts one above its
+    `output_ids`; rows with penalties need the tokens themselves and must then not be passed.
+    """
     b, v = logits.shape
     if len(params) != b or len(output_ids) != b:
         raise InputError(
             f"sample() got {b} rows of logits, {len(params)} params, {len(output_ids)} histories"
         )
+    if num_generated is None:
+        num_generated = [len(out) for out in output_ids]
+    elif len(num_generated) != b:
+        raise InputError(f"sample() got {b} rows of logits and {len(num_generated)} num_generated")
+    for p, out, n in zip(params, output_ids, num_generated, strict=True):
+        if p.has_penalties and n != len(out):
+            raise InputError(
+                f"a row with penalties needs its whole output history: num_generated={n}, "
+                f"{len(out)} output ids"
+            )
     dev = logits.device
     x = logits.float()
     raw_logprobs = None
@@ -277,8 +364,8 @@ def sample(
 
     # min_tokens: mask EOS and the stop tokens of rows that have not produced enough yet.
     rows, cols = [], []
-    for r, (p, out) in enumerate(zip(params, output_ids, strict=True)):
-        if len(out) < p.min_tokens:
+    for r, (p, n) in enumerate(zip(params, num_generated, strict=True)):
+        if n < p.min_tokens:
             banned = set(p.stop_token_ids)
             if eos_token_id is not None and not p.ignore_eos:
                 banned.add(eos_token_id)
@@ -286,10 +373,7 @@ def sample(
             rows += [r] * len(banned)
             cols += banned
     if rows:
-        x = x.index_put(
-            (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
-            torch.tensor(-math.inf, device=dev),
-        )
+        x = x.index_put((_on(dev, rows), _on(dev, cols)), torch.full((), -math.inf, device=dev))
 
     pen = [r for r, p in enumerate(params) if p.has_penalties]
     if pen:
@@ -297,9 +381,9 @@ def sample(
             prompt_ids = [[] for _ in range(b)]
 
         def col(name: str) -> torch.Tensor:
-            return torch.tensor([getattr(params[r], name) for r in pen], dtype=torch.float32, device=dev)
+            return _on(dev, [getattr(params[r], name) for r in pen], torch.float32)
 
-        idx = torch.tensor(pen, device=dev)
+        idx = _on(dev, pen)
         x = x.clone() if x is logits else x
         x[idx] = apply_penalties(
             x[idx],
@@ -314,38 +398,29 @@ def sample(
     hot = [r for r, p in enumerate(params) if not p.greedy]
     if hot:
         ps = [params[r] for r in hot]
-        idx = torch.tensor(hot, device=dev)
-        temp = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev)
+        idx = _on(dev, hot)
+        temp = _on(dev, [p.temperature for p in ps], torch.float32)
         y = x[idx] / temp[:, None]  # [b, V]
         if any(p.min_p > 0 for p in ps):
-            y = apply_min_p(y, torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev))
+            y = apply_min_p(y, _on(dev, [p.min_p for p in ps], torch.float32))
         top_k = top_p = None
         if any(p.top_k_enabled for p in ps):
-            top_k = torch.tensor(
-                [p.top_k if p.top_k_enabled else v for p in ps], dtype=torch.long, device=dev
-            )
+            top_k = _on(dev, [p.top_k if p.top_k_enabled else v for p in ps], torch.long)
         if any(p.top_p < 1.0 for p in ps):
-            top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev)
+            top_p = _on(dev, [p.top_p for p in ps], torch.float32)
         y = apply_top_k_top_p(y, top_k, top_p)
         probs = y.softmax(dim=-1)  # [b, V]
         fresh = torch.randint(0, 2**62, (len(ps),)).tolist()  # global RNG, for rows without a seed
         seeds = [p.seed if p.seed is not None else f for p, f in zip(ps, fresh, strict=True)]
-        steps = [len(output_ids[r]) for r in hot]
+        steps = [num_generated[r] for r in hot]
         q = seeded_exponentials(seeds, steps, v, dev)  # [b, V]
         tokens = tokens.index_copy(0, idx, (probs / q).argmax(dim=-1))
-    token_ids = tokens.tolist()
 
-    logprobs: list[TokenLogprobs | None] = [None] * b
-    if raw_logprobs is not None:
-        want = [r for r, p in enumerate(params) if p.logprobs is not None]
-        k = max(params[r].logprobs for r in want)
-        idx = torch.tensor(want, device=dev)
-        chosen = raw_logprobs[idx].gather(1, tokens[idx][:, None])[:, 0].tolist()
-        top_v, top_i = raw_logprobs[idx].topk(k, dim=-1) if k else (None, None)
-        top_v = top_v.tolist() if k else None
-        top_i = top_i.tolist() if k else None
-        for j, r in enumerate(want):
-            kr = params[r].logprobs
-            top = tuple(zip(top_i[j][:kr], top_v[j][:kr], strict=True)) if kr else ()
-            logprobs[r] = TokenLogprobs(token_ids[r], chosen[j], top)
-    return SamplerOutput(token_ids, logprobs)
+    if raw_logprobs is None:
+        return DeviceSample(tokens)
+    want = [r for r, p in enumerate(params) if p.logprobs is not None]
+    k = max(params[r].logprobs for r in want)
+    idx = _on(dev, want)
+    chosen = raw_logprobs[idx].gather(1, tokens[idx][:, None])[:, 0]  # [R]
+    top_v, top_i = raw_logprobs[idx].topk(k, dim=-1) if k else (None, None)  # [R, k]
+    return DeviceSample(tokens, tuple(want), tuple(params[r].logprobs for r in want), chosen, top_i, top_v)

@@ -137,6 +137,42 @@ class Scheduler:
         chunks = [Chunk(s, len(s) - 1, len(s)) for s in self.running]
         return Plan(is_decode=True, chunks=tuple(chunks))
 
+    def schedule_lookahead(self, inflight: Plan) -> Plan | None:
+        """The decode step after the decode step `inflight`, planned before its tokens reach the
+        host: the same sequences in the same order, one position further (each has one token in
+        flight, so its next input sits at position len(seq)). Only the token values are unknown,
+        and positions, slots, pages and block tables do not depend on them.
+
+        Returns None where that plan could differ from what `schedule()` would make once the
+        tokens are booked, and the caller then completes `inflight` and schedules as usual:
+        - the running sequences are not exactly `inflight`'s (one finished, was aborted or
+          preempted since);
+        - a waiting request could be admitted (a seat is free);
+        - a sequence ends at `inflight` whatever its token (max_tokens or max_model_len);
+        - the pages for the next position are not all free (`schedule()` would preempt).
+        A sequence that ends at `inflight` on its token's value (EOS, a stop token) is still in
+        the plan returned: its row of the lookahead step is computed and discarded.
+        """
+        seqs = [c.seq for c in inflight.chunks]
+        if not inflight.is_decode or len(seqs) != len(self.running):
+            return None
+        if any(a is not b for a, b in zip(seqs, self.running, strict=True)):
+            return None
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            return None
+        for s in seqs:
+            if len(s.output_ids) + 1 >= s.params.max_tokens or len(s) + 1 >= self.max_model_len:
+                return None
+        ps, alloc = self.cache.page_size, self.cache.allocator
+        grow = [max(0, pages_for(len(s) + 1, ps) - len(s.pages)) for s in seqs]
+        if sum(grow) > alloc.num_free:
+            return None
+        for s, n in zip(seqs, grow, strict=True):
+            if n > 0:
+                s.pages += alloc.allocate(n)
+        chunks = tuple(Chunk(s, len(s), len(s) + 1) for s in seqs)
+        return Plan(is_decode=True, chunks=chunks, lookahead=True)
+
     def finish_reason(self, seq: Sequence, token: int) -> str | None:
         """Why `seq` ends with its newest `token`, or None if it goes on."""
         p = seq.params

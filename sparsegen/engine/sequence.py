@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from .sampling import SamplingParams
 
 
@@ -67,8 +69,19 @@ class Chunk:
 class Plan:
     is_decode: bool
     chunks: tuple[Chunk, ...]  # decode: one single-token chunk per sequence
+    # A decode step planned while the previous decode step of the same sequences is still in
+    # flight (`Scheduler.schedule_lookahead`): each chunk is (len(seq), len(seq) + 1) at planning
+    # time, its input token is the one that step is sampling, not yet on the host.
+    lookahead: bool = False
+    # Decode only: the input token ids on the model's device, [len(chunks)] int64, when they are
+    # not on the host (a lookahead step: the previous step's sampled tokens). None: each
+    # sequence's last token.
+    input_ids: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def sampled(self) -> list[Sequence]:
-        """The sequences whose last row this step samples, in the order of the logits rows."""
+        """The sequences whose last row this step samples, in the order of the logits rows: every
+        row of a decode step, the chunks of a prefill that reach the end of their sequence."""
+        if self.is_decode:
+            return [c.seq for c in self.chunks]
         return [c.seq for c in self.chunks if c.completes]
