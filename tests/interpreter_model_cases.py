@@ -55,10 +55,14 @@ def test_fused_gegelu_matches_plain(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("with_cache", [False, True])
-@pytest.mark.parametrize("t", [7, 37])  # one program of 8 tokens; three of 16 with a masked tail
-def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t):
+@pytest.mark.parametrize("t", [7, 37])
+@pytest.mark.parametrize("tiled", [False, True])  # a token per program; 16 (37 tokens: a masked tail)
+def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t, tiled, monkeypatch):
     from sparsegen.models import fused
     from sparsegen.models.rope import Rotary
+
+    if tiled:
+        monkeypatch.setattr(fused, "ROTARY_TILED_FROM", 1)
 
     hkv, g, d, page = 2, 3, 16, 4
     gen = torch.Generator().manual_seed(1)

@@ -17,10 +17,12 @@ import triton.language as tl
 
 from ..errors import InputError
 
-# Tokens per rotary program. One token per program (8 KV groups x 8K tokens = 65K programs of
-# six 64-element rows) ran at 2.6x its read/write floor in an 8K prefill on the H200
-# (123 us a layer, docs/performance.md); a [16, D] tile per row keeps every warp busy.
+# Tokens per rotary program, from ROTARY_TILED_FROM tokens on. One token per program (8 KV groups
+# x 8K tokens = 65K programs of six 64-element rows) took 115 us a layer in an 8K prefill on the
+# H200, against a 57 us read/write floor; 16 tokens per program took 71 us. Decode batches keep
+# one token per program: at 32 tokens, 16 per program left too few programs (3.0 vs 2.6 us).
 ROTARY_TOKENS = 16
+ROTARY_TILED_FROM = 1024
 
 
 @triton.jit
@@ -113,7 +115,7 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
         raise InputError("the KV cache tensors must be contiguous")
     kc, vc = cache if write else (k, v)
     slot_ptr = slots if write else cos
-    block_t = min(ROTARY_TOKENS, triton.next_power_of_2(t))
+    block_t = ROTARY_TOKENS if t >= ROTARY_TILED_FROM else 1
     _rotary_qkv_kernel[(triton.cdiv(t, block_t), hkv)](
         qkv, cos, sin, q, k, v, kc, vc, slot_ptr,
         t, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
