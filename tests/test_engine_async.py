@@ -97,6 +97,23 @@ def pair(model, **kw) -> tuple[LLMEngine, LLMEngine, PlanLog]:
     return sync, fast, PlanLog(fast)
 
 
+def test_lockstep_the_caller_sees_the_same_engine_after_every_call(model, prompts):
+    """Both engines stepped call by call: each call returns the same events, and afterwards
+    `has_unfinished`, every sequence's tokens and finish reason are the same (the async engine
+    has only launched its next step). The synchronous engine never plans a lookahead step."""
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, seed=n, temperature=0.5) for n in (6, 11, 3, 8)]
+    sync, fast, log = pair(model, max_num_seqs=3)
+    sync_log = PlanLog(sync)
+    a, b = sync.submit(prompts[:4], params), fast.submit(prompts[:4], params)
+    calls = 0
+    while sync.has_unfinished or fast.has_unfinished:
+        assert sync.step() == fast.step()
+        assert sync.has_unfinished == fast.has_unfinished
+        assert [(s.output_ids, s.finish_reason) for s in a] == [(s.output_ids, s.finish_reason) for s in b]
+        calls += 1
+    assert calls == len(sync_log.plans) and log.lookahead >= 5 and sync_log.lookahead == 0
+
+
 def test_greedy_seeded_logprobs_and_min_tokens_equal_the_sync_engine(model, prompts):
     """Finishes by length only (known ahead): the plans match one to one, so the event lists are
     equal to the last logprob; a waiting request joins when a seat frees."""
