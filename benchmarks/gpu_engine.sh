@@ -6,9 +6,10 @@
 # Stages, each python step under its own `timeout`:
 #   tests      pytest -m gpu tests/test_engine_gpu.py (graph steps vs eager, bf16 vs the reference,
 #              compile_model=True inside the graphs as the batch shrinks)
-#   profile1   profile_decode_step.py at batch 1, 8K: graphs, graphs + Triton GEMV, torch.compile in
-#              graphs, eager profile, split sweep
-#   profile32  the same at batch 32 (graphs and eager only: bench_generate measures compile there)
+#   profile1   profile_decode_step.py at batch 1, 8K: graphs (async_decode steps, then synchronous
+#              ones), graphs + Triton GEMV, torch.compile in graphs, eager profile, split sweep
+#   profile32  the same at batch 32 (graphs, async and sync, and eager only: bench_generate
+#              measures compile there)
 #   generate   bench_generate.py --quick --modes sparse: plain graphs, +compile, +Triton GEMV
 #   prefill    profile_prefill.py: TTFT of a first and a second 8K / 32K prompt, a prefill's kernels grouped
 #   gemv       bench_gemv.py: each 7b linear layer, cuBLAS vs the Triton GEMV (GEMV_SWEEP=1: tiles too)
@@ -70,7 +71,7 @@ cat "$summary"
 
 if want tests; then
   echo "== engine gpu tests"
-  step tests "${TEST_TIMEOUT:-190}" python3 -m pytest -q -m gpu -s -p no:cacheprovider --durations=8 \
+  step tests "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -s -p no:cacheprovider --durations=8 \
     tests/test_engine_gpu.py
   grep -E '(passed|failed|error|skipped)' "$LOGS/tests.log" | tail -n 1 | tee -a "$summary"
   grep -E '^(FAILED|ERROR)|tokens/s' "$LOGS/tests.log" | head -n 12
@@ -85,7 +86,7 @@ fi
 
 if want profile32; then
   echo "== profile: batch $PROF32_BATCH, 8K context, graphs / eager"
-  step profile_b32 "${PROFILE32_TIMEOUT:-80}" python3 benchmarks/profile_decode_step.py --batch "$PROF32_BATCH" \
+  step profile_b32 "${PROFILE32_TIMEOUT:-120}" python3 benchmarks/profile_decode_step.py --batch "$PROF32_BATCH" \
     --steps 4 --json "$OUT/profile_b32.json" "${PROFILE_ARGS[@]}"
   grep -E '^(weights|step|GPU kernel|aten ops|decode |\|)' "$LOGS/profile_b32.log" | tee -a "$summary"
 fi

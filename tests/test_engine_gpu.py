@@ -150,6 +150,17 @@ def test_7b_random_batch_1_and_32_with_8k_prompts():
             f"decode {rate:.1f} tokens/s summed over sequences"
         )
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
+    # async_decode really overlaps: when step() returns, the step it launched is still running
+    # (a hidden synchronisation in the launch path, e.g. a blocking host-to-device copy or a
+    # read-back in the sampler, would have waited for it)
+    engine.submit(_prompts([8192], seed=3), SamplingParams(max_tokens=12, ignore_eos=True))
+    running = []
+    while engine.has_unfinished:
+        engine.step()
+        if engine._inflight is not None and engine._inflight.plan.lookahead:
+            running.append(not engine._inflight.host.ready.query())
+    assert len(running) >= 8 and sum(running) >= len(running) - 1, running
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 
 def test_compiled_decode_in_graphs_matches_eager():
