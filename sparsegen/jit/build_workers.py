@@ -120,7 +120,7 @@ class BuildWorkers:
         return self._idle.get()
 
     def compile(self, job: dict) -> dict[str, bytes]:
-        """Run `triton_build.compile_in_process(**job)` in a worker; its files by name."""
+        """Run `triton_build.compile_in_process(job)` in a worker; its files by name."""
         worker = self._take()
         try:
             reply = worker.run(job)
@@ -155,7 +155,7 @@ def serve() -> None:
     sys.stdout = sys.stderr  # anything a build prints must not corrupt the reply stream
     for line in sys.stdin:
         try:
-            files = compile_in_process(**json.loads(line))
+            files = compile_in_process(json.loads(line))
             reply = {"files": {n: base64.b64encode(b).decode("ascii") for n, b in files.items()}}
         except CompileError as exc:
             reply = {"error": str(exc)}

@@ -60,35 +60,25 @@ def aot_compile(
            "arch": arch, "options": dict(options), "module_name": module_name, "source_file": source_file,
            "gluon": gluon}  # fmt: skip
     workers = build_workers.current()
-    return workers.compile(job) if workers is not None else compile_in_process(**job)
+    return workers.compile(job) if workers is not None else compile_in_process(job)
 
 
-def compile_in_process(
-    source: str,
-    *,
-    fn_name: str,
-    signature: dict[str, str],
-    aligned: list[str],
-    arch: str,
-    options: dict[str, int],
-    module_name: str,
-    source_file: str,
-    gluon: bool = False,
-) -> dict[str, bytes]:
-    """`aot_compile` in this process (also what a build worker runs)."""
+def compile_in_process(job: dict) -> dict[str, bytes]:
+    """`aot_compile` in this process (also what a build worker runs); `job` holds its arguments."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    fn_name, signature, arch, module_name = job["fn_name"], job["signature"], job["arch"], job["module_name"]
     names = list(signature)
     with tempfile.TemporaryDirectory(prefix="sparsegen-build-") as tmp:
-        path = Path(tmp) / source_file
-        path.write_text(source)
+        path = Path(tmp) / job["source_file"]
+        path.write_text(job["source"])
         module = import_module(path, module_name)
         try:
             fn = getattr(module, fn_name)
-            attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-            if gluon:
+            attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in job["aligned"]}
+            if job["gluon"]:
                 from ..kernels.gluon_api import GluonASTSource
 
                 src = GluonASTSource(fn, signature, {}, attrs)
@@ -96,9 +86,9 @@ def compile_in_process(
                 src = ASTSource(fn, signature, constexprs={}, attrs=attrs)
             try:
                 target = GPUTarget("cuda", parse_arch(arch), 32)
-                compiled = triton.compile(src, target=target, options=dict(options))
+                compiled = triton.compile(src, target=target, options=dict(job["options"]))
             except Exception as exc:
-                kind = "Gluon kernel" if gluon else "kernel"
+                kind = "Gluon kernel" if job["gluon"] else "kernel"
                 raise CompileError(
                     f"Triton failed to compile the {kind} {fn_name} for {arch}: {exc}"
                 ) from exc
