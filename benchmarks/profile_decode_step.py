@@ -177,10 +177,15 @@ def split_sweep(engine: LLMEngine) -> list[dict]:
 
 def timed_engine(model, args, report: dict, name: str, compiled: bool, async_decode: bool = True) -> None:
     engine = engine_at(model, args, graphs=True, compiled=compiled, async_decode=async_decode)
+    plans, forward = [], engine._forward
+    engine._forward = lambda plan: (plans.append(plan.lookahead), forward(plan))[1]
     ms = step_ms(engine, args.steps)
+    engine._forward = forward
     rep = replay_ms(engine)
-    report[name] = {"step_ms": ms, "tokens_per_s": args.batch * 1e3 / ms, "replay_ms": rep}
-    line = f"step with {name}: {ms:.2f} ms ({args.batch * 1e3 / ms:.1f} tok/s"
+    report[name] = {"step_ms": ms, "tokens_per_s": args.batch * 1e3 / ms, "replay_ms": rep,
+                    "lookahead_steps": sum(plans), "steps": len(plans)}  # fmt: skip
+    line = f"step with {name} ({sum(plans)} of {len(plans)} steps launched ahead): {ms:.2f} ms "
+    line += f"({args.batch * 1e3 / ms:.1f} tok/s"
     if "floor_ms" in report:
         line += f", {report['floor_ms'] / ms:.0%} of the floor"
     line += ")"
