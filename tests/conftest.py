@@ -46,6 +46,15 @@ def _private_cache_dir(tmp_path_factory):
     yield
 
 
+@pytest.fixture(scope="module")
+def model():
+    """The tiny random Phi-3-Small with the reference attention, on the CPU (one per test module;
+    a module may define its own `model` instead)."""
+    from sparsegen.models import random_model
+
+    return random_model("tiny", seed=0, attn_impl="reference")
+
+
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """An empty private kernel cache for one test, with this process's kernel memos dropped."""

@@ -26,11 +26,6 @@ PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def model():
-    return random_model("tiny", seed=0, attn_impl="reference")
-
-
-@pytest.fixture(scope="module")
 def engine(model):
     return LLMEngine(model, num_pages=40, max_num_seqs=4, max_num_batched_tokens=64)
 

@@ -47,14 +47,20 @@ def test_gluon_variant_is_sm90_only(arch):
         get_kernel(layer, "prefill", dtype=torch.bfloat16, arch=arch, variant="gluon")
 
 
-def test_aot_kernel_refuses_to_run_without_an_sm90_gpu():
+def _aot_kernel_and_inputs(layer: LayerSpec, tokens: int = 5):
+    """The layer's fp16 Gluon kernel built ahead of time, and zero q [T, H, D], k [T, Hkv, D] and
+    cu_seqlens for one sequence; skips on a machine that can run the kernel."""
     if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("this machine can run the kernel")
-    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(local_blocks=2),) * 2)
     kernel = get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90", variant="gluon")
-    q = torch.zeros(5, 2, 64, dtype=torch.float16)
-    k = torch.zeros(5, 1, 64, dtype=torch.float16)
-    cu = torch.tensor([0, 5], dtype=torch.int32)
+    q = torch.zeros(tokens, layer.num_heads, layer.head_dim, dtype=torch.float16)
+    k = torch.zeros(tokens, layer.num_kv_heads, layer.head_dim, dtype=torch.float16)
+    return kernel, q, k, torch.tensor([0, tokens], dtype=torch.int32)
+
+
+def test_aot_kernel_refuses_to_run_without_an_sm90_gpu():
+    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(local_blocks=2),) * 2)
+    kernel, q, k, cu = _aot_kernel_and_inputs(layer)
     with pytest.raises((InputError, ImplUnavailableError), match="CUDA|sm_90"):
         kernel(q, k, k, cu, cu, check=False)
     with pytest.raises(ImplUnavailableError, match="sm_90"):  # the launch itself refuses too
@@ -74,13 +80,8 @@ def test_template_takes_typed_constants_only():
 def test_hd96_bad_input_is_refused_before_launch():
     """Tensors at the padded width (128) are not a head_dim-96 layer's; on a machine without an
     sm_90 GPU the AOT kernel refuses to launch (typed errors, nothing runs)."""
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
-        pytest.skip("this machine can run the kernel")
     layer = LayerSpec(num_heads=4, num_kv_heads=2, head_dim=96, heads=(HeadSpec(sliding_window=300),) * 4)
-    kernel = get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90", variant="gluon")
-    q = torch.zeros(5, 4, 96, dtype=torch.float16)
-    k = torch.zeros(5, 2, 96, dtype=torch.float16)
-    cu = torch.tensor([0, 5], dtype=torch.int32)
+    kernel, q, k, cu = _aot_kernel_and_inputs(layer)
     wide_q, wide_k = torch.zeros(5, 4, 128, dtype=torch.float16), torch.zeros(5, 2, 128, dtype=torch.float16)
     with pytest.raises(InputError, match="q must be"):
         kernel(wide_q, k, k, cu, cu)

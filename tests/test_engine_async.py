@@ -15,14 +15,8 @@ from helpers_checkpoint import single_thread  # noqa: F401
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.engine.sampling import sample, sample_on_device
 from sparsegen.errors import InputError
-from sparsegen.models import random_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return random_model("tiny", seed=0, attn_impl="reference")
 
 
 @pytest.fixture(scope="module")
@@ -272,29 +266,20 @@ def test_max_model_len_is_never_passed_by_a_lookahead_step(model, prompts):
 def test_graph_stand_in_takes_the_device_ids(model, prompts):
     """Lookahead steps through `DecodeGraphs.run` (static buffers, a CPU stand-in for the graph):
     the input ids come from the previous step's token tensor, copied into the static ids."""
-    from test_engine_parts import _EagerGraph
-
-    from sparsegen.engine.cuda_graphs import DecodeGraphs
+    from test_engine_parts import stand_in_graphs
 
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     want = per_request(drive(LLMEngine(model, async_decode=False, max_num_seqs=4), prompts[:3], params))
     engine = LLMEngine(model, max_num_seqs=4)
-    graphs = DecodeGraphs(model, engine.cache, 4, engine.max_model_len)
+    graphs = stand_in_graphs(model, engine, 4)
     seen_ids = []
-
-    def capture(b, w):
-        batch = graphs._batch(b, w)
-        graph = _EagerGraph(lambda: model(graphs.ids[:b], batch, engine.cache.layers))
-        return graph, graph.out
-
     run = graphs.run
 
     def logged_run(inputs, input_ids=None):
         seen_ids.append(input_ids is not None)
         return run(inputs, input_ids)
 
-    graphs._capture, graphs.run = capture, logged_run
-    engine.runner.graphs = graphs
+    graphs.run = logged_run
     got = per_request(drive(engine, prompts[:3], params))
     assert got == want and sum(seen_ids) >= 6
 

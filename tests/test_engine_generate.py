@@ -20,11 +20,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
-def model():
-    return random_model("tiny", seed=0, attn_impl="reference")
-
-
-@pytest.fixture(scope="module")
 def prompts():
     gen = torch.Generator().manual_seed(123)
     return [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (230, 181, 97, 263)]

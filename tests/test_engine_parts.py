@@ -69,6 +69,21 @@ class _EagerGraph:
         self.out.copy_(self.fn())
 
 
+def stand_in_graphs(model, engine: LLMEngine, max_seqs: int) -> DecodeGraphs:
+    """DecodeGraphs for `engine` whose captures are `_EagerGraph`s (static buffers, width buckets
+    and host tables as on a GPU), installed as the engine's graphs."""
+    graphs = DecodeGraphs(model, engine.cache, max_seqs, engine.max_model_len)
+
+    def capture(b, w):
+        batch = graphs._batch(b, w)
+        graph = _EagerGraph(lambda: model(graphs.ids[:b], batch, engine.cache.layers))
+        return graph, graph.out
+
+    graphs._capture = capture
+    engine.runner.graphs = graphs
+    return graphs
+
+
 def _longrope_tiny():
     from dataclasses import replace
 
@@ -92,15 +107,7 @@ def test_graph_bookkeeping_on_cpu_matches_eager(longrope):
     eager = [r.output_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, params)]
 
     engine = LLMEngine(model, max_num_seqs=4)
-    graphs = DecodeGraphs(model, engine.cache, 4, engine.max_model_len)
-
-    def capture(b, w):
-        batch = graphs._batch(b, w)
-        graph = _EagerGraph(lambda: model(graphs.ids[:b], batch, engine.cache.layers))
-        return graph, graph.out
-
-    graphs._capture = capture
-    engine.runner.graphs = graphs
+    graphs = stand_in_graphs(model, engine, 4)
     graphed = [r.output_ids for r in engine.generate(prompts, params)]
     assert graphed == eager
     assert {b for b, _ in graphs.graphs} <= {1, 2, 4} and {w for _, w in graphs.graphs} == {
@@ -121,13 +128,8 @@ def test_graph_bookkeeping_with_preemption_and_uneven_finishes():
     eager = [r.output_ids for r in LLMEngine(model, **kw).generate(prompts, params)]
 
     engine = LLMEngine(model, **kw)
-    graphs = DecodeGraphs(model, engine.cache, 3, engine.max_model_len)
+    graphs = stand_in_graphs(model, engine, 3)
     tables_seen = []
-
-    def capture(b, w):
-        batch = graphs._batch(b, w)
-        graph = _EagerGraph(lambda: model(graphs.ids[:b], batch, engine.cache.layers))
-        return graph, graph.out
 
     run = graphs.run
 
@@ -141,8 +143,7 @@ def test_graph_bookkeeping_with_preemption_and_uneven_finishes():
         tables_seen.append(tuple(k[0] for k in inputs.keys))
         return out
 
-    graphs._capture, graphs.run = capture, checked_run
-    engine.runner.graphs = graphs
+    graphs.run = checked_run
     preempted = []
     grow = engine.scheduler._preempt
 

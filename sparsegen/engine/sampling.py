@@ -313,15 +313,9 @@ class DeviceSample:
         return SamplerOutput(token_ids, logprobs)
 
 
-def sample(
-    logits: torch.Tensor,  # [B, V] float32
-    params: Sequence[SamplingParams],
-    output_ids: Sequence[Sequence[int]],  # each row's generated tokens so far
-    prompt_ids: Sequence[Sequence[int]] | None = None,  # needed only for repetition_penalty
-    *,
-    eos_token_id: int | None = None,
-) -> SamplerOutput:
-    """One token per row (see the module docstring for the order of the steps)."""
+def sample(logits, params, output_ids, prompt_ids=None, *, eos_token_id=None) -> SamplerOutput:
+    """One token per row, read back to the host: `sample_on_device(...).output()` (see it for the
+    arguments, and the module docstring for the order of the steps)."""
     return sample_on_device(logits, params, output_ids, prompt_ids, eos_token_id=eos_token_id).output()
 
 
