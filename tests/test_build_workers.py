@@ -4,7 +4,9 @@ this process, errors and dead workers reported as CompileError, the context reac
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +81,15 @@ def test_the_workers_reach_threads_run_in_a_copied_context():
 def test_bad_worker_count_is_refused():
     with pytest.raises(ValueError, match="n >= 1"):
         build_workers.BuildWorkers(0)
+
+
+def test_workers_import_this_sparsegen_from_any_directory(tmp_path, monkeypatch):
+    import sparsegen
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.chdir(tmp_path)  # neither the cwd nor PYTHONPATH leads to the source tree
+    env = build_workers.worker_env()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(sparsegen.__file__).resolve().parents[1])
+    pytest.importorskip("triton")
+    with build_workers.BuildWorkers(1) as workers, build_workers.using(workers):
+        assert any(n.endswith(".cubin") for n in triton_build.aot_compile(SOURCE, **JOB))

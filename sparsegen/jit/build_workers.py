@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 from ..errors import CompileError
 
@@ -49,6 +50,14 @@ def using(workers: BuildWorkers) -> Iterator[BuildWorkers]:
         _CURRENT.reset(token)
 
 
+def worker_env() -> dict[str, str]:
+    """The environment of a worker: this process's, with the folder this sparsegen was imported
+    from first on PYTHONPATH, so the worker runs the same code whatever the working directory."""
+    root = str(Path(__file__).resolve().parents[2])  # .../<root>/sparsegen/jit/build_workers.py
+    rest = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": root + (os.pathsep + rest if rest else "")}
+
+
 class _Worker:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -57,7 +66,7 @@ class _Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=worker_env(),
         )
         self._stderr: list[str] = []
         # Drain stderr as it comes, so a chatty build cannot block the worker on a full pipe.
