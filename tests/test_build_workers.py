@@ -93,3 +93,11 @@ def test_workers_import_this_sparsegen_from_any_directory(tmp_path, monkeypatch)
     pytest.importorskip("triton")
     with build_workers.BuildWorkers(1) as workers, build_workers.using(workers):
         assert any(n.endswith(".cubin") for n in triton_build.aot_compile(SOURCE, **JOB))
+
+
+def test_without_a_worker_process_the_build_runs_here(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setattr(build_workers.sys, "executable", "/nonexistent/python")
+    with build_workers.BuildWorkers(2) as workers, build_workers.using(workers.start()):
+        assert workers._all == []  # neither could start
+        assert any(n.endswith(".cubin") for n in triton_build.aot_compile(SOURCE, **JOB))

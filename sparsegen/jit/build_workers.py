@@ -31,6 +31,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import CompileError
+from ..log import get_logger
+
+log = get_logger(__name__)
 
 _CURRENT: contextvars.ContextVar[BuildWorkers | None] = contextvars.ContextVar("build_workers", default=None)
 WORKER_CODE = "from sparsegen.jit.build_workers import serve; serve()"
@@ -115,7 +118,11 @@ class BuildWorkers:
     def start(self) -> BuildWorkers:
         with self._lock:
             while len(self._all) < self.n:
-                worker = _Worker()
+                try:
+                    worker = _Worker()
+                except OSError as exc:  # compile() builds in this process instead
+                    log.warning("cannot start a Triton build worker (%s); builds run in this process", exc)
+                    break
                 self._all.append(worker)
                 self._idle.put(worker)
         return self
@@ -129,8 +136,15 @@ class BuildWorkers:
         return self._idle.get()
 
     def compile(self, job: dict) -> dict[str, bytes]:
-        """Run `triton_build.compile_in_process(job)` in a worker; its files by name."""
-        worker = self._take()
+        """Run `triton_build.compile_in_process(job)` in a worker; its files by name. If no worker
+        process can be started at all, the build runs in this process (the same function)."""
+        try:
+            worker = self._take()
+        except OSError as exc:
+            from .triton_build import compile_in_process
+
+            log.warning("cannot start a Triton build worker (%s); building in this process", exc)
+            return compile_in_process(job)
         try:
             reply = worker.run(job)
         except BaseException:
