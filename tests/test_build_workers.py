@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from sparsegen.errors import CompileError
 from sparsegen.jit import build_workers, triton_build
@@ -101,3 +102,23 @@ def test_without_a_worker_process_the_build_runs_here(monkeypatch):
     with build_workers.BuildWorkers(2) as workers, build_workers.using(workers.start()):
         assert workers._all == []  # neither could start
         assert any(n.endswith(".cubin") for n in triton_build.aot_compile(SOURCE, **JOB))
+
+
+@pytest.mark.parametrize("tl", [False, True])  # the default (Gluon on sm_90) and the tl variant
+def test_precompile_builds_each_kernel_once_into_the_cache(fresh_cache, monkeypatch, tl):
+    pytest.importorskip("triton")
+    if tl:
+        monkeypatch.setenv("SPARSEGEN_PREFILL_TL", "1")
+    from sparsegen.kernels import base
+    from sparsegen.kernels.prefill import precompile
+    from sparsegen.spec import HeadSpec, LayerSpec
+
+    a = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(HeadSpec(local_blocks=2),) * 2)
+    b = LayerSpec(num_heads=2, num_kv_heads=2, head_dim=64, heads=(HeadSpec(sliding_window=100),) * 2)
+    keys = precompile([a, b, a], (torch.float16,), arch="sm_90")  # the repeat is built once
+    assert len(keys) == 2 and len(set(keys)) == 2
+    for layer, key in zip((a, b), keys, strict=True):
+        found = base.get("prefill", layer, dtype=torch.float16, arch="sm_90", with_status=True)
+        assert found.kernel.key == key and found.status in ("cached", "memory")
+        assert any(found.kernel.path.glob("*.cubin"))  # the build is in the disk cache
+        assert found.kernel.request.variant == ("tl" if tl else "gluon")

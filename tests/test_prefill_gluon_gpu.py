@@ -69,8 +69,8 @@ SPECS96 = _specs96()
 @pytest.fixture(scope="module", autouse=True)
 def _precompiled(request):
     """Build the rule's Gluon kernels (the default variant on sm_90) and the tl twins of every spec
-    the selected tests use (SPECS96 for the hd96 tests, SPECS for the rest) in parallel processes,
-    so the tests load them from disk."""
+    the selected tests use (SPECS96 for the hd96 tests, SPECS for the rest) side by side (Triton
+    builds in worker processes), so the tests load them from disk."""
     from sparsegen.kernels.prefill import precompile
 
     ids = [item.nodeid for item in request.session.items if item.path == request.path]

@@ -9,13 +9,10 @@ summary table, or with --json the list DESIGN §3 promises:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import logging
-import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import click
 
@@ -88,18 +85,11 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
             "path": str(kernel.path),
         }
 
-    numbered = list(enumerate(jobs, 1))
-    threads = max(1, min(len(numbered), os.cpu_count() or 1))
     triton_jobs = sum(kind == "prefill" for kind, _ in jobs)  # prefill kernels are Triton builds
-    with contextlib.ExitStack() as stack:
-        if triton_jobs > 1:
-            workers = stack.enter_context(build_workers.BuildWorkers(min(triton_jobs, threads)))
-            stack.enter_context(build_workers.using(workers.start()))
-        stack.enter_context(_quiet_cache_log(bar.drawn))
-        stack.enter_context(bar)
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
-        ctx = contextvars.copy_context()  # each thread builds with this context's workers
-        return list(pool.map(lambda job: ctx.copy().run(build, job[0], *job[1]), numbered))  # in job order
+    with _quiet_cache_log(bar.drawn), bar:
+        return build_workers.map_in_threads(
+            lambda job: build(job[0], *job[1]), list(enumerate(jobs, 1)), triton_builds=triton_jobs
+        )  # in job order
 
 
 @contextlib.contextmanager

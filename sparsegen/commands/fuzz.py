@@ -79,8 +79,9 @@ def _specs(pattern: str | None, count: int, seed: int, on_gpu: bool) -> list:
 
 
 def _precompile(specs: list, kernels: list[str], page_sizes: list[int]) -> None:
-    """Build every kernel the run needs up front, side by side: prefill kernels in processes
-    (Triton compiles on one core), decode kernels in threads (NVRTC releases the GIL)."""
+    """Build every kernel the run needs up front, side by side: prefill kernels through
+    `prefill.precompile` (their Triton builds in worker processes), decode kernels in threads
+    (NVRTC releases the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..kernels.decode import get_decode_kernel

@@ -27,13 +27,16 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import CompileError
 from ..log import get_logger
 
 log = get_logger(__name__)
+T, R = TypeVar("T"), TypeVar("R")
 
 _CURRENT: contextvars.ContextVar[BuildWorkers | None] = contextvars.ContextVar("build_workers", default=None)
 WORKER_CODE = "from sparsegen.jit.build_workers import serve; serve()"
@@ -168,6 +171,21 @@ class BuildWorkers:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def map_in_threads(fn: Callable[[T], R], items: list[T], *, triton_builds: int) -> list[R]:
+    """[fn(item) for item in items], a thread per item (up to the CPU count), in order; with
+    `triton_builds` > 1, the Triton builds those calls make go to that many worker processes
+    (started now, so their start-up overlaps the rest). The kernel lifecycle itself (render,
+    cache, load) runs in the threads of this process, as for one kernel."""
+    threads = max(1, min(len(items), os.cpu_count() or 1))
+    with contextlib.ExitStack() as stack:
+        if triton_builds > 1:
+            workers = stack.enter_context(BuildWorkers(min(triton_builds, threads)))
+            stack.enter_context(using(workers.start()))
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
+        ctx = contextvars.copy_context()  # each thread builds with this context's workers
+        return list(pool.map(lambda item: ctx.copy().run(fn, item), items))
 
 
 def serve() -> None:

@@ -12,7 +12,6 @@ GPU, `arch=` compiles for that arch: the kernel can be stored and inspected, not
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -197,22 +196,12 @@ def get_prefill_kernel(layer: LayerSpec, *, dtype, arch: str | None = None, vari
 forget = base.forget
 
 
-def _precompile_one(job: tuple[str, str, str]) -> str:
-    spec_json, dtype_name, arch = job
-    layer = LayerSpec.from_json(spec_json)
-    return get_prefill_kernel(layer, dtype=dtype_name, arch=arch).key
+def precompile(layers, dtype_list, *, arch: str) -> list[str]:
+    """Build many kernels into the disk cache side by side (`build_workers.map_in_threads`: the
+    lifecycle in threads, the Triton builds in worker processes); their keys, in order."""
+    from ..jit import build_workers
 
-
-def precompile(layers, dtype_list, *, arch: str, workers: int | None = None) -> list[str]:
-    """Build many kernels into the disk cache in parallel processes (Triton compiles on one core)."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    jobs = [
-        (layer.to_json(), dtypes.resolve(dt).name, arch)
-        for layer in dict.fromkeys(layers)
-        for dt in dtype_list
-    ]
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
-        return list(pool.map(_precompile_one, jobs))
+    jobs = [(layer, dt) for layer in dict.fromkeys(layers) for dt in dtype_list]
+    return build_workers.map_in_threads(
+        lambda job: get_prefill_kernel(job[0], dtype=job[1], arch=arch).key, jobs, triton_builds=len(jobs)
+    )
