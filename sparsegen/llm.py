@@ -24,7 +24,7 @@ import torch
 
 from .engine import LLMEngine
 from .engine.checks import check_prompt
-from .engine.sampling import SEED_LIMIT, SamplingParams
+from .engine.sampling_params import SEED_LIMIT, SamplingParams
 from .engine_stats import EngineStats, engine_stats
 from .errors import InputError
 from .serve.chat import ChatTemplate, eos_token_ids

@@ -11,6 +11,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 from helpers_checkpoint import single_thread  # noqa: E402, F401
+from helpers_serve import all_pages_free  # noqa: E402
 
 from sparsegen import LLM  # noqa: E402
 from sparsegen.serve.server import ServerThread  # noqa: E402
@@ -25,6 +26,13 @@ CHAT = {"model": M, "messages": [{"role": "user", "content": "hi"}], "max_tokens
 def server(single_thread):  # noqa: F811
     with ServerThread(LLM(random="tiny", max_num_seqs=4), max_queue=8) as srv:
         yield srv
+
+
+@pytest.fixture(autouse=True)
+def _every_page_back(server):
+    """After each bad request (and the good one), no KV page is held and nothing is queued."""
+    yield
+    assert all_pages_free(server) and server.app.state.engine.inflight == 0
 
 
 @pytest.fixture(scope="module")

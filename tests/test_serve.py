@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 
@@ -16,6 +15,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 from helpers_checkpoint import single_thread  # noqa: E402, F401
+from helpers_serve import all_pages_free  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from sparsegen import LLM, SamplingParams  # noqa: E402
@@ -40,17 +40,6 @@ def server(single_thread):  # noqa: F811
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
-
-
-def all_pages_free(server, timeout: float = 10.0) -> bool:
-    engine = server.app.state.engine.engine
-    alloc = engine.cache.allocator
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if alloc.num_free == alloc.capacity and not engine.has_unfinished:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def metric(server, name: str) -> float:

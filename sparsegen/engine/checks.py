@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence as Seq
 
 from ..errors import InputError
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 SEED_LIMIT = 1 << 64  # torch.Generator.manual_seed takes 0..2**64 - 1
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 
 @dataclass(eq=False)

@@ -21,7 +21,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..engine.sampling import SamplingParams, TokenLogprobs
+from ..engine.sampling_params import SamplingParams, TokenLogprobs
 from ..errors import DistributedError, RequestError, ServerOverloaded
 from ..llm import LLM
 from .outputs import CompletionTracker

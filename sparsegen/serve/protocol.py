@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.sampling import MAX_LOGPROBS, SEED_LIMIT, SamplingParams
+from ..engine.sampling_params import MAX_LOGPROBS, SEED_LIMIT, SamplingParams
 from ..errors import RequestError
 
 MAX_N = 16  # completions per request
