@@ -26,6 +26,7 @@ import torch
 from ..models.batch import ForwardBatch
 from ..models.phi3small import Phi3SmallForCausalLM
 from .kv_cache import KVCache, pages_for
+from .transfer import copy_in
 
 if TYPE_CHECKING:
     from .model_runner import DecodeInputs
@@ -124,13 +125,6 @@ class DecodeGraphs:
                 table[i, start : len(pages)] = pages[start:]
             self._row_keys[i] = (seq_id, epoch, len(pages))
 
-    def _copy_in(self, dst: torch.Tensor, host: torch.Tensor) -> None:
-        """Host to the static buffer `dst`, without making the host wait for the GPU (see
-        `model_runner.to_device`): through a pinned block of the caching host allocator, which
-        keeps it until the copy has run. The copy is ordered on the current stream after every
-        replay launched before it, so the previous step's graph has read the buffers by then."""
-        dst.copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
-
     def run(self, inputs: DecodeInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Replay the step's graph; returns [n, vocab] float32 logits (a copy: the graph's output
         buffer is rewritten by the next replay). `input_ids` ([n] int64 on the device: the
@@ -145,16 +139,16 @@ class DecodeGraphs:
             [inputs.ids + [0] * pad, inputs.positions + [0] * pad, inputs.slots + [scratch * ps] * pad],
             dtype=torch.long,
         )  # [3, b] on the host
-        self._copy_in(self.i64[:, :b], rows)
+        copy_in(self.i64[:, :b], rows)
         if input_ids is not None:
             self.ids[:n].copy_(input_ids)
-        self._copy_in(self.seq_lens[:b], torch.tensor(inputs.seq_lens + [1] * pad, dtype=torch.int32))
+        copy_in(self.seq_lens[:b], torch.tensor(inputs.seq_lens + [1] * pad, dtype=torch.int32))
         self._update_host_tables(inputs, b)
         # host_tables[:b, :w] is a strided view of the kept table: pin a contiguous copy of it
-        self._copy_in(self.block_tables[:b, :w], self.host_tables[:b, :w].contiguous())
+        copy_in(self.block_tables[:b, :w], self.host_tables[:b, :w].contiguous())
         if self.has_long_rope:
             flags = inputs.use_long if inputs.use_long is not None else [False] * n
-            self._copy_in(self.use_long[:b], torch.tensor(flags + [False] * pad, dtype=torch.bool))
+            copy_in(self.use_long[:b], torch.tensor(flags + [False] * pad, dtype=torch.bool))
         if (b, w) not in self.graphs:
             self.graphs[b, w] = self._capture(b, w)
         graph, logits = self.graphs[b, w]

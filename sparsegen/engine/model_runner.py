@@ -24,6 +24,7 @@ from ..models.phi3small import Phi3SmallForCausalLM
 from .config import EngineConfig
 from .kv_cache import KVCache
 from .sequence import Chunk, Plan, Sequence
+from .transfer import to_device
 
 log = get_logger(__name__)
 
@@ -104,16 +105,6 @@ class DecodeInputs:
             seq_lens=t(self.seq_lens, torch.int32),  # [B]
         )
         return (t(self.ids) if input_ids is None else input_ids), batch  # ids: [B]
-
-
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`, without making the host wait for the GPU: a plain `.to("cuda")`
-    from pageable memory synchronises the stream, i.e. waits for a decode step still running
-    (`engine.inflight` launches the next step before the last one ends). The pinned copy stays
-    alive in the caching host allocator until the copy has run, so nothing overwrites it early."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 class ModelRunner:

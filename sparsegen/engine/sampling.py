@@ -25,6 +25,7 @@ import torch
 
 from ..errors import InputError
 from .sampling_params import MAX_LOGPROBS, SEED_LIMIT, SamplerOutput, SamplingParams, TokenLogprobs
+from .transfer import on_device
 
 # The parameters and result types live in sampling_params; callers may import them from here too.
 __all__ = ["MAX_LOGPROBS", "SEED_LIMIT", "DeviceSample", "SamplerOutput", "SamplingParams", "TokenLogprobs",
@@ -96,17 +97,6 @@ def apply_penalties(
     return logits - frequency[:, None] * out_counts - presence[:, None] * (out_counts > 0).float()
 
 
-def _on(device: torch.device, values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A small host list as a tensor on `device`. On a GPU it goes through pinned memory with a
-    non-blocking copy: `torch.tensor(..., device="cuda")` would wait for all work queued on the
-    stream (a decode step launched ahead, see `engine.inflight`). The caching host allocator keeps
-    the pinned block until the copy has run."""
-    host = torch.tensor(values, dtype=dtype)
-    if torch.device(device).type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
-
-
 # -- noise ----------------------------------------------------------------------------------------
 _M32 = 0xFFFFFFFF
 
@@ -123,9 +113,9 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def seeded_exponentials(seeds: Sequence[int], steps: Sequence[int], vocab: int, device) -> torch.Tensor:
     """[B, vocab] float32 Exp(1) noise, a pure function of (seed, step, column) per row."""
     s = [seed % SEED_LIMIT for seed in seeds]
-    lo = _on(device, [x & _M32 for x in s], torch.long)[:, None]
-    hi = _on(device, [x >> 32 for x in s], torch.long)[:, None]
-    step = _on(device, [t & _M32 for t in steps], torch.long)[:, None]
+    lo = on_device(device, [x & _M32 for x in s], torch.long)[:, None]
+    hi = on_device(device, [x >> 32 for x in s], torch.long)[:, None]
+    step = on_device(device, [t & _M32 for t in steps], torch.long)[:, None]
     k1 = _mix32(lo ^ 0x243F6A88)
     k2 = _mix32(hi ^ k1 ^ 0x85A308D3)
     k3 = _mix32(step ^ k2 ^ 0x13198A2E)  # [B, 1] one key per (seed, step)
@@ -237,7 +227,7 @@ def sample_on_device(
             rows += [r] * len(banned)
             cols += banned
     if rows:
-        x = x.index_put((_on(dev, rows), _on(dev, cols)), torch.full((), -math.inf, device=dev))
+        x = x.index_put((on_device(dev, rows), on_device(dev, cols)), torch.full((), -math.inf, device=dev))
 
     pen = [r for r, p in enumerate(params) if p.has_penalties]
     if pen:
@@ -245,9 +235,9 @@ def sample_on_device(
             prompt_ids = [[] for _ in range(b)]
 
         def col(name: str) -> torch.Tensor:
-            return _on(dev, [getattr(params[r], name) for r in pen], torch.float32)
+            return on_device(dev, [getattr(params[r], name) for r in pen], torch.float32)
 
-        idx = _on(dev, pen)
+        idx = on_device(dev, pen)
         x = x.clone() if x is logits else x
         x[idx] = apply_penalties(
             x[idx],
@@ -262,16 +252,16 @@ def sample_on_device(
     hot = [r for r, p in enumerate(params) if not p.greedy]
     if hot:
         ps = [params[r] for r in hot]
-        idx = _on(dev, hot)
-        temp = _on(dev, [p.temperature for p in ps], torch.float32)
+        idx = on_device(dev, hot)
+        temp = on_device(dev, [p.temperature for p in ps], torch.float32)
         y = x[idx] / temp[:, None]  # [b, V]
         if any(p.min_p > 0 for p in ps):
-            y = apply_min_p(y, _on(dev, [p.min_p for p in ps], torch.float32))
+            y = apply_min_p(y, on_device(dev, [p.min_p for p in ps], torch.float32))
         top_k = top_p = None
         if any(p.top_k_enabled for p in ps):
-            top_k = _on(dev, [p.top_k if p.top_k_enabled else v for p in ps], torch.long)
+            top_k = on_device(dev, [p.top_k if p.top_k_enabled else v for p in ps], torch.long)
         if any(p.top_p < 1.0 for p in ps):
-            top_p = _on(dev, [p.top_p for p in ps], torch.float32)
+            top_p = on_device(dev, [p.top_p for p in ps], torch.float32)
         y = apply_top_k_top_p(y, top_k, top_p)
         probs = y.softmax(dim=-1)  # [b, V]
         fresh = torch.randint(0, 2**62, (len(ps),)).tolist()  # global RNG, for rows without a seed
@@ -284,7 +274,7 @@ def sample_on_device(
         return DeviceSample(tokens)
     want = [r for r, p in enumerate(params) if p.logprobs is not None]
     k = max(params[r].logprobs for r in want)
-    idx = _on(dev, want)
+    idx = on_device(dev, want)
     chosen = raw_logprobs[idx].gather(1, tokens[idx][:, None])[:, 0]  # [R]
     top_v, top_i = raw_logprobs[idx].topk(k, dim=-1) if k else (None, None)  # [R, k]
     return DeviceSample(tokens, tuple(want), tuple(params[r].logprobs for r in want), chosen, top_i, top_v)
