@@ -19,7 +19,6 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -83,13 +82,8 @@ def aot_compile(
 
 
 def _load_compiled(files: dict[str, Path], layer: LayerSpec, dtype: str, cfg: dict[str, Any]):
-    from triton.compiler.compiler import CompiledKernel
-
-    group = {name: str(path) for name, path in files.items() if name != SOURCE_FILE}
-    meta_path = next(Path(p) for n, p in group.items() if n.endswith(".json"))
-    kernel_hash = json.loads(meta_path.read_text()).get("hash", "")
-    src = SimpleNamespace(signature=signature(layer, dtype, cfg), constants={}, fn=None)
-    return CompiledKernel(src, group, kernel_hash)
+    """The launchable kernel from the stored cubin + metadata (no recompilation)."""
+    return triton_build.load_compiled(files, signature(layer, dtype, cfg), SOURCE_FILE)
 
 
 class GluonPrefillKernel(PrefillKernel):
