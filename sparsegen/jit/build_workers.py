@@ -6,9 +6,9 @@ in threads of one process run one after another: on the H200 host the cold `spar
 build goes to a worker process (`python -c`, importing Triton but not torch, which takes ~5 s
 to import on that host), so builds run side by side. NVRTC releases the GIL and needs no workers.
 
-    with build_workers.BuildWorkers(4) as workers, build_workers.using(workers):
-        ...  # triton_build.aot_compile calls in this context (and in threads started with
-             # contextvars.copy_context()) compile in the workers
+    keys = build_workers.map_in_threads(build_one, jobs, triton_builds=len(jobs))
+    # build_one(job) runs in a thread; the triton_build.aot_compile calls it makes compile in
+    # the workers (`using(...)` sets them for a context, copied into each thread)
 
 A worker reads one job per line on stdin and writes one reply per line on stdout (JSON; the
 built files base64-encoded). Its result is what `triton_build.compile_in_process` returns in the
@@ -19,6 +19,7 @@ its exit status and the end of its stderr; a worker is never reused after a fail
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import contextvars
 import json
@@ -74,13 +75,10 @@ class _Worker:
             text=True,
             env=worker_env(),
         )
-        self._stderr: list[str] = []
+        self._stderr: collections.deque[str] = collections.deque(maxlen=20)  # its last lines
         # Drain stderr as it comes, so a chatty build cannot block the worker on a full pipe.
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        for line in self.proc.stderr:
-            self._stderr = (self._stderr + [line])[-20:]
+        self._drainer = threading.Thread(target=self._stderr.extend, args=(self.proc.stderr,), daemon=True)
+        self._drainer.start()
 
     def run(self, job: dict) -> dict:
         try:
@@ -91,6 +89,7 @@ class _Worker:
             line = ""
         if not line:
             code = self.proc.wait()
+            self._drainer.join(timeout=5)  # the last lines it wrote before exiting
             tail = "".join(self._stderr).strip()[-1500:]
             raise CompileError(f"a Triton build worker exited with status {code}: {tail or 'no stderr'}")
         return json.loads(line)
