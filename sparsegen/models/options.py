@@ -26,44 +26,6 @@ ATTN_IMPLS: dict[str | None, tuple[str | None, str | None]] = {
     "triton": ("triton", None),
 }
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-MB = 1 << 20
-
-
-@dataclass(frozen=True)
-class L2Prefetch:
-    """What a decode step prefetches into L2 (`models.l2_prefetch`), and where: megabytes of each
-    linear layer's weight (inf = all of it), issued before the latency-bound kernels that precede
-    that layer. On a GPU (sm_90+) in decode steps only; numerics are unchanged.
-
-    - o_at_attn / up_at_attn: the output projection's / up_proj's weight, after the QKV
-      projection (before rotary, the cache write and the paged decode);
-    - up_at_norm: up_proj's, before the post-attention add + LayerNorm;
-    - down_at_act: down_proj's, before GeGeLU;
-    - qkv_at_norm: the QKV projection's, before the block's input add + LayerNorm;
-    - evict_last: prefetched lines are kept over normally cached ones until read.
-    """
-
-    o_at_attn: float = float("inf")
-    up_at_attn: float = 0.0
-    up_at_norm: float = 0.0
-    down_at_act: float = 0.0
-    qkv_at_norm: float = 0.0
-    evict_last: bool = False
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "evict_last":
-                if not isinstance(v, bool):
-                    raise InputError(f"L2Prefetch.evict_last must be a bool, got {v!r}")
-            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise InputError(f"L2Prefetch.{f.name} must be a number of megabytes >= 0, got {v!r}")
-
-    @staticmethod
-    def nbytes(mb: float, weight: torch.Tensor) -> int:
-        """Bytes of `weight` that `mb` megabytes cover (0 for none, all of it for inf)."""
-        total = weight.numel() * weight.element_size()
-        return total if mb == float("inf") else min(total, int(mb * MB))
 
 
 @dataclass(frozen=True)

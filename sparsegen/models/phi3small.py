@@ -20,7 +20,7 @@ from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
 from .kv_write import write_kv
-from .options import ATTN_IMPLS, L2Prefetch, ModelOptions
+from .options import ATTN_IMPLS, ModelOptions
 from .rope import Rotary
 
 __all__ = ["ATTN_IMPLS", "KVCacheLayer", "Phi3SmallForCausalLM", "gegelu", "model_spec"]
@@ -102,26 +102,6 @@ def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
     return layer(x)
 
 
-# What one point of a decode step warms L2 with (`L2Prefetch`): (linear layer, megabytes, evict_last).
-L2Targets = tuple[tuple[nn.Module, float, bool], ...]
-
-
-def warm_l2(targets: L2Targets, x: torch.Tensor, batch: ForwardBatch) -> None:
-    """Issue the L2 prefetches of `targets` (`models.l2_prefetch`) on a decode step on a GPU that
-    has them (sm_90+), eagerly; elsewhere, and for a layer that is not a plain nn.Linear, nothing."""
-    if not targets or not batch.is_decode or not _fast(x):
-        return
-    from . import l2_prefetch
-
-    if not l2_prefetch.supported(x):
-        return
-    for layer, mb, evict_last in targets:
-        if isinstance(layer, nn.Linear) and layer.weight.is_contiguous():
-            n = L2Prefetch.nbytes(mb, layer.weight)
-            if n:
-                l2_prefetch.prefetch(layer.weight, n, evict_last=evict_last)
-
-
 def add_norm(
     norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,7 +131,6 @@ class Attention(nn.Module):
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.query_key_value = Linear(config.hidden_size, qkv_out, bias=True, **fk)
         self.dense = Linear(config.hidden_size, config.hidden_size, bias=True, **fk)
-        self.l2_at_attn: L2Targets = ()  # warmed after the QKV projection (DecoderLayer.set_l2_prefetch)
 
     @property
     def layer(self) -> LayerSpec:
@@ -209,7 +188,6 @@ class Attention(nn.Module):
         attention, the output projection."""
         t = qkv.shape[0]
         h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
-        warm_l2(self.l2_at_attn, qkv, batch)
         qkv = qkv.view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
         write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
         if (
@@ -244,17 +222,14 @@ class MLP(nn.Module):
         self.gemv = options.triton_gemv
         self.up_proj = Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True, **fk)
         self.down_proj = Linear(config.ff_intermediate_size, config.hidden_size, bias=True, **fk)
-        self.l2_at_act: L2Targets = ()  # warmed between up_proj and GeGeLU (DecoderLayer.set_l2_prefetch)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:  # x: [T, hidden]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
         if _gemv_row(self.gemv, x):  # one kernel: up_proj, its bias and GeGeLU
             from .gemv import gemv as triton_gemv
 
             act = triton_gemv(x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit)  # [1, F]
             return linear(self.down_proj, act, True)
         up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
-        if batch is not None:
-            warm_l2(self.l2_at_act, up, batch)
         if self.fused and _fast(x):
             act = fused_ops().gegelu(up, self.limit)  # [T, F]
         else:
@@ -274,20 +249,6 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, layer, options, fk)
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=eps, **fk)
         self.mlp = MLP(config, options, fk)
-        self.l2_at_norm1: L2Targets = ()  # warmed before the input add + LayerNorm
-        self.l2_at_norm2: L2Targets = ()  # warmed before the post-attention add + LayerNorm
-
-    def set_l2_prefetch(self, plan: L2Prefetch | None) -> None:
-        """Where this block's decode steps warm L2 with which weight (None: nowhere)."""
-        attn, mlp = self.self_attn, self.mlp
-        if plan is None:
-            attn.l2_at_attn = mlp.l2_at_act = self.l2_at_norm1 = self.l2_at_norm2 = ()
-            return
-        ev = plan.evict_last
-        attn.l2_at_attn = ((attn.dense, plan.o_at_attn, ev), (mlp.up_proj, plan.up_at_attn, ev))
-        mlp.l2_at_act = ((mlp.down_proj, plan.down_at_act, ev),)
-        self.l2_at_norm1 = ((attn.query_key_value, plan.qkv_at_norm, ev),)
-        self.l2_at_norm2 = ((mlp.up_proj, plan.up_at_norm, ev),)
 
     def forward(
         self,
@@ -303,12 +264,10 @@ class DecoderLayer(nn.Module):
         )
         if plain and _gemv_row(self.self_attn.gemv, x):
             return self._forward_row(x, residual, cos, sin, batch, kv_cache)
-        warm_l2(self.l2_at_norm1, x, batch)
         h, residual = add_norm(self.input_layernorm, x, residual, self.fused)
         attn = self.self_attn(h, cos, sin, batch, kv_cache)
-        warm_l2(self.l2_at_norm2, attn, batch)
         h, residual = add_norm(self.post_attention_layernorm, attn, residual, self.fused)
-        return self.mlp(h, batch), residual
+        return self.mlp(h), residual
 
     def _forward_row(self, x, residual, cos, sin, batch, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
         """One row through the Triton GEMV (`ModelOptions.triton_gemv`): each residual add and
@@ -359,7 +318,6 @@ class Phi3SmallForCausalLM(nn.Module):
         )
         self.fused = options.attn_impl != "reference"
         self.gemv = options.triton_gemv  # a plain bool: what the traced forward reads
-        self.l2_prefetch: L2Prefetch | None = None
 
     def set_force_dense(self, force_dense: bool) -> None:
         """Switch every layer between its own spec and a dense one (same weights)."""
@@ -375,15 +333,6 @@ class Phi3SmallForCausalLM(nn.Module):
         self.gemv = on
         for block in self.model.layers:
             block.self_attn.gemv = block.mlp.gemv = on
-
-    def set_l2_prefetch(self, plan: L2Prefetch | None) -> None:
-        """What decode steps prefetch into L2, and where (`L2Prefetch`; None: nothing). Graphs
-        captured before keep what they captured: switch before an engine captures its own."""
-        if plan is not None and not isinstance(plan, L2Prefetch):
-            raise InputError(f"set_l2_prefetch takes an L2Prefetch or None, got {plan!r}")
-        self.l2_prefetch = plan
-        for block in self.model.layers:
-            block.set_l2_prefetch(plan)
 
     def tie_embeddings(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
