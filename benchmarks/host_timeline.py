@@ -14,6 +14,7 @@ instances (and hooks the model) for the length of a `with` block, and puts them 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pstats
 import shutil
@@ -144,6 +145,34 @@ def print_rows(rows: list[dict]) -> None:
     for r in rows:
         gpu = "" if r["gpu_ms"] is None else f"{r['gpu_ms']:9.2f} {r['gpu_delta_ms']:8.2f}"
         print(f"  {r['stage']:44s} {r['host_ms']:9.2f} {r['host_delta_ms']:8.2f} {gpu}")
+
+
+class GcPauses:
+    """Python's garbage collections while the block runs: count and milliseconds per generation
+    (a collection of the oldest generation in a process holding torch can take milliseconds)."""
+
+    def __init__(self):
+        self.ms = {0: 0.0, 1: 0.0, 2: 0.0}
+        self.count = {0: 0, 1: 0, 2: 0}
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.count[g] += 1
+            self.ms[g] += (time.perf_counter() - self._t0) * 1e3
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def report(self) -> dict:
+        return {f"gen{g}": {"collections": self.count[g], "ms": self.ms[g]} for g in self.ms}
 
 
 def top_functions(prof, sort: str, limit: int = 25) -> list[dict]:

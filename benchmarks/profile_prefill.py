@@ -120,16 +120,20 @@ def host_report(engine: LLMEngine, n: int, cuda: bool) -> dict:
     ids = prompt(n, 5)
     tl = ht.Timeline(cuda)
     sync()
-    with ht.instrumented(engine, tl):
+    with ht.instrumented(engine, tl), ht.GcPauses() as pauses:
         tl.mark("start")
         engine.generate([ids], ONE_TOKEN)
         tl.mark("returned")
     rows = tl.rows()
-    out["timeline"], out["summary"] = rows, ht.summary(rows)
+    out["timeline"], out["summary"], out["gc"] = rows, ht.summary(rows), pauses.report()
     print(f"  host timeline of one call ({n} tokens; GPU ms: when the stream reached each mark):")
     ht.print_rows(rows)
     print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                            for k, v in out["summary"].items() if v is not None))  # fmt: skip
+    print(
+        "  Python gc during it: "
+        + ", ".join(f"{g} {r['collections']}x {r['ms']:.2f} ms" for g, r in out["gc"].items())
+    )
 
     ids = prompt(n, 6)
     prof = cProfile.Profile()
