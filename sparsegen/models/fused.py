@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import env
 from ..errors import InputError
 
 # Tokens per rotary program, from ROTARY_TILED_FROM tokens on. One token per program (8 KV groups
@@ -23,12 +24,27 @@ from ..errors import InputError
 # one token per program: at 32 tokens, 16 per program left too few programs (3.0 vs 2.6 us).
 ROTARY_TOKENS = 16
 ROTARY_TILED_FROM = 1024
+PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol (programmatic dependent launch) needs sm_90
+
+
+def use_pdl(x: torch.Tensor) -> bool:
+    """Launch these kernels with programmatic dependent launch: on sm_90+, unless SPARSEGEN_NO_PDL.
+    Each kernel then waits (griddepcontrol.wait) for the kernel before it to finish before it reads
+    anything, but is launched while that kernel still runs, so its launch latency is hidden."""
+    return (
+        x.is_cuda
+        and torch.cuda.get_device_capability(x.device) >= PDL_MIN_CAPABILITY
+        and not env.flag("SPARSEGEN_NO_PDL")
+    )
 
 
 @triton.jit
-def _gegelu_kernel(X, Y, n_out, limit, BLOCK: tl.constexpr):
+def _gegelu_kernel(X, Y, n_out, limit, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # X: [rows, 2F] contiguous = n_out (gate, linear) pairs; Y: [rows, F], output i from pair i.
     # The pairs load as one contiguous run of 2 * BLOCK (vector loads), then split in registers.
+    # PDL: launched early (programmatic dependent launch); wait for the kernel before to finish.
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     start = tl.program_id(0).to(tl.int64) * BLOCK
     j = 2 * start + tl.arange(0, 2 * BLOCK)
     pairs = tl.load(X + j, mask=j < 2 * n_out, other=0.0).to(tl.float32)
@@ -41,13 +57,14 @@ def _gegelu_kernel(X, Y, n_out, limit, BLOCK: tl.constexpr):
     tl.store(Y + i, y.to(Y.dtype.element_ty), mask=ok)
 
 
-def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
-    """x: [..., 2F] -> [..., F], one kernel."""
+def gegelu(x: torch.Tensor, limit: float, pdl: bool | None = None) -> torch.Tensor:
+    """x: [..., 2F] -> [..., F], one kernel. pdl: programmatic dependent launch (default: use_pdl)."""
     x = x.contiguous()
     y = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
     n = y.numel()
     if n:
-        _gegelu_kernel[(triton.cdiv(n, 1024),)](x, y, n, float(limit), BLOCK=1024)
+        pdl = use_pdl(x) if pdl is None else pdl
+        _gegelu_kernel[(triton.cdiv(n, 1024),)](x, y, n, float(limit), BLOCK=1024, PDL=pdl, launch_pdl=pdl)
     return y
 
 
@@ -56,9 +73,12 @@ def _rotary_qkv_kernel(
     QKV, COS, SIN, Q, K, V, KC, VC, SLOTS,
     n_tokens, stride_t, stride_c, stride_q, stride_k, stride_slot,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_CACHE: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     # One program per (BLOCK_T tokens, KV group): QKV rows [G + 2, D] -> G rotated q rows, rotated
     # k, v. COS/SIN: [T, D] float32; Q: [T, HKV * G, D]; K, V: [T, HKV, D]; KC/VC: [slots, HKV, D].
+    if PDL:  # launched early: wait for the kernel before (the QKV projection) to finish
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     ok = (t < n_tokens)[:, None]  # [BLOCK_T, 1]
     kv = tl.program_id(1)
@@ -98,7 +118,7 @@ def supports_rotary(qkv: torch.Tensor) -> bool:
     return not d & (d - 1) and qkv.stride()[1:] == (g2 * d, d, 1)
 
 
-def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
+def rotary_qkv(qkv, cos, sin, cache=None, slots=None, pdl: bool | None = None):
     """qkv: [T, Hkv, G + 2, D] (per KV group: G queries, then k, then v); cos, sin: [T, D].
     Returns q [T, Hkv * G, D] and k, v [T, Hkv, D], q and k rotated; with `cache` = (k_cache,
     v_cache), contiguous [pages, page_size, Hkv, D], and `slots` [T] int64, writes k and v there."""
@@ -116,10 +136,11 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
     kc, vc = cache if write else (k, v)
     slot_ptr = slots if write else cos
     block_t = ROTARY_TOKENS if t >= ROTARY_TILED_FROM else 1
+    pdl = use_pdl(qkv) if pdl is None else pdl
     _rotary_qkv_kernel[(triton.cdiv(t, block_t), hkv)](
         qkv, cos, sin, q, k, v, kc, vc, slot_ptr,
         t, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
-        HKV=hkv, G=g, D=d, BLOCK_T=block_t, WRITE_CACHE=write,
+        HKV=hkv, G=g, D=d, BLOCK_T=block_t, WRITE_CACHE=write, PDL=pdl, launch_pdl=pdl,
     )  # fmt: skip
     return q, k, v
 
@@ -128,10 +149,12 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
 def _add_layer_norm_kernel(
     X, RES, W, B, Y, RES_OUT,
     stride_x, stride_res, stride_y, stride_res_out, n, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # One program per row. X, RES: [rows, n] -> RES_OUT = X + RES (rounded to its dtype, as a plain
     # add rounds), Y = LayerNorm(RES_OUT) * W + B computed in float32 from the rounded sum.
+    if PDL:  # launched early: wait for the kernel before to finish
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
@@ -150,7 +173,7 @@ def _add_layer_norm_kernel(
     tl.store(Y + row * stride_y + cols, (diff * rstd * w + b).to(Y.dtype.element_ty), mask=ok)
 
 
-def add_layer_norm(x, residual, weight, bias, eps: float):
+def add_layer_norm(x, residual, weight, bias, eps: float, pdl: bool | None = None):
     """x, residual: [T, N] (residual may be None) -> (LayerNorm(x + residual), x + residual), one
     kernel. weight, bias: [N]. The sum is rounded to x's dtype before the norm, as `x + residual`
     followed by `F.layer_norm` rounds."""
@@ -163,9 +186,10 @@ def add_layer_norm(x, residual, weight, bias, eps: float):
     if rows:
         block = triton.next_power_of_2(n)
         warps = min(16, max(1, block // 256))
+        pdl = use_pdl(x) if pdl is None else pdl
         _add_layer_norm_kernel[(rows,)](
             x, residual if residual is not None else x, weight, bias, y, res_out,
             x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0), res_out.stride(0),
-            n, float(eps), HAS_RES=residual is not None, BLOCK=block, num_warps=warps,
+            n, float(eps), HAS_RES=residual is not None, BLOCK=block, num_warps=warps, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return y, res_out
