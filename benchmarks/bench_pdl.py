@@ -1,11 +1,13 @@
-"""Programmatic dependent launch for the fused elementwise kernels (`models.fused.use_pdl`). (GPU)
+"""Programmatic dependent launch for the fused add + LayerNorm kernel (`models.fused.use_pdl`). (GPU)
 
     PYTHONPATH=$PWD python3 benchmarks/bench_pdl.py [--batch 1,32] [--context 8192] [--json OUT]
 
 Part 1, kernel pairs of a 7b decode step as they follow each other (bf16, CUDA-graph replays
 over a ring of weight copies several times L2, so every GEMV starts cold): a cuBLAS linear layer
 (F.linear) and the fused kernel after it, launched plainly and with PDL (the fused kernel is
-launched while the GEMV still runs and waits for it on the device); us per pair.
+launched while the GEMV still runs and waits for it on the device); us per pair. Rotary and
+GeGeLU took PDL in session 6's call 3 (no gain / slower) and now always launch plainly, so their
+two "pdl" columns time the same launch: they show the noise.
 Part 2, the engine: a decode step of Phi-3-Small 7b (random weights, 8K prompts) with
 SPARSEGEN_NO_PDL=1 and without, alternating, each in an engine of its own: wall ms per step
 (async steps, the default) and graph replay alone, and whether the greedy tokens agree.
@@ -55,9 +57,9 @@ def pair_row(name: str, batch: int) -> dict:
             if name == "o+norm":
                 fused.add_layer_norm(y, res, lnw, lnb, 1e-5, pdl=pdl)
             elif name == "up+gegelu":
-                fused.gegelu(y, 10.0, pdl=pdl)
+                fused.gegelu(y, 10.0)  # plain launch: PDL measured no gain here (call 3)
             else:
-                fused.rotary_qkv(y.view(batch, HKV, G + 2, D), cos, sin, pdl=pdl)
+                fused.rotary_qkv(y.view(batch, HKV, G + 2, D), cos, sin)  # plain: PDL was slower
 
         return fn
 
