@@ -149,8 +149,9 @@ def _add_layer_norm_kernel(
 ):  # fmt: skip
     # One program per row. X, RES: [rows, n] -> RES_OUT = X + RES (rounded to its dtype, as a plain
     # add rounds), Y = LayerNorm(RES_OUT) * W + B computed in float32 from the rounded sum.
-    if PDL:  # launched early: wait for the kernel before to finish
+    if PDL:  # launched early: wait for the kernel before to finish, then let the next one launch
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
