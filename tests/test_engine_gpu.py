@@ -203,6 +203,41 @@ def test_fused_add_layer_norm_bf16_matches_plain(n):
     assert rel_err(y, want_y) < 1e-2
 
 
+def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph():
+    """Programmatic dependent launch (the default on sm_90) changes when the norm kernel is
+    launched, never what it computes: right after the GEMM that writes its input, in a CUDA graph
+    replayed many times with new inputs, it equals the plain launch bit for bit."""
+    from sparsegen.models import fused
+
+    if not fused.use_pdl(torch.empty(1, device=DEV)):
+        pytest.skip("PDL is off here (not sm_90+, or SPARSEGEN_NO_PDL is set)")
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    w = (torch.randn(4096, 4096, device=DEV, generator=gen) / 64).to(BF16)  # [out, in]
+    x = torch.empty(1, 4096, device=DEV, dtype=BF16)  # [1, in], rewritten before each replay
+    res = torch.randn(1, 4096, device=DEV, generator=gen).to(BF16)
+    lnw, lnb = torch.ones(4096, device=DEV, dtype=BF16), torch.zeros(4096, device=DEV, dtype=BF16)
+
+    def step(pdl: bool):
+        return fused.add_layer_norm(torch.nn.functional.linear(x, w), res, lnw, lnb, 1e-5, pdl=pdl)
+
+    x.copy_(torch.randn(1, 4096, device=DEV, generator=gen))
+    step(True), step(False)  # compile both outside the capture
+    torch.cuda.synchronize()
+    graphs, outs = [], []
+    for pdl in (True, False):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs.append(step(pdl))
+        graphs.append(g)
+    for i in range(20):
+        x.copy_(torch.randn(1, 4096, device=DEV, generator=gen) * (1 + i))
+        for g in graphs:
+            g.replay()
+        torch.cuda.synchronize()
+        (y_pdl, r_pdl), (y_plain, r_plain) = outs
+        assert torch.isfinite(y_pdl).all() and torch.equal(y_pdl, y_plain) and torch.equal(r_pdl, r_plain), i
+
+
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
 def test_triton_gemv_matches_cublas_on_the_7b_shapes(dtype):
     """The batch-1 Triton GEMV (bias; GeGeLU for up_proj; the residual add + LayerNorm before it)
@@ -241,6 +276,25 @@ def test_engine_with_triton_gemv_in_graphs_matches_cublas():
     model = random_model(cfg, device=DEV, dtype=BF16, seed=5, triton_gemv=True)
     plain = random_model(cfg, device=DEV, dtype=BF16, seed=5)
     prompts = _prompts([64 * 20 + 7], seed=5)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    engine = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)
+    errors = _check_decode_steps(engine, plain, cfg)
+    got = engine.generate(prompts, params)
+    assert engine.graphs.graphs and len(errors) >= 10 and max(errors) < 2e-2, errors
+    want = LLMEngine(plain, kv_cache_bytes=TINY_KV, use_cuda_graphs=True).generate(prompts, params)
+    assert got[0].output_ids[:3] == want[0].output_ids[:3]
+
+
+@pytest.mark.parametrize("gemv_o", [True, False])
+def test_engine_with_the_gemv_pdl_chain_in_graphs_matches_cublas(gemv_o):
+    """gemv_pdl=True (the four batch-1 linears through the Triton GEMV, each launched with PDL after
+    a kernel that lets it, W's first tile loaded before the wait): replayed graph steps equal an
+    eager cuBLAS forward (bf16 bar) and tokens agree; also with gemv_o_proj off, which gemv_pdl
+    overrides for the output projection."""
+    cfg = tiny_config(64)
+    model = random_model(cfg, device=DEV, dtype=BF16, seed=6, gemv_pdl=True, gemv_o_proj=gemv_o)
+    plain = random_model(cfg, device=DEV, dtype=BF16, seed=6, gemv_o_proj=False)
+    prompts = _prompts([64 * 20 + 7], seed=6)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     engine = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)
     errors = _check_decode_steps(engine, plain, cfg)

@@ -28,9 +28,13 @@ PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol (programmatic dependent launch) ne
 
 
 def use_pdl(x: torch.Tensor) -> bool:
-    """Launch these kernels with programmatic dependent launch: on sm_90+, unless SPARSEGEN_NO_PDL.
-    Each kernel then waits (griddepcontrol.wait) for the kernel before it to finish before it reads
-    anything, but is launched while that kernel still runs, so its launch latency is hidden."""
+    """Launch add + LayerNorm with programmatic dependent launch: on sm_90+, unless SPARSEGEN_NO_PDL.
+    The kernel then waits (griddepcontrol.wait) for the kernel before it to finish before it reads
+    anything, but is launched while that kernel still runs, which hides its launch latency.
+    H200, lead's call 3 of session 6 (`benchmarks/bench_pdl.py`, a cuBLAS linear then the fused
+    kernel, graph replays): O projection + add/LayerNorm 15.9 -> 14.8 us at batch 1 and 16.6 ->
+    15.7 us at 32; up_proj + GeGeLU unchanged (62.8 / 62.5 us); QKV + rotary slower (19.4 ->
+    20.0 us), so rotary and GeGeLU launch plainly."""
     return (
         x.is_cuda
         and torch.cuda.get_device_capability(x.device) >= PDL_MIN_CAPABILITY
@@ -39,12 +43,9 @@ def use_pdl(x: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _gegelu_kernel(X, Y, n_out, limit, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _gegelu_kernel(X, Y, n_out, limit, BLOCK: tl.constexpr):
     # X: [rows, 2F] contiguous = n_out (gate, linear) pairs; Y: [rows, F], output i from pair i.
     # The pairs load as one contiguous run of 2 * BLOCK (vector loads), then split in registers.
-    # PDL: launched early (programmatic dependent launch); wait for the kernel before to finish.
-    if PDL:
-        tl.extra.cuda.gdc_wait()
     start = tl.program_id(0).to(tl.int64) * BLOCK
     j = 2 * start + tl.arange(0, 2 * BLOCK)
     pairs = tl.load(X + j, mask=j < 2 * n_out, other=0.0).to(tl.float32)
@@ -57,14 +58,13 @@ def _gegelu_kernel(X, Y, n_out, limit, BLOCK: tl.constexpr, PDL: tl.constexpr):
     tl.store(Y + i, y.to(Y.dtype.element_ty), mask=ok)
 
 
-def gegelu(x: torch.Tensor, limit: float, pdl: bool | None = None) -> torch.Tensor:
-    """x: [..., 2F] -> [..., F], one kernel. pdl: programmatic dependent launch (default: use_pdl)."""
+def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
+    """x: [..., 2F] -> [..., F], one kernel."""
     x = x.contiguous()
     y = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
     n = y.numel()
     if n:
-        pdl = use_pdl(x) if pdl is None else pdl
-        _gegelu_kernel[(triton.cdiv(n, 1024),)](x, y, n, float(limit), BLOCK=1024, PDL=pdl, launch_pdl=pdl)
+        _gegelu_kernel[(triton.cdiv(n, 1024),)](x, y, n, float(limit), BLOCK=1024)
     return y
 
 
@@ -73,12 +73,9 @@ def _rotary_qkv_kernel(
     QKV, COS, SIN, Q, K, V, KC, VC, SLOTS,
     n_tokens, stride_t, stride_c, stride_q, stride_k, stride_slot,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_CACHE: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
     # One program per (BLOCK_T tokens, KV group): QKV rows [G + 2, D] -> G rotated q rows, rotated
     # k, v. COS/SIN: [T, D] float32; Q: [T, HKV * G, D]; K, V: [T, HKV, D]; KC/VC: [slots, HKV, D].
-    if PDL:  # launched early: wait for the kernel before (the QKV projection) to finish
-        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     ok = (t < n_tokens)[:, None]  # [BLOCK_T, 1]
     kv = tl.program_id(1)
@@ -118,7 +115,7 @@ def supports_rotary(qkv: torch.Tensor) -> bool:
     return not d & (d - 1) and qkv.stride()[1:] == (g2 * d, d, 1)
 
 
-def rotary_qkv(qkv, cos, sin, cache=None, slots=None, pdl: bool | None = None):
+def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
     """qkv: [T, Hkv, G + 2, D] (per KV group: G queries, then k, then v); cos, sin: [T, D].
     Returns q [T, Hkv * G, D] and k, v [T, Hkv, D], q and k rotated; with `cache` = (k_cache,
     v_cache), contiguous [pages, page_size, Hkv, D], and `slots` [T] int64, writes k and v there."""
@@ -136,11 +133,10 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None, pdl: bool | None = None):
     kc, vc = cache if write else (k, v)
     slot_ptr = slots if write else cos
     block_t = ROTARY_TOKENS if t >= ROTARY_TILED_FROM else 1
-    pdl = use_pdl(qkv) if pdl is None else pdl
     _rotary_qkv_kernel[(triton.cdiv(t, block_t), hkv)](
         qkv, cos, sin, q, k, v, kc, vc, slot_ptr,
         t, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
-        HKV=hkv, G=g, D=d, BLOCK_T=block_t, WRITE_CACHE=write, PDL=pdl, launch_pdl=pdl,
+        HKV=hkv, G=g, D=d, BLOCK_T=block_t, WRITE_CACHE=write,
     )  # fmt: skip
     return q, k, v
 
@@ -153,8 +149,9 @@ def _add_layer_norm_kernel(
 ):  # fmt: skip
     # One program per row. X, RES: [rows, n] -> RES_OUT = X + RES (rounded to its dtype, as a plain
     # add rounds), Y = LayerNorm(RES_OUT) * W + B computed in float32 from the rounded sum.
-    if PDL:  # launched early: wait for the kernel before to finish
+    if PDL:  # launched early: wait for the kernel before to finish, then let the next one launch
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
