@@ -54,6 +54,8 @@ FLAGS: dict[str, Flag] = {
         Flag("SPARSEGEN_QUIET", "bool", "0", "only errors on stderr: no 'compiling ...' lines, no progress bars"),
         Flag("SPARSEGEN_PREFILL_TL", "bool", "0",
              "prefill on sm_90 uses the tl Triton kernel instead of the Gluon (FA3-style) one"),
+        Flag("SPARSEGEN_NO_PDL", "bool", "0",
+             "the model's fused add + LayerNorm kernel launches without programmatic dependent launch (sm_90)"),
     )
 }  # fmt: skip
 

@@ -369,7 +369,7 @@ def test_generate_cli_7b_on_cpu_exits_with_one_line():
      ({"dtype": torch.int32}, "dtype"), ({"dtype": "bf16"}, "dtype"), ({"force_dense": 1}, "force_dense"),
      ({"attn_impl": "cuda"}, "attn_impl"), ({"attn_impl": True}, "attn_impl"),
      ({"dummy_token_indices": "abc"}, "dummy_token_indices"), ({"dummy_token_indices": (1.5,)}, "dummy_token_indices"),
-     ({"triton_gemv": 1}, "triton_gemv"), ({"colour": "red"}, "colour")],
+     ({"triton_gemv": 1}, "triton_gemv"), ({"gemv_o_proj": "yes"}, "gemv_o_proj"), ({"colour": "red"}, "colour")],
 )  # fmt: skip
 def test_bad_model_options_are_input_errors(kw, field):
     from sparsegen.models import ModelOptions
@@ -417,3 +417,64 @@ def test_set_triton_gemv_takes_a_bool_and_switches_every_layer():
     on = model(ids, batch)
     model.set_triton_gemv(False)
     torch.testing.assert_close(on, model(ids, batch), rtol=1e-5, atol=1e-5)
+    # o_proj: the output projection alone (ModelOptions.gemv_o_proj, on by default; GPU only)
+    assert model.options.gemv_o_proj and all(b.self_attn.gemv_o for b in model.model.layers)
+    with pytest.raises(InputError, match="o_proj"):
+        model.set_triton_gemv(False, o_proj=0)
+    model.set_triton_gemv(False, o_proj=False)
+    assert not model.options.gemv_o_proj and not any(b.self_attn.gemv_o for b in model.model.layers)
+    # on a CPU both take the plain path
+    torch.testing.assert_close(on, model(ids, batch), rtol=1e-5, atol=1e-5)
+    model.set_triton_gemv(True)  # o_proj=None keeps the current choice
+    assert model.options.triton_gemv and not model.options.gemv_o_proj
+
+
+# -- the prompt check's fast path -------------------------------------------------------------------
+def _loop_check(prompt, vocab, where="prompt"):
+    """check_prompt's per-token loop, as it was before its fast path (the oracle)."""
+    for pos, tok in enumerate(prompt):
+        if isinstance(tok, bool) or not isinstance(tok, int):
+            raise InputError(f"{where} token {pos} is {tok!r} ({type(tok).__name__}), not an int token id")
+        if not 0 <= tok < vocab:
+            raise InputError(f"{where} token {tok!r} is not an id of the vocabulary 0..{vocab - 1}")
+    return list(prompt)
+
+
+class _Tok(int):
+    """An int subclass (an IntEnum-like id): accepted by the loop, so by the fast path's fallback."""
+
+
+FAST_PATH_PROMPTS = [
+    [0],
+    [VOCAB - 1],
+    list(range(VOCAB)),
+    (3, 4, 5),
+    [1, 2, VOCAB],
+    [VOCAB, 1, True],  # out of range before a bool: the range error, as the loop says
+    [1, True, VOCAB],  # a bool before an out-of-range id
+    [-1, 2.5],
+    [2, 2.5, -1],
+    [2**63],  # beyond int64
+    [-(2**63) - 1],
+    [2**70, 1],
+    [1, _Tok(5), 2],
+    [_Tok(VOCAB)],
+    [1, "2"],
+    [0] * 5000 + [True],  # a long prompt whose last token is bad
+    [5] * 5000 + [-3],
+]
+
+
+@pytest.mark.parametrize("prompt", FAST_PATH_PROMPTS, ids=lambda p: repr(p)[:24])
+def test_check_prompt_says_what_the_per_token_loop_says(prompt):
+    from sparsegen.engine.checks import check_prompt
+
+    try:
+        want = _loop_check(prompt, VOCAB)
+    except InputError as e:
+        with pytest.raises(InputError) as err:
+            check_prompt(prompt, VOCAB)
+        assert str(err.value) == str(e)
+    else:
+        got = check_prompt(prompt, VOCAB)
+        assert got == want and type(got) is list and got is not prompt

@@ -203,6 +203,41 @@ def test_fused_add_layer_norm_bf16_matches_plain(n):
     assert rel_err(y, want_y) < 1e-2
 
 
+def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph():
+    """Programmatic dependent launch (the default on sm_90) changes when the norm kernel is
+    launched, never what it computes: right after the GEMM that writes its input, in a CUDA graph
+    replayed many times with new inputs, it equals the plain launch bit for bit."""
+    from sparsegen.models import fused
+
+    if not fused.use_pdl(torch.empty(1, device=DEV)):
+        pytest.skip("PDL is off here (not sm_90+, or SPARSEGEN_NO_PDL is set)")
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    w = (torch.randn(4096, 4096, device=DEV, generator=gen) / 64).to(BF16)  # [out, in]
+    x = torch.empty(1, 4096, device=DEV, dtype=BF16)  # [1, in], rewritten before each replay
+    res = torch.randn(1, 4096, device=DEV, generator=gen).to(BF16)
+    lnw, lnb = torch.ones(4096, device=DEV, dtype=BF16), torch.zeros(4096, device=DEV, dtype=BF16)
+
+    def step(pdl: bool):
+        return fused.add_layer_norm(torch.nn.functional.linear(x, w), res, lnw, lnb, 1e-5, pdl=pdl)
+
+    x.copy_(torch.randn(1, 4096, device=DEV, generator=gen))
+    step(True), step(False)  # compile both outside the capture
+    torch.cuda.synchronize()
+    graphs, outs = [], []
+    for pdl in (True, False):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs.append(step(pdl))
+        graphs.append(g)
+    for i in range(20):
+        x.copy_(torch.randn(1, 4096, device=DEV, generator=gen) * (1 + i))
+        for g in graphs:
+            g.replay()
+        torch.cuda.synchronize()
+        (y_pdl, r_pdl), (y_plain, r_plain) = outs
+        assert torch.isfinite(y_pdl).all() and torch.equal(y_pdl, y_plain) and torch.equal(r_pdl, r_plain), i
+
+
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
 def test_triton_gemv_matches_cublas_on_the_7b_shapes(dtype):
     """The batch-1 Triton GEMV (bias; GeGeLU for up_proj; the residual add + LayerNorm before it)

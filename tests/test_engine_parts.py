@@ -239,3 +239,41 @@ def test_longrope_choice_is_chunk_invariant():
     batch.use_long_rope = torch.ones(100, dtype=torch.bool)
     assert int(model(torch.tensor(prompt), batch)[-1].argmax()) == whole[0]
     assert not torch.equal(logits[-1], model(torch.tensor(prompt), batch)[-1])
+
+
+def _host_timeline():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "host_timeline.py"
+    spec = importlib.util.spec_from_file_location("host_timeline", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("host_timeline", mod)  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_host_timeline_instruments_an_engine_and_puts_it_back(model):
+    """benchmarks/host_timeline.instrumented marks one prefill's stages, then leaves the engine's
+    methods and the model's hooks as they were (the next call is not timed)."""
+    ht = _host_timeline()
+    engine = LLMEngine(model, max_num_seqs=2)
+    tl = ht.Timeline(cuda=False)
+    with ht.instrumented(engine, tl):
+        tl.mark("start")
+        engine.generate([[1, 2, 3]], SamplingParams(max_tokens=1, ignore_eos=True))
+        tl.mark("returned")
+    stages = [m.stage.split(" (")[0] for m in tl.marks]
+    assert stages == ["start", "submitted", "scheduled", "batch built", "forward start", "forward launched",
+                      "sampler launched", "token on host", "booked", "returned"]  # fmt: skip
+    for obj, name in ((engine, "submit"), (engine, "_launch"), (engine.scheduler, "schedule"),
+                      (engine.scheduler, "postprocess"), (engine.runner, "run"),
+                      (engine.runner, "prepare_prefill")):  # fmt: skip
+        assert name not in vars(obj)
+    assert not model._forward_pre_hooks
+    engine.generate([[4, 5]], SamplingParams(max_tokens=1, ignore_eos=True))
+    assert len(tl.marks) == 10
+    summary = ht.summary(tl.rows())
+    assert summary["forwards"] == 1 and summary["gpu_forwards_ms"] is None
+    assert summary["total_host_ms"] >= summary["host_before_first_forward_ms"] > 0

@@ -49,3 +49,37 @@ def test_profile_prefill_smoke_times_both_prompts(tmp_path):
     report = json.loads(out.read_text())
     assert [run["length"] for run in report["runs"]] == [40, 70]
     assert all(run["ttft_first_ms"] > 0 and run["ttft_second_ms"] > 0 for run in report["runs"])
+
+
+def test_profile_prefill_host_mode_times_every_stage_of_a_chunked_prompt(tmp_path):
+    """--host on the CPU with the stand-in forward: a 300-token prompt in chunks of 128 runs three
+    forwards; the timeline has each stage in order, the summary adds up, cProfile rows are kept."""
+    out = tmp_path / "host.json"
+    r = _run([sys.executable, "benchmarks/profile_prefill.py", "--smoke", "--stand-in", "--host",
+              "--lengths", "300", "--chunk", "128", "--json", str(out)], tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["stand_in"] is True
+    host = report["runs"][0]["host"]
+    stages = [row["stage"].split(" (")[0] for row in host["timeline"]]
+    chunk = ["scheduled", "batch built", "forward start", "forward launched", "sampler launched",
+             "token on host", "booked"]  # fmt: skip
+    assert stages == ["start", "submitted", *chunk * 3, "returned"]
+    host_ms = [row["host_ms"] for row in host["timeline"]]
+    assert host_ms == sorted(host_ms) and all(row["gpu_ms"] is None for row in host["timeline"])
+    s = host["summary"]
+    assert s["forwards"] == 3 and s["gpu_forwards_ms"] is None  # no GPU: no events
+    assert 0 < s["host_before_first_forward_ms"] < s["total_host_ms"] == host_ms[-1]
+    for key in ("cprofile_tottime", "cprofile_cumtime"):
+        assert 0 < len(host[key]) <= 25 and {"function", "calls", "tottime_ms", "cumtime_ms"} <= set(
+            host[key][0]
+        )
+    cum = [row["cumtime_ms"] for row in host["cprofile_cumtime"]]
+    assert cum == sorted(cum, reverse=True)
+    assert any("prepare_prefill" in row["function"] for row in host["cprofile_cumtime"])
+    assert "host timeline of one call (300 tokens" in r.stdout and "by tottime" in r.stdout
+
+
+def test_profile_prefill_stand_in_needs_smoke(tmp_path):
+    r = _run([sys.executable, "benchmarks/profile_prefill.py", "--stand-in"], tmp_path)
+    assert r.returncode == 2 and "--stand-in" in r.stderr

@@ -162,3 +162,15 @@ def test_every_error_class_lives_in_errors_and_is_exported():
     assert CacheOutOfMemory is sparsegen.CacheOutOfMemory
     assert CheckpointError is sparsegen.CheckpointError
     assert TokenizerError is sparsegen.TokenizerError
+
+
+def test_pdl_is_off_on_a_cpu_and_a_bad_no_pdl_value_is_an_env_error(monkeypatch):
+    """`models.fused.use_pdl` (programmatic dependent launch of add + LayerNorm): never for a CPU
+    tensor; on a GPU it reads SPARSEGEN_NO_PDL, whose garbage values name the variable."""
+    from sparsegen.models import fused
+
+    monkeypatch.setenv("SPARSEGEN_NO_PDL", "0")
+    assert fused.use_pdl(torch.zeros(1)) is False
+    monkeypatch.setenv("SPARSEGEN_NO_PDL", "maybe")
+    with pytest.raises(EnvError, match="SPARSEGEN_NO_PDL"):
+        env.flag("SPARSEGEN_NO_PDL")

@@ -7,7 +7,10 @@ any of them, so a bad prompt at index 2 leaves nothing queued from indices 0 and
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence as Seq
+
+import torch
 
 from ..errors import InputError
 from .sampling_params import SamplingParams
@@ -25,12 +28,27 @@ def check_prompt(prompt: object, vocab_size: int, where: str = "prompt") -> list
         raise InputError(f"{where} must be a list of token ids, got {type(prompt).__name__}")
     if not prompt:
         raise InputError(f"{where} needs at least one token")
-    for pos, tok in enumerate(prompt):
+    if _plain_ids_in_range(prompt, vocab_size):
+        return list(prompt)
+    for pos, tok in enumerate(prompt):  # something is wrong: find the first bad token, in order
         if isinstance(tok, bool) or not isinstance(tok, int):
             raise InputError(f"{where} token {pos} is {tok!r} ({type(tok).__name__}), not an int token id")
         if not 0 <= tok < vocab_size:
             raise InputError(f"{where} token {tok!r} is not an id of the vocabulary 0..{vocab_size - 1}")
     return list(prompt)
+
+
+def _plain_ids_in_range(prompt: list | tuple, vocab_size: int) -> bool:
+    """True if every token is a plain int in 0..vocab_size-1, checked without a Python-level loop
+    per token (the type set, then the range over an int64 copy); False means "look closer" (an
+    int subclass such as an IntEnum is fine but takes the loop)."""
+    if set(map(type, prompt)) != {int}:
+        return False
+    try:
+        ids = torch.frombuffer(array("q", prompt), dtype=torch.long)
+    except OverflowError:  # beyond int64: out of range anyway
+        return False
+    return int(ids.min()) >= 0 and int(ids.max()) < vocab_size
 
 
 def _finite(name: str, value: object) -> None:

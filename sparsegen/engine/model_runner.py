@@ -10,6 +10,7 @@ a GPU), and returns the logits of the rows to sample.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ..models.phi3small import Phi3SmallForCausalLM
 from .config import EngineConfig
 from .kv_cache import KVCache
 from .sequence import Chunk, Plan, Sequence
-from .transfer import to_device
+from .transfer import packed_to_device, to_device
 
 log = get_logger(__name__)
 
@@ -71,6 +72,16 @@ def compiled_decode(model: Phi3SmallForCausalLM) -> Callable[..., torch.Tensor]:
     per bucket. Nothing but tensors, ints, bools and strs reaches the registered ops.
     """
     return torch.compile(model, fullgraph=True, backend=COMPILE_BACKEND)
+
+
+def token_ids(seq: Sequence, start: int, stop: int) -> torch.Tensor:  # [stop - start] int64
+    """Tokens start..stop-1 of `seq` (prompt then output) as a host tensor, without building the
+    whole token list or converting Python ints one by one (`array` takes the list in C)."""
+    n = len(seq.prompt_ids)
+    part = seq.prompt_ids[start:stop] + seq.output_ids[max(0, start - n) : max(0, stop - n)]
+    if not part:
+        return torch.empty(0, dtype=torch.long)
+    return torch.frombuffer(array("q", part), dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -156,40 +167,52 @@ class ModelRunner:
         n_prompt = len(seq.prompt_ids)
         return [max(n_prompt, p + 1) > limit for p in range(start, stop)]
 
+    def long_rope_flags(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:  # [stop - start] bool
+        """`use_long_rope` as a host tensor, computed without a Python loop (prefill chunks)."""
+        return torch.arange(start + 1, stop + 1).clamp_(min=len(seq.prompt_ids)) > self.long_rope_after
+
     def prepare_prefill(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
+        """A prefill step as tensors on the model's device. Built on the host with tensor ops
+        (nothing loops per token in Python), then moved in three non-blocking copies from pinned
+        memory: one for the int64 fields, one for cu_seqlens, one for the LongRoPE flags. The host
+        never waits for the device here, so the next chunk of a long prompt is prepared while the
+        GPU still computes the last one."""
         dev, cache = self.model.device, self.cache
+        has_prefix = any(c.start > 0 for c in chunks)
         ids, positions, slots, gather, use_long, last_rows = [], [], [], [], [], []
         cu_q, cu_k = [0], [0]
-        has_prefix = any(c.start > 0 for c in chunks)
         for c in chunks:
-            ids += c.seq.tokens[c.start : c.stop]
+            ids.append(token_ids(c.seq, c.start, c.stop))
             positions.append(torch.arange(c.start, c.stop))
-            slots.append(cache.slots(c.seq.pages, c.start, c.stop))
-            if has_prefix:
+            if has_prefix:  # every key's slot; the new tokens' slots are its tail
                 gather.append(cache.slots(c.seq.pages, 0, c.stop))
+                slots.append(gather[-1][c.start :])
+            else:
+                slots.append(cache.slots(c.seq.pages, c.start, c.stop))
             if self.long_rope_after is not None:
-                use_long += self.use_long_rope(c.seq, c.start, c.stop)
+                use_long.append(self.long_rope_flags(c.seq, c.start, c.stop))
             cu_q.append(cu_q[-1] + c.stop - c.start)
             cu_k.append(cu_k[-1] + c.stop)
             if c.completes:
                 last_rows.append(cu_q[-1] - 1)
-
-        def t(x, dtype=torch.long):
-            return torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)
-
+        fields = [ids, positions, slots, gather, [torch.tensor(last_rows, dtype=torch.long)]]
+        longs = packed_to_device([torch.cat(f) if f else None for f in fields], dev)
+        cu_seqlens_q, cu_seqlens_k = packed_to_device(
+            [torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)], dev
+        )
         batch = ForwardBatch(
             is_decode=False,
-            positions=torch.cat(positions).to(dev),  # [T]
-            use_long_rope=t(use_long, torch.bool) if self.long_rope_after is not None else None,
-            logits_index=t(last_rows),  # [rows sampled]
-            cu_seqlens_q=t(cu_q, torch.int32),  # [B+1]
-            cu_seqlens_k=t(cu_k, torch.int32),  # [B+1]
+            positions=longs[1],  # [T]
+            use_long_rope=to_device(torch.cat(use_long), dev) if self.long_rope_after is not None else None,
+            logits_index=longs[4],  # [rows sampled]
+            cu_seqlens_q=cu_seqlens_q,  # [B+1] int32
+            cu_seqlens_k=cu_seqlens_k,  # [B+1] int32
             max_seqlen_q=max(c.stop - c.start for c in chunks),
             max_seqlen_k=max(c.stop for c in chunks),
-            kv_gather=torch.cat(gather).to(dev) if has_prefix else None,  # [Tk]
-            slot_mapping=torch.cat(slots).to(dev),  # [T]
+            kv_gather=longs[3],  # [Tk] or None
+            slot_mapping=longs[2],  # [T]
         )
-        return t(ids), batch
+        return longs[0], batch  # ids: [T]
 
     def decode_inputs(self, chunks: Seq[Chunk]) -> DecodeInputs:
         """A decode step's inputs as host lists (no device work yet)."""

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import env
 from ..errors import InputError
 
 # Tokens per rotary program, from ROTARY_TILED_FROM tokens on. One token per program (8 KV groups
@@ -23,6 +24,27 @@ from ..errors import InputError
 # one token per program: at 32 tokens, 16 per program left too few programs (3.0 vs 2.6 us).
 ROTARY_TOKENS = 16
 ROTARY_TILED_FROM = 1024
+PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol (programmatic dependent launch) needs sm_90
+PDL_MAX_ROWS = 1  # measured faster at a batch-1 decode step, slower at batch 32 (use_pdl)
+
+
+def use_pdl(x: torch.Tensor) -> bool:
+    """Launch add + LayerNorm over x ([rows, N]) with programmatic dependent launch: on sm_90+, for
+    up to PDL_MAX_ROWS rows, unless SPARSEGEN_NO_PDL. The kernel then waits (griddepcontrol.wait)
+    for the kernel before it to finish before it reads anything, but is launched while that kernel
+    still runs, which hides its launch latency.
+    H200, session 6 (`benchmarks/bench_pdl.py`, a cuBLAS linear then the fused kernel, graph
+    replays): O projection + add/LayerNorm 15.9 -> 14.8 us at batch 1 and 16.6 -> 15.7 us at 32;
+    up_proj + GeGeLU unchanged; QKV + rotary slower (19.4 -> 20.0 us), so rotary and GeGeLU launch
+    plainly. Whole decode steps (`benchmarks/ab_decode_step.py`, alternating engines): batch 1
+    5.13 -> 5.06 ms, but batch 32 11.12 -> 11.16 ms, hence the row limit (2 to 31 not measured)."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    return (
+        x.is_cuda
+        and rows <= PDL_MAX_ROWS
+        and torch.cuda.get_device_capability(x.device) >= PDL_MIN_CAPABILITY
+        and not env.flag("SPARSEGEN_NO_PDL")
+    )
 
 
 @triton.jit
@@ -128,10 +150,12 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
 def _add_layer_norm_kernel(
     X, RES, W, B, Y, RES_OUT,
     stride_x, stride_res, stride_y, stride_res_out, n, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # One program per row. X, RES: [rows, n] -> RES_OUT = X + RES (rounded to its dtype, as a plain
     # add rounds), Y = LayerNorm(RES_OUT) * W + B computed in float32 from the rounded sum.
+    if PDL:  # launched early: wait for the kernel before to finish
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
@@ -150,7 +174,7 @@ def _add_layer_norm_kernel(
     tl.store(Y + row * stride_y + cols, (diff * rstd * w + b).to(Y.dtype.element_ty), mask=ok)
 
 
-def add_layer_norm(x, residual, weight, bias, eps: float):
+def add_layer_norm(x, residual, weight, bias, eps: float, pdl: bool | None = None):
     """x, residual: [T, N] (residual may be None) -> (LayerNorm(x + residual), x + residual), one
     kernel. weight, bias: [N]. The sum is rounded to x's dtype before the norm, as `x + residual`
     followed by `F.layer_norm` rounds."""
@@ -163,9 +187,10 @@ def add_layer_norm(x, residual, weight, bias, eps: float):
     if rows:
         block = triton.next_power_of_2(n)
         warps = min(16, max(1, block // 256))
+        pdl = use_pdl(x) if pdl is None else pdl
         _add_layer_norm_kernel[(rows,)](
             x, residual if residual is not None else x, weight, bias, y, res_out,
             x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0), res_out.stride(0),
-            n, float(eps), HAS_RES=residual is not None, BLOCK=block, num_warps=warps,
+            n, float(eps), HAS_RES=residual is not None, BLOCK=block, num_warps=warps, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return y, res_out

@@ -38,6 +38,10 @@ class ModelOptions:
     # Batch-1 linear layers through sparsegen's Triton GEMV (bias and up_proj's GeGeLU fused,
     # `models.gemv`) instead of cuBLAS, on a GPU (or in Triton's interpreter). Off until measured.
     triton_gemv: bool = False
+    # The batch-1 output projection (self_attn.dense) alone through that GEMV, on a GPU, with the
+    # rest on cuBLAS: 11.2 us against cuBLAS's 13.9 (a split-K GEMV plus its reduce kernel) on the
+    # H200 (session 5, benchmarks/bench_gemv.py). The other three linears stay faster on cuBLAS.
+    gemv_o_proj: bool = True
 
     def __post_init__(self) -> None:
         device = self.device
@@ -51,7 +55,7 @@ class ModelOptions:
         object.__setattr__(self, "device", device)
         if self.dtype not in DTYPES:
             raise InputError(f"ModelOptions.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("force_dense", "triton_gemv"):
+        for name in ("force_dense", "triton_gemv", "gemv_o_proj"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"ModelOptions.{name} must be a bool, got {getattr(self, name)!r}")
         if self.attn_impl not in ATTN_IMPLS:

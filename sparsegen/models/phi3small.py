@@ -121,6 +121,7 @@ class Attention(nn.Module):
         self.prefill_impl, self.decode_impl = options.attn_impls  # for sparsegen.prefill / paged_decode
         self.fused = options.attn_impl != "reference"  # the fused rotary kernel, on a GPU
         self.gemv = options.triton_gemv
+        self.gemv_o = options.gemv_o_proj  # the output projection alone through the GEMV, on a GPU
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -211,7 +212,7 @@ class Attention(nn.Module):
             else:
                 k_all, v_all = k, v
             out = self._prefill(q, k_all, v_all, batch)
-        return linear(self.dense, out.reshape(t, h * d), self.gemv)
+        return linear(self.dense, out.reshape(t, h * d), self.gemv or (self.gemv_o and out.is_cuda))
 
 
 class MLP(nn.Module):
@@ -325,14 +326,17 @@ class Phi3SmallForCausalLM(nn.Module):
         for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
             block.self_attn.layer = layer
 
-    def set_triton_gemv(self, on: bool) -> None:
-        """Switch the batch-1 linear layers between cuBLAS and the Triton GEMV (same weights)."""
-        if not isinstance(on, bool):
-            raise InputError(f"set_triton_gemv takes a bool, got {on!r}")
-        self.options = replace(self.options, triton_gemv=on)
+    def set_triton_gemv(self, on: bool, o_proj: bool | None = None) -> None:
+        """Switch the batch-1 linear layers between cuBLAS and the Triton GEMV (same weights);
+        `o_proj` also switches `ModelOptions.gemv_o_proj` (the output projection alone)."""
+        if not isinstance(on, bool) or not isinstance(o_proj, (bool, type(None))):
+            raise InputError(f"set_triton_gemv takes bools, got {on!r}, o_proj={o_proj!r}")
+        o_proj = self.options.gemv_o_proj if o_proj is None else o_proj
+        self.options = replace(self.options, triton_gemv=on, gemv_o_proj=o_proj)
         self.gemv = on
         for block in self.model.layers:
             block.self_attn.gemv = block.mlp.gemv = on
+            block.self_attn.gemv_o = o_proj
 
     def tie_embeddings(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight

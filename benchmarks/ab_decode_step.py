@@ -1,0 +1,90 @@
+"""A/B of the engine's decode-step switches, alternating in one process (GPU).
+
+    PYTHONPATH=$PWD python3 benchmarks/ab_decode_step.py [--batch 1,32] [--rounds 2] [--json OUT]
+
+Modes, each in an engine of its own (CUDA graphs captured under the mode), Phi-3-Small 7b random
+weights, bf16, 8K prompts:
+- `base`: SPARSEGEN_NO_PDL=1 and `ModelOptions.gemv_o_proj` off (every linear on cuBLAS);
+- `pdl`: add + LayerNorm launched with programmatic dependent launch (`models.fused.use_pdl`:
+  batch 1 only: session 6's call 4 measured it slower at 32, before the row limit);
+- `pdl+gemv_o`: and the batch-1 output projection through the Triton GEMV (the defaults).
+Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
+the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+from profile_decode_step import replay_ms, step_ms, sync
+
+from sparsegen.engine import LLMEngine, SamplingParams
+from sparsegen.models import random_model
+
+MODES = {"base": (False, False), "pdl": (True, False), "pdl+gemv_o": (True, True)}  # name: (pdl, gemv_o)
+
+
+def run_mode(model, mode: str, batch: int, context: int, steps: int) -> dict:
+    pdl, gemv_o = MODES[mode]
+    if pdl:
+        os.environ.pop("SPARSEGEN_NO_PDL", None)
+    else:
+        os.environ["SPARSEGEN_NO_PDL"] = "1"
+    model.set_triton_gemv(False, o_proj=gemv_o)
+    cfg = model.config
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    kv = int(batch * (context + 8 * steps + 256) * per_token * 1.1) + (512 << 20)
+    engine = LLMEngine(model, kv_cache_bytes=kv, max_num_seqs=batch, max_num_batched_tokens=8192,
+                       use_cuda_graphs=True)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (context,), generator=gen).tolist() for _ in range(batch)]
+    seqs = engine.submit(prompts, SamplingParams(max_tokens=6 * steps + 16, ignore_eos=True))
+    while any(s.t_first_token is None for s in seqs):
+        engine.step()
+    for _ in range(5):
+        engine.step()
+    sync()
+    wall = min(step_ms(engine, steps) for _ in range(3))
+    replay = replay_ms(engine)
+    engine.step()
+    sync()
+    tokens = [list(s.output_ids[:12]) for s in seqs]
+    del engine, seqs
+    torch.cuda.empty_cache()
+    return {"batch": batch, "mode": mode, "step_ms": wall, "replay_ms": replay, "tokens": tokens}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", default="1,32")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("ab_decode_step needs a CUDA GPU")
+    model = random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        base = None
+        for rnd in range(args.rounds):
+            for mode in args.modes.split(","):
+                r = run_mode(model, mode, batch, args.context, args.steps)
+                base = r["tokens"] if base is None else base
+                r.update(round=rnd, same_tokens_as_first=r.pop("tokens") == base)
+                rows.append(r)
+                print(f"b{batch} round {rnd} {mode:11s} step {r['step_ms']:.3f} ms  replay {r['replay_ms']:.3f} ms"
+                      f"  tokens same as the first mode's: {r['same_tokens_as_first']}", flush=True)  # fmt: skip
+    os.environ.pop("SPARSEGEN_NO_PDL", None)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

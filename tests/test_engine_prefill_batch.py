@@ -1,0 +1,207 @@
+"""The prefill batch that `ModelRunner.prepare_prefill` builds with tensor ops equals the one the
+per-token Python lists built before (kept below as the oracle): token ids, positions, slots,
+cu_seqlens, kv_gather, logits rows and the LongRoPE flags, on shuffled page lists, page
+boundaries, prompts that are exact multiples of the page size, chunked prefill continuing a
+sequence, recomputed sequences (prompt plus output tokens), and batches mixing all of them."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+from helpers_checkpoint import single_thread  # noqa: F401
+
+from sparsegen.engine import LLMEngine, SamplingParams
+from sparsegen.engine.model_runner import token_ids
+from sparsegen.engine.sequence import Chunk, Sequence
+from sparsegen.engine.transfer import ALIGN, packed_to_device
+from sparsegen.errors import InputError
+from sparsegen.models import LongRopeConfig, named_config, random_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+LONG_AFTER = 64  # the LongRoPE model's original_max_position_embeddings
+
+
+@pytest.fixture(scope="module")
+def longrope_model():
+    cfg = replace(
+        named_config("tiny"),
+        max_position_embeddings=1024,
+        rope_scaling=LongRopeConfig((1.0,) * 32, (1.5,) * 32, LONG_AFTER, 1.0, 1.2),
+    )
+    return random_model(cfg, seed=0)
+
+
+def lists_prefill(runner, chunks):
+    """The batch as the engine built it with Python lists (before it used tensor ops)."""
+    cache = runner.cache
+    ids, positions, slots, gather, use_long, last_rows = [], [], [], [], [], []
+    cu_q, cu_k = [0], [0]
+    has_prefix = any(c.start > 0 for c in chunks)
+    ps = cache.page_size
+    for c in chunks:
+        ids += c.seq.tokens[c.start : c.stop]
+        positions += list(range(c.start, c.stop))
+        slots += [c.seq.pages[p // ps] * ps + p % ps for p in range(c.start, c.stop)]
+        if has_prefix:
+            gather += [c.seq.pages[p // ps] * ps + p % ps for p in range(0, c.stop)]
+        if runner.long_rope_after is not None:
+            use_long += runner.use_long_rope(c.seq, c.start, c.stop)
+        cu_q.append(cu_q[-1] + c.stop - c.start)
+        cu_k.append(cu_k[-1] + c.stop)
+        if c.completes:
+            last_rows.append(cu_q[-1] - 1)
+    t = torch.tensor
+    return t(ids, dtype=torch.long), {
+        "positions": t(positions, dtype=torch.long),
+        "use_long_rope": t(use_long, dtype=torch.bool) if runner.long_rope_after is not None else None,
+        "logits_index": t(last_rows, dtype=torch.long),
+        "cu_seqlens_q": t(cu_q, dtype=torch.int32),
+        "cu_seqlens_k": t(cu_k, dtype=torch.int32),
+        "max_seqlen_q": max(c.stop - c.start for c in chunks),
+        "max_seqlen_k": max(c.stop for c in chunks),
+        "kv_gather": t(gather, dtype=torch.long) if has_prefix else None,
+        "slot_mapping": t(slots, dtype=torch.long),
+    }
+
+
+def assert_same_batch(runner, chunks):
+    ids, batch = runner.prepare_prefill(chunks)
+    want_ids, want = lists_prefill(runner, chunks)
+    assert ids.dtype == want_ids.dtype and torch.equal(ids, want_ids)
+    for name, value in want.items():
+        got = getattr(batch, name)
+        if value is None or isinstance(value, int):
+            assert got == value, name
+        else:
+            assert got.dtype == value.dtype and torch.equal(got, value), name
+    assert batch.is_decode is False
+
+
+def make_seq(runner, seq_id: int, n_prompt: int, n_out: int, gen: random.Random) -> Sequence:
+    """A sequence holding shuffled pages for all its tokens (as after other sequences came and went)."""
+    seq = Sequence(seq_id, [gen.randrange(256) for _ in range(n_prompt)], SamplingParams(max_tokens=64))
+    seq.output_ids = [gen.randrange(256) for _ in range(n_out)]
+    alloc, ps = runner.cache.allocator, runner.cache.page_size
+    pages = alloc.allocate(-(-len(seq) // ps))
+    gen.shuffle(pages)
+    seq.pages = pages
+    return seq
+
+
+def engine_for(model, page_size: int) -> LLMEngine:
+    return LLMEngine(model, page_size=page_size, num_pages=400, max_num_seqs=8)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_edge_cases_match_the_per_token_lists(longrope_model, page_size):
+    engine = engine_for(longrope_model, page_size)
+    runner, gen = engine.runner, random.Random(page_size)
+    ps = page_size
+    cases = [
+        (1, 0, 0, 1),  # one token
+        (ps, 0, 0, ps),  # exactly one page
+        (3 * ps, 0, 0, 3 * ps),  # an exact multiple of the page size
+        (3 * ps + 1, 0, 0, 3 * ps + 1),  # one past a page boundary
+        (3 * ps + 1, 0, ps, 2 * ps + 1),  # a chunk continuing from a page boundary, not completing
+        (3 * ps + 1, 0, ps - 1 if ps > 1 else 1, 3 * ps + 1),  # a chunk continuing mid-page
+        (LONG_AFTER, 0, 0, LONG_AFTER),  # LongRoPE: exactly the original length (short factors)
+        (LONG_AFTER + 1, 0, 0, LONG_AFTER + 1),  # one past it: all long
+        (40, 50, 0, 90),  # recomputed after a preemption: prompt + output, crossing LONG_AFTER
+        (40, 50, 60, 90),  # its last chunk: output tokens only
+        (40, 50, 30, 45),  # a chunk across the prompt/output seam
+    ]
+    for i, (n_prompt, n_out, start, stop) in enumerate(cases):
+        seq = make_seq(runner, i, n_prompt, n_out, gen)
+        assert_same_batch(runner, [Chunk(seq, start, stop)])
+        engine.cache.allocator.free(seq.pages)
+
+
+def test_random_mixed_batches_match_the_per_token_lists(longrope_model):
+    """Batches of up to four chunks: fresh prompts, continued chunks (so kv_gather is built for
+    every chunk of the batch), completing or not, prompts with output tokens."""
+    for page_size in (4, 16):
+        engine = engine_for(longrope_model, page_size)
+        runner, gen = engine.runner, random.Random(100 + page_size)
+        for trial in range(40):
+            chunks, seqs = [], []
+            for j in range(gen.randint(1, 4)):
+                n_prompt = gen.randint(1, 150)
+                n_out = gen.choice([0, 0, gen.randint(1, 20)])
+                seq = make_seq(runner, 10 * trial + j, n_prompt, n_out, gen)
+                start = gen.choice([0, gen.randrange(len(seq))])
+                stop = gen.choice([len(seq), gen.randint(start + 1, len(seq))])
+                chunks.append(Chunk(seq, start, stop))
+                seqs.append(seq)
+            assert_same_batch(runner, chunks)
+            for seq in seqs:
+                engine.cache.allocator.free(seq.pages)
+
+
+def test_without_longrope_there_are_no_flags(model):
+    engine = engine_for(model, 16)
+    seq = make_seq(engine.runner, 0, 37, 0, random.Random(0))
+    assert engine.runner.long_rope_after is None
+    assert_same_batch(engine.runner, [Chunk(seq, 0, 37)])
+    assert_same_batch(engine.runner, [Chunk(seq, 16, 37)])
+
+
+def test_long_rope_flags_equal_the_list_choice(longrope_model):
+    runner = engine_for(longrope_model, 16).runner
+    for n_prompt, start, stop in [
+        (1, 0, 1),
+        (64, 0, 64),
+        (65, 0, 65),
+        (10, 60, 70),
+        (100, 99, 130),
+        (64, 64, 65),
+    ]:
+        seq = Sequence(0, [1] * n_prompt, SamplingParams())
+        want = runner.use_long_rope(seq, start, stop)
+        assert runner.long_rope_flags(seq, start, stop).tolist() == want
+
+
+def test_token_ids_slices_prompt_then_output():
+    seq = Sequence(0, [5, 6, 7], SamplingParams())
+    seq.output_ids = [8, 9]
+    for start in range(5):
+        for stop in range(start, 6):
+            assert token_ids(seq, start, stop).tolist() == seq.tokens[start:stop]
+            assert token_ids(seq, start, stop).dtype == torch.long
+
+
+def test_packed_parts_are_aligned_views_in_order():
+    parts = [torch.arange(5), None, torch.arange(17) * 3, torch.empty(0, dtype=torch.long), torch.tensor([7])]
+    out = packed_to_device(parts, torch.device("cpu"))
+    assert out[1] is None
+    base = out[0].data_ptr()
+    for got, want in zip(out, parts, strict=True):
+        if want is None:
+            continue
+        assert torch.equal(got, want) and got.dtype == want.dtype
+        if want.numel():  # (an empty view may report a null data pointer)
+            assert (got.data_ptr() - base) % (ALIGN * 8) == 0  # each part as aligned as its own tensor
+    assert packed_to_device([None, None], torch.device("cpu")) == [None, None]
+
+
+def test_packed_parts_must_share_one_dtype_and_be_1d():
+    with pytest.raises(InputError, match="1-D torch.int64"):
+        packed_to_device([torch.arange(3), torch.arange(3, dtype=torch.int32)], torch.device("cpu"))
+    with pytest.raises(InputError, match="shape"):
+        packed_to_device([torch.zeros(2, 2, dtype=torch.long)], torch.device("cpu"))
+
+
+def test_chunked_and_whole_prefill_still_give_the_same_tokens(longrope_model):
+    """End to end through the engine: chunks of 16, 48 and the whole prompt agree token for token."""
+    prompt = torch.randint(0, 256, (130,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    outs = [
+        LLMEngine(longrope_model, page_size=16, max_num_batched_tokens=chunk)
+        .generate([prompt], params)[0]
+        .output_ids
+        for chunk in (16, 48, 8192)
+    ]
+    assert outs[0] == outs[1] == outs[2]
