@@ -369,7 +369,7 @@ def test_generate_cli_7b_on_cpu_exits_with_one_line():
      ({"dtype": torch.int32}, "dtype"), ({"dtype": "bf16"}, "dtype"), ({"force_dense": 1}, "force_dense"),
      ({"attn_impl": "cuda"}, "attn_impl"), ({"attn_impl": True}, "attn_impl"),
      ({"dummy_token_indices": "abc"}, "dummy_token_indices"), ({"dummy_token_indices": (1.5,)}, "dummy_token_indices"),
-     ({"triton_gemv": 1}, "triton_gemv"), ({"gemv_o_proj": "yes"}, "gemv_o_proj"), ({"gemv_pdl": 0}, "gemv_pdl"), ({"colour": "red"}, "colour")],
+     ({"triton_gemv": 1}, "triton_gemv"), ({"gemv_o_proj": "yes"}, "gemv_o_proj"), ({"colour": "red"}, "colour")],
 )  # fmt: skip
 def test_bad_model_options_are_input_errors(kw, field):
     from sparsegen.models import ModelOptions
@@ -423,16 +423,10 @@ def test_set_triton_gemv_takes_a_bool_and_switches_every_layer():
         model.set_triton_gemv(False, o_proj=0)
     model.set_triton_gemv(False, o_proj=False)
     assert not model.options.gemv_o_proj and not any(b.self_attn.gemv_o for b in model.model.layers)
-    torch.testing.assert_close(
-        on, model(ids, batch), rtol=1e-5, atol=1e-5
-    )  # on a CPU both take the plain path
+    # on a CPU both take the plain path
+    torch.testing.assert_close(on, model(ids, batch), rtol=1e-5, atol=1e-5)
     model.set_triton_gemv(True)  # o_proj=None keeps the current choice
     assert model.options.triton_gemv and not model.options.gemv_o_proj
-    with pytest.raises(InputError, match="pdl_chain"):
-        model.set_triton_gemv(False, pdl_chain="on")
-    model.set_triton_gemv(False, pdl_chain=True)
-    assert model.options.gemv_pdl and all(b.self_attn.gemv_pdl for b in model.model.layers)
-    torch.testing.assert_close(on, model(ids, batch), rtol=1e-5, atol=1e-5)  # GPU only: plain on a CPU
 
 
 # -- the prompt check's fast path -------------------------------------------------------------------

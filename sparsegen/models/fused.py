@@ -25,18 +25,23 @@ from ..errors import InputError
 ROTARY_TOKENS = 16
 ROTARY_TILED_FROM = 1024
 PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol (programmatic dependent launch) needs sm_90
+PDL_MAX_ROWS = 1  # measured faster at a batch-1 decode step, slower at batch 32 (use_pdl)
 
 
 def use_pdl(x: torch.Tensor) -> bool:
-    """Launch add + LayerNorm with programmatic dependent launch: on sm_90+, unless SPARSEGEN_NO_PDL.
-    The kernel then waits (griddepcontrol.wait) for the kernel before it to finish before it reads
-    anything, but is launched while that kernel still runs, which hides its launch latency.
-    H200, lead's call 3 of session 6 (`benchmarks/bench_pdl.py`, a cuBLAS linear then the fused
-    kernel, graph replays): O projection + add/LayerNorm 15.9 -> 14.8 us at batch 1 and 16.6 ->
-    15.7 us at 32; up_proj + GeGeLU unchanged (62.8 / 62.5 us); QKV + rotary slower (19.4 ->
-    20.0 us), so rotary and GeGeLU launch plainly."""
+    """Launch add + LayerNorm over x ([rows, N]) with programmatic dependent launch: on sm_90+, for
+    up to PDL_MAX_ROWS rows, unless SPARSEGEN_NO_PDL. The kernel then waits (griddepcontrol.wait)
+    for the kernel before it to finish before it reads anything, but is launched while that kernel
+    still runs, which hides its launch latency.
+    H200, session 6 (`benchmarks/bench_pdl.py`, a cuBLAS linear then the fused kernel, graph
+    replays): O projection + add/LayerNorm 15.9 -> 14.8 us at batch 1 and 16.6 -> 15.7 us at 32;
+    up_proj + GeGeLU unchanged; QKV + rotary slower (19.4 -> 20.0 us), so rotary and GeGeLU launch
+    plainly. Whole decode steps (`benchmarks/ab_decode_step.py`, alternating engines): batch 1
+    5.13 -> 5.06 ms, but batch 32 11.12 -> 11.16 ms, hence the row limit (2 to 31 not measured)."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     return (
         x.is_cuda
+        and rows <= PDL_MAX_ROWS
         and torch.cuda.get_device_capability(x.device) >= PDL_MIN_CAPABILITY
         and not env.flag("SPARSEGEN_NO_PDL")
     )
@@ -149,9 +154,8 @@ def _add_layer_norm_kernel(
 ):  # fmt: skip
     # One program per row. X, RES: [rows, n] -> RES_OUT = X + RES (rounded to its dtype, as a plain
     # add rounds), Y = LayerNorm(RES_OUT) * W + B computed in float32 from the rounded sum.
-    if PDL:  # launched early: wait for the kernel before to finish, then let the next one launch
+    if PDL:  # launched early: wait for the kernel before to finish
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n

@@ -41,23 +41,10 @@ def _summed(X, RES, kk, k_ok, HAS_RES: tl.constexpr):
 
 
 @triton.jit
-def _x_tile(X, RES, LNW, LNB, kk, k_ok, mean, rstd, NORM: tl.constexpr, HAS_RES: tl.constexpr):
-    # The inputs at columns kk as a [1, BLOCK_K] float32 row: X, or LayerNorm(X + RES) rounded where
-    # the LayerNorm rounds (NORM); zero past K.
-    if NORM:
-        s = _summed(X, RES, kk, k_ok, HAS_RES)
-        lw = tl.load(LNW + kk, mask=k_ok, other=0.0).to(tl.float32)
-        lb = tl.load(LNB + kk, mask=k_ok, other=0.0).to(tl.float32)
-        h = ((s - mean) * rstd * lw + lb).to(X.dtype.element_ty)
-        return tl.where(k_ok, h.to(tl.float32), 0.0)[None, :]
-    return tl.load(X + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-
-
-@triton.jit
 def _gemv_kernel(
     X, W, B, Y, N, stride_w, limit, RES, LNW, LNB, RES_OUT, eps,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, GEGELU: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # K is a constexpr: a model has two (hidden and intermediate size), and a known trip count
     # lets the loop be pipelined (and Triton's interpreter cannot loop to a runtime int).
@@ -79,17 +66,6 @@ def _gemv_kernel(
         r_a = rows
         r_b = rows
     ok = rows < n_out
-    # PDL (programmatic dependent launch): this grid may start while the kernel before it still
-    # runs. W is a weight, written by nobody: its first tile is loaded before griddepcontrol.wait,
-    # everything the kernel before wrote (X, RES) and every store only after it. Then this kernel
-    # lets the next one launch, whose own first W tile loads overlap this kernel's tail.
-    if PDL:
-        m0 = ok[:, None] & (ks < K)[None, :]
-        w_a0 = tl.load(W + r_a[:, None] * stride_w + ks[None, :], mask=m0, other=0.0)
-        if GEGELU:
-            w_b0 = tl.load(W + r_b[:, None] * stride_w + ks[None, :], mask=m0, other=0.0)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     mean = 0.0
     rstd = 1.0
     if NORM:
@@ -112,15 +88,17 @@ def _gemv_kernel(
         rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
     acc_a = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if PDL:  # the first K tile, from the W loaded before the wait
-        x = _x_tile(X, RES, LNW, LNB, ks, ks < K, mean, rstd, NORM, HAS_RES)
-        acc_a += w_a0.to(tl.float32) * x
-        if GEGELU:
-            acc_b += w_b0.to(tl.float32) * x
-    for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
         k_ok = kk < K
-        x = _x_tile(X, RES, LNW, LNB, kk, k_ok, mean, rstd, NORM, HAS_RES)
+        if NORM:
+            s = _summed(X, RES, kk, k_ok, HAS_RES)
+            lw = tl.load(LNW + kk, mask=k_ok, other=0.0).to(tl.float32)
+            lb = tl.load(LNB + kk, mask=k_ok, other=0.0).to(tl.float32)
+            h = ((s - mean) * rstd * lw + lb).to(X.dtype.element_ty)  # where the LayerNorm rounds
+            x = tl.where(k_ok, h.to(tl.float32), 0.0)[None, :]
+        else:
+            x = tl.load(X + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
         m = ok[:, None] & k_ok[None, :]
         w_a = tl.load(W + r_a[:, None] * stride_w + kk[None, :], mask=m, other=0.0)
         acc_a += w_a.to(tl.float32) * x
@@ -176,15 +154,13 @@ def gemv(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int = 4,
-    pdl: bool = False,
 ):
     """`linear(x, weight, bias)` for one row -> [1, N]; with `gegelu_limit`,
     `gegelu(linear(...), limit)` over the interleaved (gate, linear) columns (Phi-3-Small's
     up_proj) -> [1, N // 2]. With `norm`, the input is first `layer_norm(x + residual)` (x alone
     when residual is None), as `phi3small.add_norm` computes it, and the call returns
     `(y, x + residual)` (`(y, x)` without a residual). block_n / block_k / num_warps override the
-    heuristic (benchmarks). `pdl`: launch with programmatic dependent launch (sm_90+; see the
-    kernel), so that a chain of such GEMVs streams weights without a gap (`ModelOptions.gemv_pdl`)."""
+    heuristic (benchmarks)."""
     x = _row(x, "x")
     n, k = weight.shape
     if x.shape[0] != k or weight.stride(1) != 1 or x.dtype != weight.dtype or x.device != weight.device:
@@ -229,7 +205,6 @@ def gemv(
             lnb if lnb is not None else dummy, res_out, float(eps),
             K=k, HAS_BIAS=bias is not None, GEGELU=gegelu_limit is not None, NORM=norm is not None,
             HAS_RES=res is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
-            PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     elif res is not None:
         res_out.copy_(x + res)

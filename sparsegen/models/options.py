@@ -42,10 +42,6 @@ class ModelOptions:
     # rest on cuBLAS: 11.2 us against cuBLAS's 13.9 (a split-K GEMV plus its reduce kernel) on the
     # H200 (session 5, benchmarks/bench_gemv.py). The other three linears stay faster on cuBLAS.
     gemv_o_proj: bool = True
-    # All four batch-1 linears through that GEMV (norms as their own kernels), each launched with
-    # programmatic dependent launch so that one GEMV's weight loads overlap the tail of the kernel
-    # before it (sm_90; `models.gemv`). Off until measured faster than cuBLAS.
-    gemv_pdl: bool = False
 
     def __post_init__(self) -> None:
         device = self.device
@@ -59,7 +55,7 @@ class ModelOptions:
         object.__setattr__(self, "device", device)
         if self.dtype not in DTYPES:
             raise InputError(f"ModelOptions.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("force_dense", "triton_gemv", "gemv_o_proj", "gemv_pdl"):
+        for name in ("force_dense", "triton_gemv", "gemv_o_proj"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"ModelOptions.{name} must be a bool, got {getattr(self, name)!r}")
         if self.attn_impl not in ATTN_IMPLS:

@@ -92,20 +92,14 @@ def _gemv_row(on: bool, x: torch.Tensor) -> bool:
     return x.is_cuda or ops.interpreter_usable()
 
 
-def linear(layer: nn.Module, x: torch.Tensor, gemv: bool, pdl: bool = False) -> torch.Tensor:
+def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
     """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
-    through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself), with
-    `pdl` launched as part of a PDL chain (`ModelOptions.gemv_pdl`)."""
+    through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself)."""
     if isinstance(layer, nn.Linear) and _gemv_row(gemv, x):
         from .gemv import gemv as triton_gemv
 
-        return triton_gemv(x, layer.weight, layer.bias, pdl=pdl and _pdl(x))
+        return triton_gemv(x, layer.weight, layer.bias)
     return layer(x)
-
-
-def _pdl(x: torch.Tensor) -> bool:
-    """Programmatic dependent launch where the fused kernels use it (`fused.use_pdl`), eagerly."""
-    return _fast(x) and fused_ops().use_pdl(x)
 
 
 def add_norm(
@@ -128,7 +122,6 @@ class Attention(nn.Module):
         self.fused = options.attn_impl != "reference"  # the fused rotary kernel, on a GPU
         self.gemv = options.triton_gemv
         self.gemv_o = options.gemv_o_proj  # the output projection alone through the GEMV, on a GPU
-        self.gemv_pdl = options.gemv_pdl  # all four linears through the GEMV, chained by PDL
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -219,8 +212,7 @@ class Attention(nn.Module):
             else:
                 k_all, v_all = k, v
             out = self._prefill(q, k_all, v_all, batch)
-        gemv = self.gemv or self.gemv_pdl or (self.gemv_o and out.is_cuda)
-        return linear(self.dense, out.reshape(t, h * d), gemv, pdl=self.gemv_pdl)
+        return linear(self.dense, out.reshape(t, h * d), self.gemv or (self.gemv_o and out.is_cuda))
 
 
 class MLP(nn.Module):
@@ -273,27 +265,10 @@ class DecoderLayer(nn.Module):
         )
         if plain and _gemv_row(self.self_attn.gemv, x):
             return self._forward_row(x, residual, cos, sin, batch, kv_cache)
-        if plain and self.self_attn.gemv_pdl and x.is_cuda and _gemv_row(True, x):
-            return self._forward_row_pdl(x, residual, cos, sin, batch, kv_cache)
         h, residual = add_norm(self.input_layernorm, x, residual, self.fused)
         attn = self.self_attn(h, cos, sin, batch, kv_cache)
         h, residual = add_norm(self.post_attention_layernorm, attn, residual, self.fused)
         return self.mlp(h), residual
-
-    def _forward_row_pdl(self, x, residual, cos, sin, batch, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """One row with `ModelOptions.gemv_pdl`: the four linears through the Triton GEMV, each
-        launched with programmatic dependent launch after a kernel that lets it (the add +
-        LayerNorms and the GEMVs themselves), so that the weights stream without a gap."""
-        from .gemv import gemv
-
-        attn, mlp = self.self_attn, self.mlp
-        pdl = _pdl(x)
-        h, residual = add_norm(self.input_layernorm, x, residual, self.fused)
-        qkv = gemv(h, attn.query_key_value.weight, attn.query_key_value.bias, pdl=pdl)
-        out = attn.attend(qkv, cos, sin, batch, kv_cache)  # [1, hidden]; its O projection chains too
-        h, residual = add_norm(self.post_attention_layernorm, out, residual, self.fused)
-        act = gemv(h, mlp.up_proj.weight, mlp.up_proj.bias, gegelu_limit=mlp.limit, pdl=pdl)  # [1, F]
-        return gemv(act, mlp.down_proj.weight, mlp.down_proj.bias, pdl=pdl), residual
 
     def _forward_row(self, x, residual, cos, sin, batch, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
         """One row through the Triton GEMV (`ModelOptions.triton_gemv`): each residual add and
@@ -351,23 +326,17 @@ class Phi3SmallForCausalLM(nn.Module):
         for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
             block.self_attn.layer = layer
 
-    def set_triton_gemv(self, on: bool, o_proj: bool | None = None, pdl_chain: bool | None = None) -> None:
+    def set_triton_gemv(self, on: bool, o_proj: bool | None = None) -> None:
         """Switch the batch-1 linear layers between cuBLAS and the Triton GEMV (same weights);
-        `o_proj` / `pdl_chain` also switch `ModelOptions.gemv_o_proj` / `gemv_pdl` (None: keep)."""
-        if not all(isinstance(v, bool) for v in (on,)) or not all(
-            isinstance(v, (bool, type(None))) for v in (o_proj, pdl_chain)
-        ):
-            raise InputError(
-                f"set_triton_gemv takes bools, got {on!r}, o_proj={o_proj!r}, pdl_chain={pdl_chain!r}"
-            )
+        `o_proj` also switches `ModelOptions.gemv_o_proj` (the output projection alone)."""
+        if not isinstance(on, bool) or not isinstance(o_proj, (bool, type(None))):
+            raise InputError(f"set_triton_gemv takes bools, got {on!r}, o_proj={o_proj!r}")
         o_proj = self.options.gemv_o_proj if o_proj is None else o_proj
-        pdl_chain = self.options.gemv_pdl if pdl_chain is None else pdl_chain
-        self.options = replace(self.options, triton_gemv=on, gemv_o_proj=o_proj, gemv_pdl=pdl_chain)
+        self.options = replace(self.options, triton_gemv=on, gemv_o_proj=o_proj)
         self.gemv = on
         for block in self.model.layers:
             block.self_attn.gemv = block.mlp.gemv = on
             block.self_attn.gemv_o = o_proj
-            block.self_attn.gemv_pdl = pdl_chain
 
     def tie_embeddings(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
