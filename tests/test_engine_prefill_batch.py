@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from helpers_checkpoint import single_thread  # noqa: F401
@@ -170,28 +171,33 @@ def test_token_ids_slices_prompt_then_output():
     for start in range(5):
         for stop in range(start, 6):
             assert token_ids(seq, start, stop).tolist() == seq.tokens[start:stop]
-            assert token_ids(seq, start, stop).dtype == torch.long
+            assert token_ids(seq, start, stop).dtype == np.int64
 
 
 def test_packed_parts_are_aligned_views_in_order():
-    parts = [torch.arange(5), None, torch.arange(17) * 3, torch.empty(0, dtype=torch.long), torch.tensor([7])]
-    out = packed_to_device(parts, torch.device("cpu"))
+    parts = [np.arange(5), None, np.arange(17) * 3, np.zeros(0, dtype=np.int64), np.array([7])]
+    out = packed_to_device(parts, torch.long, torch.device("cpu"))
     assert out[1] is None
     base = out[0].data_ptr()
     for got, want in zip(out, parts, strict=True):
         if want is None:
             continue
-        assert torch.equal(got, want) and got.dtype == want.dtype
-        if want.numel():  # (an empty view may report a null data pointer)
+        assert got.dtype == torch.long and got.tolist() == want.tolist()
+        if want.size:  # (an empty view may report a null data pointer)
             assert (got.data_ptr() - base) % (ALIGN * 8) == 0  # each part as aligned as its own tensor
-    assert packed_to_device([None, None], torch.device("cpu")) == [None, None]
+    flags = packed_to_device([np.array([True, False])], torch.bool, torch.device("cpu"))[0]
+    assert flags.dtype == torch.bool and flags.tolist() == [True, False]
+    assert packed_to_device([None, None], torch.long, torch.device("cpu")) == [None, None]
 
 
-def test_packed_parts_must_share_one_dtype_and_be_1d():
-    with pytest.raises(InputError, match="1-D torch.int64"):
-        packed_to_device([torch.arange(3), torch.arange(3, dtype=torch.int32)], torch.device("cpu"))
-    with pytest.raises(InputError, match="shape"):
-        packed_to_device([torch.zeros(2, 2, dtype=torch.long)], torch.device("cpu"))
+def test_packed_parts_must_be_1d_arrays_of_the_dtype():
+    cpu = torch.device("cpu")
+    with pytest.raises(InputError, match="1-D int64 arrays, got a ndarray of dtype int32"):
+        packed_to_device([np.arange(3), np.arange(3, dtype=np.int32)], torch.long, cpu)
+    with pytest.raises(InputError, match=r"shape \(2, 2\)"):
+        packed_to_device([np.zeros((2, 2), dtype=np.int64)], torch.long, cpu)
+    with pytest.raises(InputError, match="got a Tensor"):
+        packed_to_device([torch.arange(3)], torch.long, cpu)
 
 
 def test_chunked_and_whole_prefill_still_give_the_same_tokens(longrope_model):
@@ -205,3 +211,24 @@ def test_chunked_and_whole_prefill_still_give_the_same_tokens(longrope_model):
         for chunk in (16, 48, 8192)
     ]
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_slots_equal_the_per_position_formula_on_random_tables():
+    """KVCache.slots (a broadcast over whole pages, then a slice) against pages[p // ps] * ps + p % ps."""
+    from sparsegen.engine.kv_cache import KVCache
+    from sparsegen.errors import EngineError
+
+    gen = random.Random(7)
+    for ps in (1, 3, 16):
+        cache = KVCache(num_layers=1, num_pages=64, page_size=ps, num_kv_heads=1, head_dim=2,
+                        dtype=torch.float32, device="cpu")  # fmt: skip
+        for _ in range(60):
+            n_pages = gen.randint(1, 40)
+            pages = gen.sample(range(63), n_pages)
+            stop = gen.choice([n_pages * ps, gen.randint(1, n_pages * ps)])
+            start = gen.choice([0, stop, gen.randint(0, stop), (stop // ps) * ps])
+            got = cache.slots(pages, start, stop)
+            want = [pages[p // ps] * ps + p % ps for p in range(start, stop)]
+            assert got.dtype == torch.long and got.tolist() == want
+        with pytest.raises(EngineError, match="need pages 0..2 of the block table, which has 2"):
+            cache.slots([4, 5], 0, 2 * ps + 1)

@@ -7,10 +7,9 @@ any of them, so a bad prompt at index 2 leaves nothing queued from indices 0 and
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Sequence as Seq
 
-import torch
+import numpy as np
 
 from ..errors import InputError
 from .sampling_params import SamplingParams
@@ -45,7 +44,7 @@ def _plain_ids_in_range(prompt: list | tuple, vocab_size: int) -> bool:
     if set(map(type, prompt)) != {int}:
         return False
     try:
-        ids = torch.frombuffer(array("q", prompt), dtype=torch.long)
+        ids = np.array(prompt, dtype=np.int64)
     except OverflowError:  # beyond int64: out of range anyway
         return False
     return int(ids.min()) >= 0 and int(ids.max()) < vocab_size

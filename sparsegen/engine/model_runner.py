@@ -10,11 +10,11 @@ a GPU), and returns the logits of the rows to sample.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import InputError
@@ -74,14 +74,11 @@ def compiled_decode(model: Phi3SmallForCausalLM) -> Callable[..., torch.Tensor]:
     return torch.compile(model, fullgraph=True, backend=COMPILE_BACKEND)
 
 
-def token_ids(seq: Sequence, start: int, stop: int) -> torch.Tensor:  # [stop - start] int64
-    """Tokens start..stop-1 of `seq` (prompt then output) as a host tensor, without building the
-    whole token list or converting Python ints one by one (`array` takes the list in C)."""
+def token_ids(seq: Sequence, start: int, stop: int) -> np.ndarray:  # [stop - start] int64
+    """Tokens start..stop-1 of `seq` (prompt then output), without building the whole token list."""
     n = len(seq.prompt_ids)
     part = seq.prompt_ids[start:stop] + seq.output_ids[max(0, start - n) : max(0, stop - n)]
-    if not part:
-        return torch.empty(0, dtype=torch.long)
-    return torch.frombuffer(array("q", part), dtype=torch.long)
+    return np.array(part, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -167,52 +164,55 @@ class ModelRunner:
         n_prompt = len(seq.prompt_ids)
         return [max(n_prompt, p + 1) > limit for p in range(start, stop)]
 
-    def long_rope_flags(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:  # [stop - start] bool
-        """`use_long_rope` as a host tensor, computed without a Python loop (prefill chunks)."""
-        return torch.arange(start + 1, stop + 1).clamp_(min=len(seq.prompt_ids)) > self.long_rope_after
+    def long_rope_flags(self, seq: Sequence, start: int, stop: int) -> np.ndarray:  # [stop - start] bool
+        """`use_long_rope` as an array, computed without a Python loop (prefill chunks)."""
+        return np.maximum(np.arange(start + 1, stop + 1), len(seq.prompt_ids)) > self.long_rope_after
 
     def prepare_prefill(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
-        """A prefill step as tensors on the model's device. Built on the host with tensor ops
-        (nothing loops per token in Python), then moved in three non-blocking copies from pinned
-        memory: one for the int64 fields, one for cu_seqlens, one for the LongRoPE flags. The host
-        never waits for the device here, so the next chunk of a long prompt is prepared while the
-        GPU still computes the last one."""
+        """A prefill step as tensors on the model's device. Built on the host with numpy (nothing
+        loops per token in Python, and torch's CPU thread pool is never woken), then moved in
+        non-blocking copies from pinned memory: one for the int64 fields, one for cu_seqlens, one
+        for the LongRoPE flags. The host never waits for the device here, so the next chunk of a
+        long prompt is prepared while the GPU still computes the last one."""
         dev, cache = self.model.device, self.cache
         has_prefix = any(c.start > 0 for c in chunks)
         ids, positions, slots, gather, use_long, last_rows = [], [], [], [], [], []
         cu_q, cu_k = [0], [0]
         for c in chunks:
             ids.append(token_ids(c.seq, c.start, c.stop))
-            positions.append(torch.arange(c.start, c.stop))
+            positions.append(np.arange(c.start, c.stop, dtype=np.int64))
             if has_prefix:  # every key's slot; the new tokens' slots are its tail
-                gather.append(cache.slots(c.seq.pages, 0, c.stop))
+                gather.append(cache.slot_array(c.seq.pages, 0, c.stop))
                 slots.append(gather[-1][c.start :])
             else:
-                slots.append(cache.slots(c.seq.pages, c.start, c.stop))
+                slots.append(cache.slot_array(c.seq.pages, c.start, c.stop))
             if self.long_rope_after is not None:
                 use_long.append(self.long_rope_flags(c.seq, c.start, c.stop))
             cu_q.append(cu_q[-1] + c.stop - c.start)
             cu_k.append(cu_k[-1] + c.stop)
             if c.completes:
                 last_rows.append(cu_q[-1] - 1)
-        fields = [ids, positions, slots, gather, [torch.tensor(last_rows, dtype=torch.long)]]
-        longs = packed_to_device([torch.cat(f) if f else None for f in fields], dev)
-        cu_seqlens_q, cu_seqlens_k = packed_to_device(
-            [torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)], dev
-        )
+        rows = np.array(last_rows, dtype=np.int64)
+        fields = [np.concatenate(f) if f else None for f in (ids, positions, slots, gather)]
+        ids_d, positions_d, slots_d, gather_d, rows_d = packed_to_device([*fields, rows], torch.long, dev)
+        cu = [np.array(cu_q, dtype=np.int32), np.array(cu_k, dtype=np.int32)]
+        cu_seqlens_q, cu_seqlens_k = packed_to_device(cu, torch.int32, dev)
+        long_d = None
+        if self.long_rope_after is not None:
+            (long_d,) = packed_to_device([np.concatenate(use_long)], torch.bool, dev)
         batch = ForwardBatch(
             is_decode=False,
-            positions=longs[1],  # [T]
-            use_long_rope=to_device(torch.cat(use_long), dev) if self.long_rope_after is not None else None,
-            logits_index=longs[4],  # [rows sampled]
+            positions=positions_d,  # [T]
+            use_long_rope=long_d,  # [T] or None
+            logits_index=rows_d,  # [rows sampled]
             cu_seqlens_q=cu_seqlens_q,  # [B+1] int32
             cu_seqlens_k=cu_seqlens_k,  # [B+1] int32
             max_seqlen_q=max(c.stop - c.start for c in chunks),
             max_seqlen_k=max(c.stop for c in chunks),
-            kv_gather=longs[3],  # [Tk] or None
-            slot_mapping=longs[2],  # [T]
+            kv_gather=gather_d,  # [Tk] or None
+            slot_mapping=slots_d,  # [T]
         )
-        return longs[0], batch  # ids: [T]
+        return ids_d, batch  # ids: [T]
 
     def decode_inputs(self, chunks: Seq[Chunk]) -> DecodeInputs:
         """A decode step's inputs as host lists (no device work yet)."""

@@ -9,6 +9,9 @@ it early. On a CPU they are plain copies.
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
+
+import numpy as np
 import torch
 
 from ..errors import InputError
@@ -38,25 +41,31 @@ def copy_in(dst: torch.Tensor, host: torch.Tensor) -> None:
 ALIGN = 16  # elements: each packed part starts a multiple of 64 (int32) or 128 (int64) bytes in
 
 
-def packed_to_device(parts: list[torch.Tensor | None], device: torch.device) -> list[torch.Tensor | None]:
-    """Several 1-D host tensors of one dtype on `device` in one copy: they are packed into one host
-    buffer (each part at a multiple of ALIGN elements, so that every view is as aligned as a tensor
-    of its own and kernels specialised on pointer alignment see no difference), copied as
-    `to_device` does, and returned as views of the device buffer, in order; None stays None."""
-    given = [p for p in parts if p is not None]
-    if not given:
-        return list(parts)
-    dtype = given[0].dtype
+def packed_to_device(
+    parts: Seq[np.ndarray | None], dtype: torch.dtype, device: torch.device
+) -> list[torch.Tensor | None]:
+    """Several 1-D host arrays of one dtype on `device` in one copy, returned as views of the
+    device buffer, in order (None stays None).
+
+    The arrays are written by numpy straight into one pinned host buffer (on a GPU; a plain one
+    on a CPU), each part at a multiple of ALIGN elements so that every view is as aligned as a
+    tensor of its own (kernels specialised on pointer alignment see no difference). numpy and the
+    single non-blocking copy keep torch's CPU thread pool out of it: waking it costs more than
+    these few hundred kilobytes take to copy. The padding between parts is never read."""
+    want = torch.empty(0, dtype=dtype).numpy().dtype
     offsets, total = [], 0
     for p in parts:
         offsets.append(total)
         if p is not None:
-            if p.dim() != 1 or p.dtype != dtype:
-                raise InputError(f"packed parts must be 1-D {dtype}, got {p.dtype} of shape {tuple(p.shape)}")
-            total += -(-p.numel() // ALIGN) * ALIGN
-    host = torch.zeros(max(total, 1), dtype=dtype)
+            if not isinstance(p, np.ndarray) or p.ndim != 1 or p.dtype != want:
+                got = f"{type(p).__name__} of dtype {getattr(p, 'dtype', None)}, shape {tuple(getattr(p, 'shape', ()))}"
+                raise InputError(f"packed parts must be 1-D {want} arrays, got a {got}")
+            total += -(-p.size // ALIGN) * ALIGN
+    cuda = torch.device(device).type == "cuda"
+    host = torch.empty(max(total, 1), dtype=dtype, pin_memory=cuda)
+    view = host.numpy()
     for p, o in zip(parts, offsets, strict=True):
         if p is not None:
-            host[o : o + p.numel()] = p
-    dev = to_device(host, device)
-    return [None if p is None else dev[o : o + p.numel()] for p, o in zip(parts, offsets, strict=True)]
+            view[o : o + p.size] = p
+    dev = host.to(device, non_blocking=True) if cuda else host
+    return [None if p is None else dev[o : o + p.size] for p, o in zip(parts, offsets, strict=True)]
