@@ -12,7 +12,7 @@ bare launch, and each checked against the reference on sequence 0 at two split c
 
     PYTHONPATH=$PWD python benchmarks/tune_decode.py --merge-sweep [--out merge.json]
 
-times only the split merges instead: at 1 x 8K and 32 x 8K, for a sparse (phi3small layer 0)
+times only the split merges instead: at 1 x 8K, 32 x 8K and 1 x 128K, for a sparse (phi3small layer 0)
 and a dense (layer 1) layer, us per launch (CUDA-graph replays) for each split count in
 MERGE_SPLITS with the in-kernel (fused) merge and with the separate reduce kernel, and checks
 that the two agree bitwise; decode_merge.FUSED_MAX_BYTES is set from it.
@@ -44,7 +44,7 @@ VARIANTS = {
     "no_fused_merge": {"fused_merge": 0},  # the kernel as before the in-kernel merge
 }
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-MERGE_CASES = ((1, 8192), (32, 8192))
+MERGE_CASES = ((1, 8192), (32, 8192), (1, 131072))
 MERGE_SPLITS = (2, 8, 16, 32, 48, 64)
 
 

@@ -113,7 +113,7 @@ def test_rendered_fused_merge():
         body.index("atomicExch(counter, 0)"),
     )
     assert fence < atomic < reset < body.index("__threadfence();", reset)
-    assert "__ldcg(reinterpret_cast<const float4*>" in body and "__ldcg(ml + 2 * s)" in body
+    assert "__ldcg(reinterpret_cast<const float4*>" in body and "__ldcg(ml + min(s, num_splits - 1))" in body
     # the split loop's kernel entry is unchanged but for the counters pointer: one launch serves both merges
     assert re.search(r"if \(num_splits > 1 && counters != nullptr\)", src)
 

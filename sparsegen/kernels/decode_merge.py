@@ -33,9 +33,11 @@ from ..errors import InputError
 
 MERGES = ("fused", "separate")
 # The fused merge's limit, in bytes of partials that the one merging block of a head group reads
-# (splits x heads_per_block x head_dim x 4). 64 KB is 32 splits for Phi-3-Small (4 heads x 128
-# dims). A first guess: the lead sets it from `benchmarks/tune_decode.py --merge-sweep` on the H200.
-FUSED_MAX_BYTES = 64 * 1024
+# (splits x heads_per_block x head_dim x 4). 96 KB is 48 splits for Phi-3-Small (4 heads x 128
+# dims), the split count 1 x 8K gets. Not measured yet, an estimate: one SM reads L2 at about
+# 64 B a cycle, so 96 KB takes >= 0.75 us, against ~3 us for the separate kernel in a graph
+# (its launch gap and its own run). Set it from `benchmarks/tune_decode.py --merge-sweep` (H200).
+FUSED_MAX_BYTES = 96 * 1024
 MIN_COUNTERS = 1024  # a first buffer's size: 4 KB, enough for batch 128 x 8 head groups
 MAX_COUNTERS = 2**31 - 1
 
