@@ -9,11 +9,19 @@ KV group's heads needs, over that bandwidth. KV is GBs, far above L2, so no rota
 
 Template variants (decode.compile_variant) are timed too, each with a split sweep through the
 bare launch, and each checked against the reference on sequence 0 at two split counts.
+
+    PYTHONPATH=$PWD python benchmarks/tune_decode.py --merge-sweep [--out merge.json]
+
+times only the split merges instead: at 1 x 8K and 32 x 8K, for a sparse (phi3small layer 0)
+and a dense (layer 1) layer, us per launch (CUDA-graph replays) for each split count in
+MERGE_SPLITS with the in-kernel (fused) merge and with the separate reduce kernel, and checks
+that the two agree bitwise; decode_merge.FUSED_MAX_BYTES is set from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -33,8 +41,11 @@ VARIANTS = {
     "default": None,
     "p1_qsmem_b3": {"pipeline": 1, "min_blocks": 3, "q_smem": 1},
     "p0_qsmem_b5": {"pipeline": 0, "min_blocks": 5, "q_smem": 1},
+    "no_fused_merge": {"fused_merge": 0},  # the kernel as before the in-kernel merge
 }
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MERGE_CASES = ((1, 8192), (32, 8192))
+MERGE_SPLITS = (2, 8, 16, 32, 48, 64)
 
 
 def copy_bandwidth() -> float:
@@ -126,12 +137,84 @@ def bench_case(layer, kernels: dict, batch: int, ctx: int, page_size: int, bw: f
     return row
 
 
+def merge_case(kernel, plain, layer, batch: int, ctx: int, page_size: int, sms: int) -> dict:
+    """One (layer, batch x context): graph us of every split count in MERGE_SPLITS, both merges;
+    and at 1 split and 2 split-separate, the default build vs `plain` (built with fused_merge=0,
+    i.e. without the merge's code) to show that the fused merge costs the other paths nothing."""
+    from sparsegen.kernels.decode_merge import use_fused
+
+    h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    pages = ctx // page_size
+    k_cache = torch.randn(batch * pages, page_size, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)  # [pages, P, Hkv, D]
+    tables = torch.randperm(batch * pages, device="cuda", dtype=torch.int32).view(batch, pages)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, h, d, device="cuda", dtype=torch.bfloat16)  # [B, H, D]
+    groups = h // kernel.heads_per_block
+    row = {"batch": batch, "context": ctx, "heuristic": dec.num_splits(batch * groups, ctx, sms),
+           "fused_us": {}, "separate_us": {}, "bitwise_equal": {}, "rule_fused": {}}  # fmt: skip
+
+    def launch(_i, splits, merge, kern=kernel):
+        return kern.launch(q, k_cache, v_cache, tables, lens, 1 / d, splits=splits, merge=merge)
+
+    for name, kern in (("default", kernel), ("fused_merge0", plain)):
+        row[f"1split_us_{name}"] = graph_us(functools.partial(launch, splits=1, merge=None, kern=kern))
+        row[f"2split_separate_us_{name}"] = graph_us(
+            functools.partial(launch, splits=2, merge="separate", kern=kern)
+        )
+
+    for s in MERGE_SPLITS:
+        outs = {}
+        for merge in ("fused", "separate"):
+            outs[merge] = launch(0, s, merge)
+            row[f"{merge}_us"][s] = graph_us(functools.partial(launch, splits=s, merge=merge))
+        row["bitwise_equal"][s] = bool(torch.equal(outs["fused"], outs["separate"]))
+        row["rule_fused"][s] = use_fused(s, kernel.heads_per_block, d)
+    return row
+
+
+def merge_sweep(page_size: int) -> list[dict]:
+    """Fused vs separate split merge, per (layer kind, case, splits): graph us and bitwise agreement."""
+    from sparsegen.kernels.decode_merge import FUSED_MAX_BYTES
+
+    spec = sparsegen.get_pattern("phi3small")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for kind, layer in (("sparse", spec.layers[0]), ("dense", spec.layers[1])):
+        kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=page_size)
+        plain = dec.compile_variant(layer, dtype=torch.bfloat16, page_size=page_size, fused_merge=0)
+        for batch, ctx in MERGE_CASES:
+            rows.append({"kind": kind, **merge_case(kernel, plain, layer, batch, ctx, page_size, sms)})
+            torch.cuda.empty_cache()
+    print(f"split merge, us per launch (CUDA-graph replays), cells fused/separate; FUSED_MAX_BYTES = "
+          f"{FUSED_MAX_BYTES} (* = the rule picks fused; ! = fused and separate outputs differ bitwise)")  # fmt: skip
+    print(f"{'layer':>6} {'B x ctx':>9} {'pick':>4}  " + " ".join(f"{s:>15}" for s in MERGE_SPLITS))
+    for r in rows:
+        cells = []
+        for s in MERGE_SPLITS:
+            mark = ("*" if r["rule_fused"][s] else " ") + (" " if r["bitwise_equal"][s] else "!")
+            cells.append(f"{r['fused_us'][s]:6.1f}/{r['separate_us'][s]:6.1f}{mark}")
+        print(f"{r['kind']:>6} {r['batch']:>3} x {r['context']:<5} {r['heuristic']:>4}  " + " ".join(cells))
+    print("without the fused merge's code (fused_merge=0 build) vs the default build, us per launch:")
+    for r in rows:
+        print(f"{r['kind']:>6} {r['batch']:>3} x {r['context']:<5} 1 split {r['1split_us_fused_merge0']:6.1f} vs "
+              f"{r['1split_us_default']:6.1f}; 2 splits separate {r['2split_separate_us_fused_merge0']:6.1f} vs "
+              f"{r['2split_separate_us_default']:6.1f}")  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_decode.json")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--merge-sweep", action="store_true", help="only time fused vs separate split merges")
     args = ap.parse_args()
+    if args.merge_sweep:
+        rows = merge_sweep(args.page_size)
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "merge_sweep": rows}, f, indent=1)
+        return
     t0 = time.time()
     layer = sparsegen.get_pattern("phi3small").layers[0]
     dt = torch.bfloat16

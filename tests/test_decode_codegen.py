@@ -71,7 +71,8 @@ def test_template_knobs():
     base = dt.render_source(PHI3, "bf16", 16)
     for name, value in dt.DEFAULT_KNOBS.items():
         assert (
-            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM')[name]} {value}" in base
+            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE')[name]} {value}"
+            in base
         )
     other = dt.render_source(PHI3, "bf16", 16, pipeline=1, min_blocks=3, q_smem=1)
     assert "#define PIPE 1" in other and "#define Q_SMEM 1" in other and "#define MIN_BLOCKS 3" in other
@@ -139,8 +140,8 @@ def test_heads_per_block():
 def test_num_splits_heuristic():
     # The H200 sweep's choices (benchmarks/decode_notes.md): about one resident wave of blocks.
     assert dec.num_splits(8, 128 * 1024, 132) == 64  # batch 1 at 128K: 512 blocks, 4 per SM
-    assert dec.num_splits(8, 8192, 132) == 64  # batch 1 at 8K: one wave too, 2 chunks per split
-    assert dec.num_splits(8, 4096, 132) == 32  # 64 chunks: at least 2 per split
+    assert dec.num_splits(8, 8192, 132) == 48  # batch 1 at 8K: 160 tokens per split at least, not a wave
+    assert dec.num_splits(8, 4096, 132) == 24  # 64 chunks: at least 2.5 per split
     assert dec.num_splits(64, 32 * 1024, 132) == 8
     assert dec.num_splits(512, 8192, 132) == 1
     assert dec.num_splits(8, 64, 132) == 1  # one chunk: nothing to split

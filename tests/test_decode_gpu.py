@@ -174,6 +174,7 @@ VARIANT_KNOBS = [
     {"pipeline": 1, "min_blocks": 3, "q_smem": 1},
     {"pipeline": 0, "min_blocks": 5, "q_smem": 1},
     {"pipeline": 1, "min_blocks": 3, "q_smem": 0},
+    {"fused_merge": 0},  # no in-kernel merge: every split count goes through the reduce kernel
 ]
 
 
@@ -230,3 +231,196 @@ def test_many_pattern_classes_on_gpu():
     p = DecodeProblem(layer, [2500, 17], 32, seed=4, dtype=torch.float16, device="cuda")
     out = sparsegen.paged_decode(*p.args(), impl="cuda")
     assert rel_err(out, p.reference()) < TOL
+
+
+# ---- split-KV merges: in-kernel ("fused", the last block of a head group merges) vs the separate
+# reduce kernel (kernels/decode_merge.py). The two add in the same order (paged_decode_reduce.cuh),
+# so they are compared BITWISE (torch.equal); each is also checked against the reference.
+MERGE_SPLITS = (2, 3, 7, 48)
+
+
+def _scale(layer, scale):
+    return 1.0 / layer.head_dim**0.5 if scale is None else scale
+
+
+def _heuristic(kernel, q, block_tables, page_size) -> int:
+    from sparsegen.kernels.decode import _sm_count, num_splits
+
+    rows = q.shape[0] * q.shape[1] // kernel.heads_per_block
+    return num_splits(rows, block_tables.shape[1] * page_size, _sm_count(q.device))
+
+
+def _both_merges(kernel, args, scale, splits):
+    """(fused, separate) outputs of one split count, each into a NaN-poisoned allocation."""
+    q, kc, vc, bt, sl = args
+    outs = []
+    for merge in ("fused", "separate"):
+        junk = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # the output's size class
+        del junk
+        outs.append(kernel.launch(q, kc, vc, bt, sl, scale, splits=splits, merge=merge))
+    torch.cuda.synchronize()
+    return outs
+
+
+def _check_merges(kernel, p, splits_list, failures, args=None):
+    q, kc, vc, bt, sl, _, scale = p.args()
+    args = (q, kc, vc, bt, sl) if args is None else args
+    ref = p.reference()
+    for s in splits_list:
+        fused, separate = _both_merges(kernel, args, _scale(p.layer, scale), s)
+        err = rel_err(fused, ref)
+        if not err < TOL:
+            failures.append(f"splits {s} fused: rel_err {err:.3g}: {p.repro()}")
+        if not torch.equal(fused, separate):
+            diff = (fused.float() - separate.float()).abs().max().item()
+            failures.append(f"splits {s}: fused != separate bitwise (max |diff| {diff:.3g}): {p.repro()}")
+
+
+@pytest.mark.parametrize("idx", (0, 1, 2, 3, 4, 5, 8, 11, 14, 17, 20, 23))
+def test_merge_fused_fuzz_against_reference_and_separate(idx):
+    layer = SPECS[idx]
+    rng = random.Random(9000 + idx)
+    dtype = (torch.bfloat16, torch.float16)[idx % 2]
+    page_size = rng.choice((8, 16, 32, 64, 128, 24))
+    kernel = sparsegen.get_kernel(layer, "decode", dtype=dtype, page_size=page_size)
+    failures = []
+    for c in range(4):
+        lens = [rng.choice((1, rng.randint(1, 64), rng.randint(1, 4000), 64 * rng.randint(1, 60)))
+                for _ in range(rng.randint(1, 4))]  # fmt: skip
+        p = DecodeProblem(layer, lens, page_size, seed=31 * idx + c, dtype=dtype, device="cuda",
+                          scale=rng.choice((None, 0.05)))  # fmt: skip
+        q, _, _, bt, *_ = p.args()
+        _check_merges(kernel, p, (*MERGE_SPLITS, max(2, _heuristic(kernel, q, bt, page_size))), failures)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("which", ("sparse", "dense"))
+def test_merge_phi3small_1x8k_heuristic(which):
+    """The heuristic's pick at 1 x 8K (48 splits), both merges, and the rule's own choice."""
+    layer = sparsegen.get_pattern("phi3small").layers[0 if which == "sparse" else 1]
+    p = DecodeProblem(layer, [8192], 16, seed=8, dtype=torch.bfloat16, device="cuda", spare_pages=0)
+    q, kc, vc, bt, sl, _, scale = p.args()
+    bt = bt[:, :512].contiguous()  # the engine's 8K table: 512 pages
+    kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=16)
+    assert _heuristic(kernel, q, bt, 16) == 48
+    failures = []
+    _check_merges(kernel, p, (48, 32, 64), failures, args=(q, kc, vc, bt, sl))
+    _poison(q.shape, "cuda")
+    ruled = kernel(q, kc, vc, bt, sl, scale=scale)  # heuristic split, rule's merge
+    torch.cuda.synchronize()
+    assert rel_err(ruled, p.reference()) < TOL
+    assert not failures, "\n".join(failures)
+
+
+def test_merge_splits_without_visible_keys():
+    """Splits that see no key (far splits of window-only heads, more splits than chunks, a
+    1-token sequence) merge to the same answer: their (m, l) = (-inf, 0) weigh nothing."""
+    window = LayerSpec(8, 2, 128, (HeadSpec(block_size=16, sliding_window=40),) * 8)
+    phi3 = sparsegen.get_pattern("phi3small").layers[0]
+    failures = []
+    for layer, lens, dtype in (
+        (window, [5000, 64, 1], torch.float16),
+        (window, [1, 2, 17], torch.bfloat16),
+        (phi3, [1, 2, 70], torch.bfloat16),
+    ):
+        p = DecodeProblem(layer, lens, 16, seed=len(lens) + lens[0], dtype=dtype, device="cuda")
+        kernel = sparsegen.get_kernel(layer, "decode", dtype=dtype, page_size=16)
+        _check_merges(kernel, p, (2, 7, 48, 256), failures)
+    assert not failures, "\n".join(failures)
+
+
+def test_merge_mixed_lengths_wide_table():
+    """A batch of mixed lengths in a table far wider than any of them (as a CUDA-graph bucket is);
+    the extra columns hold valid page ids that must not be read."""
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    p = DecodeProblem(layer, [1, 63, 1000, 8191, 130], 16, seed=12, dtype=torch.bfloat16, device="cuda")
+    q, kc, vc, bt, sl, _, scale = p.args()
+    extra = torch.randint(0, kc.shape[0], (bt.shape[0], 1024 - bt.shape[1]), dtype=torch.int32, device="cuda")
+    wide = torch.cat([bt, extra], dim=1).contiguous()  # [B, 1024]
+    kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=16)
+    failures = []
+    _check_merges(kernel, p, (*MERGE_SPLITS, max(2, _heuristic(kernel, q, wide, 16))), failures,
+                  args=(q, kc, vc, wide, sl))  # fmt: skip
+    assert not failures, "\n".join(failures)
+
+
+def _merge_setup():
+    from sparsegen.kernels.decode_merge import COUNTERS
+
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    p = DecodeProblem(layer, [20000, 5, 3000, 1], 16, seed=13, dtype=torch.bfloat16, device="cuda")
+    q, kc, vc, bt, sl, _, _ = p.args()
+    kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=16)
+    rows = q.shape[0] * q.shape[1] // kernel.heads_per_block
+    return COUNTERS, kernel, (q, kc, vc, bt, sl), rows
+
+
+def test_merge_fused_back_to_back_launches_reset_counters():
+    """100 fused launches in a row, split counts changing, no sync between: each equals the
+    separate merge bitwise (a counter left non-zero would make a later launch merge early or
+    never), and the stream's counters are all zero afterwards."""
+    counters, kernel, args, rows = _merge_setup()
+    scale = 1 / 128
+    expected = {s: kernel.launch(*args, scale, splits=s, merge="separate") for s in (2, 7, 17, 48)}
+    outs = []
+    for i in range(100):
+        s = (2, 7, 17, 48)[i % 4]
+        outs.append((s, kernel.launch(*args, scale, splits=s, merge="fused")))
+    torch.cuda.synchronize()
+    bad = [i for i, (s, o) in enumerate(outs) if not torch.equal(o, expected[s])]
+    assert not bad, f"launches {bad} differ from the separate merge"
+    stream = torch.cuda.current_stream().cuda_stream
+    assert not counters.get(args[0].device, stream, rows)[:rows].any()
+
+
+def test_merge_fused_cuda_graph_replays():
+    """A graph of fused launches (3 split counts), replayed 50 times with new q and lengths each
+    time: every replay equals eager separate merges bitwise; the capture stream's counters end at 0."""
+    counters, kernel, args, rows = _merge_setup()
+    q, kc, vc, bt, sl = args
+    scale = 1 / 128
+    splits = (2, 7, 48)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for s in splits:
+            kernel.launch(*args, scale, splits=s, merge="fused")  # module load outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    capture = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        static = [kernel.launch(*args, scale, splits=s, merge="fused") for s in splits]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    failures = []
+    for r in range(50):
+        q.copy_(torch.randn(q.shape, generator=gen, device="cuda", dtype=q.dtype))
+        sl.copy_(torch.tensor([20000 - 97 * r, 1 + r % 16, 3000 - r, 1 + r % 16], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        for s, out in zip(splits, static):
+            if not torch.equal(out, kernel.launch(*args, scale, splits=s, merge="separate")):
+                failures.append(f"replay {r}, splits {s}")
+    assert not failures, failures
+    torch.cuda.synchronize()
+    assert not counters.get(q.device, capture.cuda_stream, rows)[:rows].any()
+
+
+def test_merge_fused_on_two_streams_at_once():
+    """Fused launches in flight on two streams at once use separate counters (one per stream)."""
+    _, kernel, args, _ = _merge_setup()
+    layer = SPECS[0]
+    p2 = DecodeProblem(layer, [7000, 300], 16, seed=14, dtype=torch.bfloat16, device="cuda")
+    q2, kc2, vc2, bt2, sl2, _, _ = p2.args()
+    k2 = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=16)
+    e1 = kernel.launch(*args, 1 / 128, splits=48, merge="separate")
+    e2 = k2.launch(q2, kc2, vc2, bt2, sl2, 1 / 128, splits=48, merge="separate")
+    torch.cuda.synchronize()
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    outs = ([], [])
+    for _ in range(30):
+        with torch.cuda.stream(streams[0]):
+            outs[0].append(kernel.launch(*args, 1 / 128, splits=48, merge="fused"))
+        with torch.cuda.stream(streams[1]):
+            outs[1].append(k2.launch(q2, kc2, vc2, bt2, sl2, 1 / 128, splits=48, merge="fused"))
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, e1) for o in outs[0]) and all(torch.equal(o, e2) for o in outs[1])

@@ -6,9 +6,11 @@
 Launch: grid (splits, head groups, batch) of 4 independent warps; a head group is up to 8 query
 heads of one KV head. Scores and P.V run on tensor cores (mma.sync, fp32 accumulate). With more
 than one split, each block writes an unnormalised partial (`part_o`, plus its running max and
-sum in `part_ml`) and a second kernel merges the splits. The split count comes from the
-shapes only (no host sync), and scratch comes from torch's allocator on the current stream, so a
-decode step can be captured in a CUDA graph.
+sum in `part_ml`), and either the last block of each head group to finish merges the splits in
+the same launch or a second kernel does (decode_merge.use_fused picks; bitwise the same result).
+The split count comes from the shapes only (no host sync), scratch comes from torch's allocator
+on the current stream and the fused merge's counters from a per-stream cache that the kernel
+leaves at zero, so a decode step can be captured in a CUDA graph.
 
 Out-of-range page ids: unchecked (the default), the kernel treats every token on such a page as
 masked and never reads it, so the sequence gets a finite but meaningless output (zeros when no
@@ -31,11 +33,14 @@ from ..spec import MAX_SEQ_LEN, LayerSpec
 from ..validate import check_decode_inputs, softmax_scale
 from . import base
 from .base import Family, Kernel, KernelRequest
+from .decode_merge import COUNTERS, use_fused
 from .decode_template import (
+    DEFAULT_KNOBS,
     KERNEL,
     MAX_SPLITS,
     PAGE_SIZES,
     REDUCE,
+    REDUCE_WARPS,
     SOURCE_FILE,
     TILE,
     heads_per_block,
@@ -44,6 +49,7 @@ from .decode_template import (
 )
 
 BLOCKS_PER_SM = 4  # resident blocks of the default build (128 registers x 4 warps)
+MIN_SPLIT_TOKENS = 160  # fewest tokens per split (2.5 CHUNKs of TILE): see num_splits
 MAX_CONTEXT = MAX_SEQ_LEN  # tokens per sequence (2^23): keeps the template's split arithmetic within 32 bits
 
 
@@ -52,11 +58,22 @@ class DecodeKernel(Kernel):
     Compiled ahead of time for another arch it can be stored and inspected (`source`, `path`)
     but not run."""
 
-    def __init__(self, request: KernelRequest, key: str, name: str, path, source: str, cubin: bytes) -> None:
+    def __init__(
+        self,
+        request: KernelRequest,
+        key: str,
+        name: str,
+        path,
+        source: str,
+        cubin: bytes,
+        *,
+        fused_merge=True,
+    ) -> None:
         super().__init__(request, key, name, path, source)
         self.cubin = cubin
         self.page_size = request.page_size
         self.heads_per_block = heads_per_block(request.layer)
+        self.fused_merge = bool(fused_merge)  # built with the in-kernel split merge (template knob)
         self._modules: dict[int, nb.CubinModule] = {}
 
     def _module(self, device: torch.device) -> nb.CubinModule:
@@ -79,8 +96,11 @@ class DecodeKernel(Kernel):
             q, k_cache, v_cache, block_tables, seq_lens, self.layer, scale, check=bool(check), kernel=self
         )
 
-    def launch(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, splits=None) -> torch.Tensor:
-        """Launch on the current stream; inputs already validated. `splits` overrides the heuristic."""
+    def launch(
+        self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, splits=None, merge=None
+    ) -> torch.Tensor:
+        """Launch on the current stream; inputs already validated. `splits` overrides the heuristic
+        (clamped to 1..MAX_SPLITS); `merge` ("fused" / "separate") overrides decode_merge's rule."""
         batch, num_heads, head_dim = q.shape  # q: [B, H, D]
         num_pages, page_size = k_cache.shape[:2]  # caches: [pages, page_size, Hkv, D]
         max_pages = block_tables.shape[1]  # block_tables: [B, max_pages]
@@ -88,6 +108,11 @@ class DecodeKernel(Kernel):
         if splits is None:
             splits = num_splits(batch * groups, max_pages * page_size, _sm_count(q.device))
         splits = max(1, min(int(splits), MAX_SPLITS))
+        fused = use_fused(splits, self.heads_per_block, head_dim, merge)
+        if fused and not self.fused_merge:
+            if merge == "fused":
+                raise InputError(f"kernel {self.name} was built without the fused merge (fused_merge=0)")
+            fused = False
         out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)  # [B, H, D]
         if splits > 1:
             part_o = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32, device=q.device)
@@ -97,6 +122,8 @@ class DecodeKernel(Kernel):
             po = pml = 0
         mod = self._module(q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
+        # the fused merge's counters: [>= B * groups] int32, zero
+        counters = COUNTERS.get(q.device, stream, batch * groups).data_ptr() if fused else 0
         i64, i32 = np.int64, np.int32
         args = (
             np.uint64(q.data_ptr()), i64(q.stride(0)), i64(q.stride(1)),
@@ -104,11 +131,11 @@ class DecodeKernel(Kernel):
             np.uint64(v_cache.data_ptr()), i64(v_cache.stride(0)), i64(v_cache.stride(1)), i64(v_cache.stride(2)),
             np.uint64(block_tables.data_ptr()), i64(block_tables.stride(0)), i32(max_pages), i32(num_pages),
             np.uint64(seq_lens.data_ptr()), np.float32(scale * math.log2(math.e)),
-            np.uint64(out.data_ptr()), np.uint64(po), np.uint64(pml), i32(splits),
+            np.uint64(out.data_ptr()), np.uint64(po), np.uint64(pml), i32(splits), np.uint64(counters),
         )  # fmt: skip
         mod.launch(KERNEL, stream, (splits, groups, batch), 128, *args)
-        if splits > 1:  # grid (rows, 32-dim slices), block (32 dims, up to 16 warps over the splits)
-            mod.launch(REDUCE, stream, (batch * num_heads, head_dim // 32), (32, min(16, splits)),
+        if splits > 1 and not fused:  # grid (rows, 32-dim slices), block (32 dims, warps over the splits)
+            mod.launch(REDUCE, stream, (batch * num_heads, head_dim // 32), (32, min(REDUCE_WARPS, splits)),
                        np.uint64(po), np.uint64(pml), np.uint64(out.data_ptr()), i32(splits))  # fmt: skip
         return out
 
@@ -125,25 +152,29 @@ def _sm_count(device: torch.device) -> int:
 
 def num_splits(rows: int, max_context: int, sm_count: int) -> int:
     """Split-KV count from shapes only (no host sync): about BLOCKS_PER_SM blocks per SM in all,
-    i.e. one full resident wave, at least 2 CHUNKs (128 tokens) per split, at most MAX_SPLITS,
-    rounded down to 2^k or 3 * 2^k.
+    i.e. one full resident wave, at least MIN_SPLIT_TOKENS (2.5 CHUNKs) per split, at most
+    MAX_SPLITS, rounded down to 2^k or 3 * 2^k.
 
     rows = batch x head groups. Tuned on an H200 (benchmarks/decode_notes.md): with cheap blocks
     the best split keeps every block resident at once (extra waves only add the partials and the
     merge). Since splits share weighted work (split_bound in the template), a full wave of 4
     blocks per SM beat 3; on 132 SMs this picks 1 split at 64 x 8K, 8 at 8 x 32K and 64 at 1 x 128K.
 
-    The floor of 2 chunks per split (it was 4) decides only short contexts at batch 1-2. At 1 x 8K
-    (8 rows) the wave wants 66 splits; 4 chunks per split allowed 32 for a table of 513 pages
-    (eager) or a graph bucket of 512: 256 blocks, 2 per SM, half a wave, each warp walking 8
-    dependent 8-token tiles. The same half wave cost 29 % at 8 x 32K (4 splits 194.8 us vs 8
-    splits 151.1 us, tune_decode_h200_s2_balanced.json). Now 64 splits (512 blocks, one wave, 4
-    tiles per warp); the partials grow from 0.5 to 1 MB per layer (f32, 32 heads x 64 x 128),
-    well under a microsecond of traffic. (A graph bucket of 1024 pages, i.e. 8K+ contexts, got
-    64 already: the kernel divides the actual length, the count comes from the table width.)
+    The floor of tokens per split decides only short contexts at batch 1-2. At 4 chunks (256
+    tokens) it allowed only 32 splits at 1 x 8K (8 rows, a table of 512 pages): half a wave,
+    which cost 29 % in the same shape at 8 x 32K (4 splits 194.8 us vs 8 splits 151.1 us,
+    tune_decode_h200_s2_balanced.json). At 2 chunks (128 tokens) 1 x 8K took 64 splits, one
+    wave, but 2-chunk splits are too short for their fixed cost (q load, warp merge, partial
+    store): the session-6 engine sweep at 1 x 8K (us per layer, CUDA-graph replays, with the
+    separate reduce) gave, for the sparse layer, 32 splits 13.6, 48 -> 13.4, 64 -> 15.2, and for
+    the dense layer 32 -> 13.7, 48 -> 13.2, 64 -> 13.3. A floor of 160 tokens picks 48 there (a
+    table of 512-520 pages) and 24 at 1 x 4K; from 1 x 10.5K (2 x 5.3K) up the wave decides as
+    before. (A graph bucket of 1024 pages, i.e. 8K+ contexts, still gets 64: the kernel divides
+    the actual length, the count comes from the table width.)
     """
     chunks = -(-max_context // TILE)
-    want = min(max(1, BLOCKS_PER_SM * sm_count // max(rows, 1)), max(1, chunks // 2), MAX_SPLITS)
+    floor_cap = chunks * TILE // MIN_SPLIT_TOKENS
+    want = min(max(1, BLOCKS_PER_SM * sm_count // max(rows, 1)), max(1, floor_cap), MAX_SPLITS)
     p = 1 << (want.bit_length() - 1)
     return 3 * p // 2 if p >= 2 and want >= 3 * p // 2 else p
 
@@ -156,7 +187,8 @@ def compile_variant(layer: LayerSpec, *, dtype, page_size: int = 16, arch: str |
     )
     source = render_source(layer, request.dtype, page_size, **knobs)
     cubin, _ = nb.compile_cubin(source, request.arch, name=f"{name}.cu")
-    return DecodeKernel(request, f"{name}-uncached", name, Path("."), source, cubin)
+    fused_merge = knobs.get("fused_merge", DEFAULT_KNOBS["fused_merge"])
+    return DecodeKernel(request, f"{name}-uncached", name, Path("."), source, cubin, fused_merge=fused_merge)
 
 
 class CudaDecode(Family):

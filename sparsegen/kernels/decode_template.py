@@ -20,6 +20,7 @@ KERNEL = "sparsegen_paged_decode"  # the kernels' extern "C" names, rendered int
 REDUCE = "sparsegen_paged_decode_reduce"
 TILE = 64  # tokens per split unit (CHUNK in the template, rendered from here)
 MAX_SPLITS = 256  # most splits of one sequence (the reduce kernel's bound, rendered from here)
+REDUCE_WARPS = 16  # most warps of a reduce-kernel block (the launcher uses min(this, splits))
 MAX_HEADS_PER_BLOCK = 8
 PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # Template knobs (ints): PIPE issues the next warp tile's K/V loads before this tile's math;
@@ -27,8 +28,10 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # fragments in shared memory instead of 32 registers. The default (no pipelining, q in registers,
 # 128 registers -> 4 blocks = 16 warps per SM) was the fastest of the variants measured on an
 # H200 at every shape (benchmarks/decode_notes.md): occupancy beat the pipelined build's
-# 12 warps per SM even though each of those keeps twice the bytes in flight.
-DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0}
+# 12 warps per SM even though each of those keeps twice the bytes in flight. FUSED_MERGE
+# compiles the in-kernel split merge (decode_merge); 0 gives the kernel as it was before that
+# merge existed, so a benchmark can check that the merge's code costs the other paths nothing.
+DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0, "fused_merge": 1}
 
 
 def heads_per_block(layer: LayerSpec) -> int:
@@ -107,12 +110,14 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "pipeline": int(knobs["pipeline"]),
         "min_blocks": int(knobs["min_blocks"]),
         "q_smem": int(knobs["q_smem"]),
+        "fused_merge": int(bool(knobs["fused_merge"])),
         "classes": [[_head_constants(h) for h in cls] for cls in classes],
         "class_splits": [list(split_weights(cls)) for cls in classes],
         "far_scale": FAR_SCALE,
         "group_class": group_class,
         "tile": TILE,
         "max_splits": MAX_SPLITS,
+        "reduce_warps": REDUCE_WARPS,
         "kernel_fn": KERNEL,
         "reduce_fn": REDUCE,
     }
