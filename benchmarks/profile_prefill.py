@@ -19,6 +19,9 @@ default as in the engine):
     PYTHONPATH=$PWD python3 benchmarks/profile_prefill.py --lengths 8192,32768 --host --json out.json
     PYTHONPATH=$PWD python3 benchmarks/profile_prefill.py --smoke --stand-in --host --lengths 8192,32768
 
+`--profile-first` runs each length's first prompt under the timeline and cProfile too (its TTFT
+is then not a clean number): where the first prompt's one-time cost goes.
+
 `--stand-in` (with `--smoke`) replaces the prefill forward with one that returns zero logits, and
 gives the tiny model 7b's LongRoPE and 128K positions: the engine's host work alone, at full
 prompt lengths, on a CPU.
@@ -114,6 +117,31 @@ def clock_run(engine: LLMEngine, ids: list[int], sampler: ht.ClockSampler, prelu
     }
 
 
+def first_call_report(engine: LLMEngine, n: int, cuda: bool) -> tuple[float, dict]:
+    """--profile-first: the first prompt of this length under both the stage timeline and cProfile
+    (its TTFT is then inflated by the profiler), to see where one-time costs go (new kernel
+    specialisations compiling, library heuristics, first allocations of a size)."""
+    ids = prompt(n, 2)
+    tl, prof = ht.Timeline(cuda), cProfile.Profile()
+    sync()
+    start = time.perf_counter()
+    with ht.instrumented(engine, tl):
+        prof.enable()
+        tl.mark("start")
+        engine.generate([ids], ONE_TOKEN)
+        tl.mark("returned")
+        prof.disable()
+    sync()
+    elapsed = time.perf_counter() - start
+    rows = tl.rows()
+    out = {"timeline": rows, "summary": ht.summary(rows), "cprofile_cumtime": ht.top_functions(prof, "cumtime"),
+           "cprofile_tottime": ht.top_functions(prof, "tottime")}  # fmt: skip
+    print(f"  first call ({n} tokens) under the timeline and cProfile: {elapsed * 1e3:.1f} ms")
+    ht.print_rows(rows)
+    ht.print_functions(out["cprofile_cumtime"], "its cProfile, by cumtime:")
+    return elapsed, out
+
+
 def host_report(engine: LLMEngine, n: int, cuda: bool) -> dict:
     """--host: a stage timeline of one call, a cProfile of another, GPU clocks around two more."""
     out: dict = {}
@@ -194,6 +222,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the numbers here")
     ap.add_argument("--smoke", action="store_true", help="check the script on a CPU: tiny model")
     ap.add_argument("--host", action="store_true", help="also: stage timeline, cProfile, GPU clocks")
+    ap.add_argument("--profile-first", action="store_true",
+                    help="run each length's first prompt under the timeline and cProfile (one-time costs)")  # fmt: skip
     ap.add_argument("--stand-in", action="store_true",
                     help="with --smoke: zero-logit stand-in forward, full lengths (host work only)")  # fmt: skip
     args = ap.parse_args()
@@ -230,13 +260,20 @@ def main() -> None:
         engine.generate([prompt(512, 1)], SamplingParams(max_tokens=2, ignore_eos=True))  # as bench_generate
         if args.stand_in:
             engine.runner.model = StandInForward(model)  # after the warm-up: decode keeps the model
-        first, second = ttft_s(engine, n, 2), ttft_s(engine, n, 3)
+        first_call = None
+        if args.profile_first:
+            first, first_call = first_call_report(engine, n, device == "cuda")
+        else:
+            first = ttft_s(engine, n, 2)
+        second = ttft_s(engine, n, 3)
         acts = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=acts) as prof:
             ttft_s(engine, n, 4)
         run = {"length": n, "ttft_first_ms": first * 1e3, "ttft_second_ms": second * 1e3}
+        if first_call is not None:
+            run["first_call"] = first_call  # ttft_first_ms was then measured under the profiler
         print(f"{n} tokens: TTFT first {first * 1e3:.1f} ms, second {second * 1e3:.1f} ms", flush=True)
         if device == "cuda":
             # The GEMMs' FLOPs are 2 x (parameters less the embedding, which is a gather) x tokens.

@@ -55,7 +55,7 @@ def test_profile_prefill_host_mode_times_every_stage_of_a_chunked_prompt(tmp_pat
     """--host on the CPU with the stand-in forward: a 300-token prompt in chunks of 128 runs three
     forwards; the timeline has each stage in order, the summary adds up, cProfile rows are kept."""
     out = tmp_path / "host.json"
-    r = _run([sys.executable, "benchmarks/profile_prefill.py", "--smoke", "--stand-in", "--host",
+    r = _run([sys.executable, "benchmarks/profile_prefill.py", "--smoke", "--stand-in", "--host", "--profile-first",
               "--lengths", "300", "--chunk", "128", "--json", str(out)], tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -78,6 +78,9 @@ def test_profile_prefill_host_mode_times_every_stage_of_a_chunked_prompt(tmp_pat
     assert cum == sorted(cum, reverse=True)
     assert any("prepare_prefill" in row["function"] for row in host["cprofile_cumtime"])
     assert "host timeline of one call (300 tokens" in r.stdout and "by tottime" in r.stdout
+    first = report["runs"][0]["first_call"]  # --profile-first: the first prompt, timeline and cProfile
+    assert [row["stage"].split(" (")[0] for row in first["timeline"]] == stages
+    assert first["summary"]["forwards"] == 3 and first["cprofile_cumtime"][0]["cumtime_ms"] > 0
 
 
 def test_profile_prefill_stand_in_needs_smoke(tmp_path):
