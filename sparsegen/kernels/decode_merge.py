@@ -33,11 +33,13 @@ from ..errors import InputError
 
 MERGES = ("fused", "separate")
 # The fused merge's limit, in bytes of partials that the one merging block of a head group reads
-# (splits x heads_per_block x head_dim x 4). 96 KB is 48 splits for Phi-3-Small (4 heads x 128
-# dims), the split count 1 x 8K gets. Not measured yet, an estimate: one SM reads L2 at about
-# 64 B a cycle, so 96 KB takes >= 0.75 us, against ~3 us for the separate kernel in a graph
-# (its launch gap and its own run). Set it from `benchmarks/tune_decode.py --merge-sweep` (H200).
-FUSED_MAX_BYTES = 96 * 1024
+# (splits x heads_per_block x head_dim x 4): 16 KB = 8 splits for Phi-3-Small (4 heads x 128
+# dims). H200, session 6, lead's call 9 (`benchmarks/tune_decode.py --merge-sweep`, us per launch,
+# fused / separate): at 32 x 8K the in-kernel merge wins at every split count up to 32 (2 splits,
+# the heuristic's pick: sparse 151.2 / 153.4, dense 265.2 / 268.0), but at 1 x 8K, where only 8
+# blocks merge and they do it after everything else, it loses from 16 splits on (16: 15.3 /
+# 14.5; 48, the heuristic's pick: 16.0 / 12.9 sparse, 16.0 / 12.5 dense) and ties at 2 and 8.
+FUSED_MAX_BYTES = 16 * 1024
 MIN_COUNTERS = 1024  # a first buffer's size: 4 KB, enough for batch 128 x 8 head groups
 MAX_COUNTERS = 2**31 - 1
 
