@@ -133,6 +133,12 @@ class ModelRunner:
             device=model.device,
         )
         self.kv_cache_bytes = need
+        if model.device.type == "cuda" and model.fused:  # the model's fused rotary: build it now
+            from ..models import fused
+
+            fused.warm_up_rotary(
+                model.local_num_kv_heads, cfg.group_size, cfg.head_dim, model.dtype, model.device
+            )
         usable = self.cache.allocator.capacity
         log.info(
             "KV cache: %d pages of %d tokens = %d tokens (%.2f GiB) on %s",
