@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from types import SimpleNamespace
 
 import torch
-from profile_decode_step import replay_ms, step_ms, sync
+from profile_decode_step import engine_at, replay_ms, step_ms, sync
 
-from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model
 
 MODES = {"base": (False, False), "pdl": (True, False), "pdl+gemv_o": (True, True)}  # name: (pdl, gemv_o)
@@ -34,19 +34,8 @@ def run_mode(model, mode: str, batch: int, context: int, steps: int) -> dict:
     else:
         os.environ["SPARSEGEN_NO_PDL"] = "1"
     model.set_triton_gemv(False, o_proj=gemv_o)
-    cfg = model.config
-    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-    kv = int(batch * (context + 8 * steps + 256) * per_token * 1.1) + (512 << 20)
-    engine = LLMEngine(model, kv_cache_bytes=kv, max_num_seqs=batch, max_num_batched_tokens=8192,
-                       use_cuda_graphs=True)  # fmt: skip
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 256, (context,), generator=gen).tolist() for _ in range(batch)]
-    seqs = engine.submit(prompts, SamplingParams(max_tokens=6 * steps + 16, ignore_eos=True))
-    while any(s.t_first_token is None for s in seqs):
-        engine.step()
-    for _ in range(5):
-        engine.step()
-    sync()
+    engine = engine_at(model, SimpleNamespace(batch=batch, context=context, steps=steps), graphs=True)
+    seqs = sorted(engine.scheduler.running, key=lambda s: s.seq_id)
     wall = min(step_ms(engine, steps) for _ in range(3))
     replay = replay_ms(engine)
     engine.step()
