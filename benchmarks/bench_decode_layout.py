@@ -1,0 +1,131 @@
+"""Paged decode against the KV-cache layout and the K/V load instruction (GPU), in one process.
+
+    PYTHONPATH=$PWD python benchmarks/bench_decode_layout.py --out decode_layout.json
+
+The kernel takes the cache's strides, so one build serves two layouts of the same
+[num_pages, page_size, Hkv, D] view:
+  token-major  (the engine's today): a page is page_size rows of all Hkv heads; one KV head's
+               part of a page is page_size runs of 256 bytes, 2 KB apart (Phi-3-Small);
+  head-major   a [num_pages, Hkv, page_size, D] buffer seen through .transpose(1, 2): one KV
+               head's part of a page is one contiguous run (4 KB at page 16).
+Each layout is timed at page 16 and 32 and with each K/V load flavour of the template's KV_LOAD
+knob (0: ld.global.nc, 1: + L1::no_allocate, 2: + an L2::256B prefetch hint). Cases are
+Phi-3-Small's sparse (layer 0) and dense (layer 1) layers at the engine's decode shapes. Time =
+CUDA-graph replays of 20 launches over a ring of cache copies at least 4x the L2 in size, median
+of 3 interleaved rounds; floor = the KV bytes some head of each group needs / the copy rate of
+this process. Every variant's output is compared with the default's on the same data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+import sparsegen
+from sparsegen.bench.common import graph_us
+from sparsegen.kernels import decode as dec
+from sparsegen.layout import decode_pages
+from sparsegen.testing import rel_err
+
+CASES = ((32, 8192), (64, 8192), (1, 8192), (1, 131072))
+LOADS = (0, 1, 2)
+LAYOUTS = ("token", "head")
+PAGES = (16, 32)
+L2_BYTES = 60 << 20
+
+
+def copy_rate() -> float:
+    src = torch.empty(1 << 29, device="cuda")  # 2 GiB of float32
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / (graph_us(lambda _i: dst.copy_(src), calls=5) * 1e-6)
+
+
+def make_caches(layout: str, pages: int, page_size: int, hkv: int, d: int, ring: int):
+    """`ring` (k, v) pairs, each [pages, page_size, Hkv, D] in the given memory layout."""
+    out = []
+    for _ in range(ring):
+        pair = []
+        for _kv in range(2):
+            if layout == "token":
+                t = torch.randn(pages, page_size, hkv, d, device="cuda", dtype=torch.bfloat16)
+            else:
+                t = torch.randn(pages, hkv, page_size, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            pair.append(t)
+        out.append(tuple(pair))
+    return out
+
+
+def run_case(kind, layer, kernels, batch, ctx, page_size, bw, rounds) -> dict:
+    h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    pages_per_seq = ctx // page_size
+    pages = batch * pages_per_seq
+    bytes_one = 2 * pages * page_size * hkv * d * 2
+    ring = max(1, -(-4 * L2_BYTES // bytes_one))
+    tables = torch.randperm(pages, device="cuda", dtype=torch.int32).view(batch, pages_per_seq)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, h, d, device="cuda", dtype=torch.bfloat16)  # [B, H, D]
+    needed = decode_pages(layer, ctx, page_size)  # [Hkv, pages]
+    floor_us = batch * int(needed.sum()) * page_size * d * 2 * 2 / bw * 1e6
+    caches = {lay: make_caches(lay, pages, page_size, hkv, d, ring) for lay in LAYOUTS}
+    # the same values in both layouts, so every output can be compared with one baseline
+    for (kt, vt), (kh, vh) in zip(caches["token"], caches["head"]):
+        kh.copy_(kt)
+        vh.copy_(vt)
+    base = kernels[0].launch(q, *caches["token"][0], tables, lens, 1 / d)
+    times: dict[str, list[float]] = {}
+    errs: dict[str, float] = {}
+    for _ in range(rounds):
+        for lay in LAYOUTS:
+            for load, kern in kernels.items():
+                name = f"{lay}_load{load}"
+
+                def fn(i, kern=kern, lay=lay):
+                    k, v = caches[lay][i % ring]
+                    return kern.launch(q, k, v, tables, lens, 1 / d)
+
+                times.setdefault(name, []).append(graph_us(fn))
+                errs[name] = rel_err(fn(0).float(), base.float())
+    row = {"kind": kind, "batch": batch, "context": ctx, "page_size": page_size, "ring": ring,
+           "floor_us": floor_us, "us": {}, "of_floor": {}, "rel_err_vs_default": errs}  # fmt: skip
+    for name, ts in times.items():
+        row["us"][name] = statistics.median(ts)
+        row["of_floor"][name] = row["us"][name] / floor_us
+    caches.clear()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="decode_layout.json")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    spec = sparsegen.get_pattern("phi3small")
+    bw = copy_rate()
+    rows = []
+    for page_size in PAGES:
+        for kind, layer in (("sparse", spec.layers[0]), ("dense", spec.layers[1])):
+            kernels = {
+                load: dec.compile_variant(layer, dtype=torch.bfloat16, page_size=page_size, kv_load=load)
+                for load in LOADS
+            }
+            for batch, ctx in CASES:
+                if kind == "dense" and ctx > 8192:
+                    continue
+                r = run_case(kind, layer, kernels, batch, ctx, page_size, bw, args.rounds)
+                rows.append(r)
+                cells = " ".join(f"{n} {u:7.1f} ({r['of_floor'][n]:.3f})" for n, u in r["us"].items())
+                print(f"ps{page_size} {kind:>6} {batch:>3}x{ctx:<6} floor {r['floor_us']:7.1f} us | {cells}",
+                      flush=True)  # fmt: skip
+                bad = {n: e for n, e in r["rel_err_vs_default"].items() if not e < 1e-2}
+                if bad:
+                    print(f"  MISMATCH vs the default: {bad}")
+    with open(args.out, "w") as f:
+        json.dump({"copy_rate_Bps": bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
