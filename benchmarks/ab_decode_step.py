@@ -7,7 +7,9 @@ weights, bf16, 8K prompts:
 - `base`: SPARSEGEN_NO_PDL=1 and `ModelOptions.gemv_o_proj` off (every linear on cuBLAS);
 - `pdl`: add + LayerNorm launched with programmatic dependent launch (`models.fused.use_pdl`:
   batch 1 only: session 6's call 4 measured it slower at 32, before the row limit);
-- `pdl+gemv_o`: and the batch-1 output projection through the Triton GEMV (the defaults).
+- `pdl+gemv_o`: and the batch-1 output projection through the Triton GEMV (session 6's defaults);
+- `head_kv`: and head-major KV pages (`EngineConfig.kv_layout="head"`; the modes above use
+  token-major pages, as every engine did before session 7): today's defaults.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -24,17 +26,23 @@ from profile_decode_step import engine_at, replay_ms, step_ms, sync
 
 from sparsegen.models import random_model
 
-MODES = {"base": (False, False), "pdl": (True, False), "pdl+gemv_o": (True, True)}  # name: (pdl, gemv_o)
+MODES = {  # name: (pdl, gemv_o, kv_layout)
+    "base": (False, False, "token"),
+    "pdl": (True, False, "token"),
+    "pdl+gemv_o": (True, True, "token"),
+    "head_kv": (True, True, "head"),
+}
 
 
 def run_mode(model, mode: str, batch: int, context: int, steps: int) -> dict:
-    pdl, gemv_o = MODES[mode]
+    pdl, gemv_o, kv_layout = MODES[mode]
     if pdl:
         os.environ.pop("SPARSEGEN_NO_PDL", None)
     else:
         os.environ["SPARSEGEN_NO_PDL"] = "1"
     model.set_triton_gemv(False, o_proj=gemv_o)
-    engine = engine_at(model, SimpleNamespace(batch=batch, context=context, steps=steps), graphs=True)
+    args = SimpleNamespace(batch=batch, context=context, steps=steps)
+    engine = engine_at(model, args, graphs=True, kv_layout=kv_layout)
     seqs = sorted(engine.scheduler.running, key=lambda s: s.seq_id)
     wall = min(step_ms(engine, steps) for _ in range(3))
     replay = replay_ms(engine)

@@ -55,12 +55,15 @@ def kv_bytes_needed(model, batch: int, context: int, steps: int) -> int:
     return int(batch * (context + 4 * steps + 64) * per_token * 1.05) + (256 << 20)
 
 
-def engine_at(model, args, graphs: bool, compiled: bool = False, async_decode: bool = True) -> LLMEngine:
+def engine_at(
+    model, args, graphs: bool, compiled: bool = False, async_decode: bool = True, kv_layout: str = "head"
+) -> LLMEngine:
     """An engine whose `args.batch` sequences have prefilled `args.context` tokens and taken 5
     decode steps (kernel compiles, torch.compile, CUDA-graph captures happen there)."""
     kv = kv_bytes_needed(model, args.batch, args.context, args.steps)
     engine = LLMEngine(model, kv_cache_bytes=kv, max_num_seqs=args.batch, max_num_batched_tokens=8192,
-                       use_cuda_graphs=graphs, compile_model=compiled, async_decode=async_decode)  # fmt: skip
+                       use_cuda_graphs=graphs, compile_model=compiled, async_decode=async_decode,
+                       kv_layout=kv_layout)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (args.context,), generator=gen).tolist() for _ in range(args.batch)]
     seqs = engine.submit(prompts, SamplingParams(max_tokens=4 * args.steps + 8, ignore_eos=True))

@@ -54,7 +54,7 @@ def test_fused_gegelu_matches_plain(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("with_cache", [False, True])
+@pytest.mark.parametrize("with_cache", [False, "token", "head"])  # no cache, or its page layout
 @pytest.mark.parametrize("t", [7, 37])
 @pytest.mark.parametrize("tiled", [False, True])  # a token per program; 16 (37 tokens: a masked tail)
 def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t, tiled, monkeypatch):
@@ -72,7 +72,12 @@ def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t, tiled, monkeypatch
     cache = slots = None
     if with_cache:
         pages = -(-t // page) + 1
-        cache = tuple(torch.full((pages, page, hkv, d), float("nan"), dtype=dtype) for _ in range(2))
+        if with_cache == "token":  # [pages, page, Hkv, D]
+            cache = tuple(torch.full((pages, page, hkv, d), float("nan"), dtype=dtype) for _ in range(2))
+        else:  # the same view of [pages, Hkv, page, D] (engine.kv_cache's head-major pages)
+            cache = tuple(
+                torch.full((pages, hkv, page, d), float("nan"), dtype=dtype).transpose(1, 2) for _ in range(2)
+            )
         slots = torch.randperm(pages * page, generator=gen)[:t]
     assert fused.supports_rotary(qkv)
     q, k, v = fused.rotary_qkv(qkv, cos, sin, cache, slots)
@@ -81,11 +86,26 @@ def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t, tiled, monkeypatch
     torch.testing.assert_close(k, Rotary.apply(qkv[:, :, g], cos, sin), **tol)
     assert torch.equal(v, qkv[:, :, g + 1])
     if with_cache:
-        kc, vc = (c.view(-1, hkv, d) for c in cache)
+        kc, vc = (c.reshape(-1, hkv, d) for c in cache)  # [slots, Hkv, D]
         assert torch.equal(kc[slots], k) and torch.equal(vc[slots], v)
         untouched = torch.ones(pages * page, dtype=torch.bool)
         untouched[slots] = False
         assert kc[untouched].isnan().all() and vc[untouched].isnan().all()
+
+
+def test_fused_rotary_rejects_unlike_caches():
+    from sparsegen.errors import InputError
+    from sparsegen.models import fused
+
+    qkv = torch.zeros(3, 2, 5, 16)
+    cos = sin = torch.zeros(3, 16)
+    token = torch.zeros(4, 4, 2, 16)  # [pages, page, Hkv, D]
+    head = torch.zeros(4, 2, 4, 16).transpose(1, 2)  # the same view, head-major
+    slots = torch.arange(3)
+    with pytest.raises(InputError, match="equal strides"):
+        fused.rotary_qkv(qkv, cos, sin, (token, head), slots)
+    with pytest.raises(InputError, match="contiguous last dim"):
+        fused.rotary_qkv(qkv, cos, sin, (token[..., ::2], token[..., ::2]), slots)
 
 
 def test_fused_rotary_declines_other_layouts():

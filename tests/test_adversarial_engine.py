@@ -289,6 +289,9 @@ BAD_ENGINE_ARGS = [
     ("use_cuda_graphs", "no"),
     ("compile_model", 1),
     ("compile_model", "yes"),
+    ("kv_layout", "Head"),
+    ("kv_layout", None),
+    ("kv_layout", ("head",)),
 ]
 
 

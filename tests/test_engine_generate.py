@@ -96,6 +96,30 @@ def test_chunked_prefill_equals_whole_prefill(model, prompts):
     torch.testing.assert_close(torch.stack(rec_c.rows), torch.stack(rec_w.rows), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["token", "head"])
+def test_both_kv_page_layouts_equal_full_recompute(model, prompts, oracle, layout):
+    """Head-major pages (the default) and token-major ones, with prefill chunks that read the
+    cached prefix back (kv_gather) across pages of 8: the full-recompute tokens either way."""
+    engine = LLMEngine(model, max_num_batched_tokens=37, max_num_seqs=2, page_size=8, kv_layout=layout)
+    assert engine.cache.layout == layout
+    k = engine.cache.k[0]  # [num_pages, page_size, Hkv, D]
+    _, ps, hkv, d = k.shape
+    want = (hkv * ps * d, d, ps * d, 1) if layout == "head" else (ps * hkv * d, hkv * d, d, 1)
+    assert k.stride() == want
+    results = engine.generate(prompts[:2], GREEDY)
+    assert [r.output_ids for r in results] == oracle[:2]
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
+
+
+def test_kv_cache_refuses_an_unknown_layout():
+    from sparsegen.engine.kv_cache import KVCache
+    from sparsegen.errors import EngineError
+
+    with pytest.raises(EngineError, match="layout"):
+        KVCache(num_layers=1, num_pages=4, page_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float32,
+                device="cpu", layout="paged")  # fmt: skip
+
+
 def test_continuous_batching_admits_new_prompts_as_others_finish(model, prompts):
     engine = LLMEngine(model, max_num_seqs=2, max_num_batched_tokens=128)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 12, 5, 4)]

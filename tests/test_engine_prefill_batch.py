@@ -47,8 +47,8 @@ def lists_prefill(runner, chunks):
         ids += c.seq.tokens[c.start : c.stop]
         positions += list(range(c.start, c.stop))
         slots += [c.seq.pages[p // ps] * ps + p % ps for p in range(c.start, c.stop)]
-        if has_prefix:
-            gather += [c.seq.pages[p // ps] * ps + p % ps for p in range(0, c.stop)]
+        if has_prefix:  # (page, offset in page) of every key
+            gather += [(c.seq.pages[p // ps], p % ps) for p in range(0, c.stop)]
         if runner.long_rope_after is not None:
             use_long += runner.use_long_rope(c.seq, c.start, c.stop)
         cu_q.append(cu_q[-1] + c.stop - c.start)
@@ -64,7 +64,7 @@ def lists_prefill(runner, chunks):
         "cu_seqlens_k": t(cu_k, dtype=torch.int32),
         "max_seqlen_q": max(c.stop - c.start for c in chunks),
         "max_seqlen_k": max(c.stop for c in chunks),
-        "kv_gather": t(gather, dtype=torch.long) if has_prefix else None,
+        "kv_gather": t(gather, dtype=torch.long).T if has_prefix else None,  # [2, Tk]
         "slot_mapping": t(slots, dtype=torch.long),
     }
 

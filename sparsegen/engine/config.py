@@ -14,6 +14,7 @@ from ..errors import InputError
 # pages longer than 128 tokens only waste the tail page of every sequence.
 MAX_PAGE_SIZE = 128
 KERNEL_PAGE_SIZES = range(8, MAX_PAGE_SIZE + 1)
+KV_LAYOUTS = ("head", "token")  # the KV pages' memory order: head-major or token-major (engine.kv_cache)
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -46,6 +47,7 @@ class EngineConfig:
     # launch each decode step before the previous one's tokens reach the host (engine.inflight);
     # greedy and seeded tokens are the same either way
     async_decode: bool = True
+    kv_layout: str = "head"  # one of KV_LAYOUTS
 
     def __post_init__(self) -> None:
         check_int("page_size", self.page_size, 1, MAX_PAGE_SIZE)
@@ -57,3 +59,5 @@ class EngineConfig:
         for name in ("use_cuda_graphs", "compile_model", "async_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise InputError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")

@@ -94,6 +94,7 @@ class LLMEngine:
         use_cuda_graphs: bool = True,
         compile_model: bool = False,
         async_decode: bool = True,
+        kv_layout: str = "head",
     ):
         config = EngineConfig(
             page_size=page_size,
@@ -105,6 +106,7 @@ class LLMEngine:
             use_cuda_graphs=use_cuda_graphs,
             compile_model=compile_model,
             async_decode=async_decode,
+            kv_layout=kv_layout,
         )
         if not isinstance(model, Phi3SmallForCausalLM):
             raise InputError(f"model must be a Phi3SmallForCausalLM, got {type(model).__name__}")

@@ -131,14 +131,14 @@ class ModelRunner:
             head_dim=cfg.head_dim,
             dtype=model.dtype,
             device=model.device,
+            layout=config.kv_layout,
         )
         self.kv_cache_bytes = need
         if model.device.type == "cuda" and model.fused:  # the model's fused rotary: build it now
             from ..models import fused
 
-            fused.warm_up_rotary(
-                model.local_num_kv_heads, cfg.group_size, cfg.head_dim, model.dtype, model.device
-            )
+            k0, v0 = self.cache.layers[0]
+            fused.warm_up_rotary(k0, v0, self.cache.scratch_page * page_size, cfg.group_size)
         usable = self.cache.allocator.capacity
         log.info(
             "KV cache: %d pages of %d tokens = %d tokens (%.2f GiB) on %s",
@@ -200,6 +200,8 @@ class ModelRunner:
                 last_rows.append(cu_q[-1] - 1)
         rows = np.array(last_rows, dtype=np.int64)
         fields = [np.concatenate(f) if f else None for f in (ids, positions, slots, gather)]
+        if fields[3] is not None:  # flat slots -> (pages, offsets), the cache's two indices
+            fields[3] = np.concatenate([fields[3] // cache.page_size, fields[3] % cache.page_size])
         ids_d, positions_d, slots_d, gather_d, rows_d = packed_to_device([*fields, rows], torch.long, dev)
         cu = [np.array(cu_q, dtype=np.int32), np.array(cu_k, dtype=np.int32)]
         cu_seqlens_q, cu_seqlens_k = packed_to_device(cu, torch.int32, dev)
@@ -215,7 +217,7 @@ class ModelRunner:
             cu_seqlens_k=cu_seqlens_k,  # [B+1] int32
             max_seqlen_q=max(c.stop - c.start for c in chunks),
             max_seqlen_k=max(c.stop for c in chunks),
-            kv_gather=gather_d,  # [Tk] or None
+            kv_gather=None if gather_d is None else gather_d.view(2, -1),  # [2, Tk] or None
             slot_mapping=slots_d,  # [T]
         )
         return ids_d, batch  # ids: [T]

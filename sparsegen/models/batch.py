@@ -24,7 +24,8 @@ class ForwardBatch:
     cu_seqlens_k: torch.Tensor | None = None  # [B+1] int32, cached prefix + new tokens
     max_seqlen_q: int | None = None  # longest q_len / k_len of the batch, known on the host: the
     max_seqlen_k: int | None = None  # prefill kernel then sizes its grid without reading cu_seqlens
-    kv_gather: torch.Tensor | None = None  # [Tk] int64 flat cache slots of all keys; None: keys = new tokens
+    # [2, Tk] int64: the cache page and the offset in it of every key; None: keys = new tokens
+    kv_gather: torch.Tensor | None = None
     # cache writes (prefill and decode); None: no cache
     slot_mapping: torch.Tensor | None = None  # [T] int64 flat slot (page * page_size + offset)
     # decode

@@ -79,10 +79,12 @@ def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
 def _rotary_qkv_kernel(
     QKV, COS, SIN, Q, K, V, KC, VC, SLOTS,
     n_tokens, stride_t, stride_c, stride_q, stride_k, stride_slot,
+    page_size, stride_cp, stride_co, stride_ch,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_CACHE: tl.constexpr,
 ):  # fmt: skip
     # One program per (BLOCK_T tokens, KV group): QKV rows [G + 2, D] -> G rotated q rows, rotated
-    # k, v. COS/SIN: [T, D] float32; Q: [T, HKV * G, D]; K, V: [T, HKV, D]; KC/VC: [slots, HKV, D].
+    # k, v. COS/SIN: [T, D] float32; Q: [T, HKV * G, D]; K, V: [T, HKV, D]; KC/VC: [pages,
+    # page_size, HKV, D] with strides (stride_cp, stride_co, stride_ch, 1), both the same.
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     ok = (t < n_tokens)[:, None]  # [BLOCK_T, 1]
     kv = tl.program_id(1)
@@ -96,6 +98,7 @@ def _rotary_qkv_kernel(
     row = QKV + t[:, None] * stride_t + kv * (G + 2) * D  # [BLOCK_T, 1]
     if WRITE_CACHE:
         slot = tl.load(SLOTS + t * stride_slot, mask=t < n_tokens, other=0)[:, None]  # [BLOCK_T, 1]
+        at = (slot // page_size) * stride_cp + (slot % page_size) * stride_co + kv * stride_ch  # [BLOCK_T, 1]
     for j in tl.static_range(G + 1):  # G queries, then k
         lo = tl.load(row + j * D + half, mask=ok, other=0.0).to(tl.float32)
         hi = tl.load(row + j * D + D // 2 + half, mask=ok, other=0.0).to(tl.float32)
@@ -108,12 +111,12 @@ def _rotary_qkv_kernel(
         tl.store(dst + half, out_lo, mask=ok)
         tl.store(dst + D // 2 + half, out_hi, mask=ok)
         if WRITE_CACHE and j == G:
-            tl.store(KC + (slot * HKV + kv) * D + half, out_lo.to(KC.dtype.element_ty), mask=ok)
-            tl.store(KC + (slot * HKV + kv) * D + D // 2 + half, out_hi.to(KC.dtype.element_ty), mask=ok)
+            tl.store(KC + at + half, out_lo.to(KC.dtype.element_ty), mask=ok)
+            tl.store(KC + at + D // 2 + half, out_hi.to(KC.dtype.element_ty), mask=ok)
     v = tl.load(row + (G + 1) * D + full, mask=ok)
     tl.store(V + t[:, None] * stride_k + kv * D + full, v, mask=ok)
     if WRITE_CACHE:
-        tl.store(VC + (slot * HKV + kv) * D + full, v, mask=ok)
+        tl.store(VC + at + full, v, mask=ok)
 
 
 def supports_rotary(qkv: torch.Tensor) -> bool:
@@ -125,7 +128,9 @@ def supports_rotary(qkv: torch.Tensor) -> bool:
 def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
     """qkv: [T, Hkv, G + 2, D] (per KV group: G queries, then k, then v); cos, sin: [T, D].
     Returns q [T, Hkv * G, D] and k, v [T, Hkv, D], q and k rotated; with `cache` = (k_cache,
-    v_cache), contiguous [pages, page_size, Hkv, D], and `slots` [T] int64, writes k and v there."""
+    v_cache), [pages, page_size, Hkv, D] with equal strides and a contiguous last dim (any page
+    layout: engine.kv_cache), and `slots` [T] int64 (page * page_size + offset), writes k and v
+    there."""
     t, hkv, g2, d = qkv.shape
     g = g2 - 2
     q = torch.empty((t, hkv * g, d), dtype=qkv.dtype, device=qkv.device)
@@ -135,34 +140,40 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
         return q, k, v
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     write = cache is not None
-    if write and not (cache[0].is_contiguous() and cache[1].is_contiguous()):
-        raise InputError("the KV cache tensors must be contiguous")
+    if write and (cache[0].stride() != cache[1].stride() or cache[0].stride(3) != 1):
+        raise InputError(
+            f"the K and V caches need equal strides and a contiguous last dim, got {cache[0].stride()} "
+            f"and {cache[1].stride()}"
+        )
     kc, vc = cache if write else (k, v)
+    cache_strides = (kc.shape[1], kc.stride(0), kc.stride(1), kc.stride(2)) if write else (1, 0, 0, 0)
     slot_ptr = slots if write else cos
     block_t = ROTARY_TOKENS if t >= ROTARY_TILED_FROM else 1
     _rotary_qkv_kernel[(triton.cdiv(t, block_t), hkv)](
         qkv, cos, sin, q, k, v, kc, vc, slot_ptr,
         t, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
+        *cache_strides,
         HKV=hkv, G=g, D=d, BLOCK_T=block_t, WRITE_CACHE=write,
     )  # fmt: skip
     return q, k, v
 
 
-def warm_up_rotary(num_kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, device) -> None:
+def warm_up_rotary(k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, group: int) -> None:
     """Build the rotary kernel's two variants (one token per program, and ROTARY_TOKENS from
-    ROTARY_TILED_FROM tokens on) now, with the cache write, on throwaway tensors: otherwise the
-    first prompt of >= ROTARY_TILED_FROM tokens waits for a Triton build (a fresh H200 machine,
-    session 6: 645 ms for the first 8K prompt against 196 ms for the second)."""
-    g2 = group + 2
-    cache = torch.zeros((1, 1, num_kv_heads, head_dim), dtype=dtype, device=device)  # one slot
+    ROTARY_TILED_FROM tokens on) now, writing zeros into the cache at `slot` (the engine's scratch
+    page): otherwise the first prompt of >= ROTARY_TILED_FROM tokens waits for a Triton build (a
+    fresh H200 machine, session 6: 645 ms for the first 8K prompt against 196 ms for the second).
+    The engine's own cache is used because Triton specialises on the page size and strides."""
+    _, _, hkv, d = k_cache.shape  # [pages, page_size, Hkv, D]
+    dev = k_cache.device
     for t in (1, ROTARY_TILED_FROM):
-        qkv = torch.zeros((t, num_kv_heads, g2, head_dim), dtype=dtype, device=device)
+        qkv = torch.zeros((t, hkv, group + 2, d), dtype=k_cache.dtype, device=dev)
         if not supports_rotary(qkv):
             return
-        cos = torch.ones((t, head_dim), dtype=torch.float32, device=device)
-        sin = torch.zeros((t, head_dim), dtype=torch.float32, device=device)
-        slots = torch.zeros(t, dtype=torch.long, device=device)  # every token into the one slot
-        rotary_qkv(qkv, cos, sin, (cache, cache.clone()), slots)
+        cos = torch.ones((t, d), dtype=torch.float32, device=dev)
+        sin = torch.zeros((t, d), dtype=torch.float32, device=dev)
+        slots = torch.full((t,), slot, dtype=torch.long, device=dev)  # every token into the one slot
+        rotary_qkv(qkv, cos, sin, (k_cache, v_cache), slots)
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """Writing new keys and values into the paged KV cache, as an op that torch.compile keeps whole.
 
-Eagerly, `write_kv` is two `index_copy_` calls. Under torch.compile / torch.export it goes
+Eagerly, `write_kv` is two indexed stores through the caches' strides (any memory layout of
+the [num_pages, page_size, Hkv, D] view: engine.kv_cache's head- or token-major pages). Under torch.compile / torch.export it goes
 through the registered op `sparsegen_model::write_kv`, which declares that it mutates the two
 cache tensors: traced as plain `index_copy_` on a graph input, the functional graph would copy
 the whole cache (gigabytes) back into place on every step.
@@ -12,9 +13,19 @@ import torch
 
 
 def _write(k_cache, v_cache, slots, k, v) -> None:
-    hkv, d = k.shape[1], k.shape[2]
-    k_cache.view(-1, hkv, d).index_copy_(0, slots, k)
-    v_cache.view(-1, hkv, d).index_copy_(0, slots, v)
+    page, offset = slot_pages(slots, k_cache.shape[1])
+    k_cache[page, offset] = k
+    v_cache[page, offset] = v
+
+
+def slot_pages(slots: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat slots [T] (page * page_size + offset) -> (page [T], offset [T]), to index a cache."""
+    return torch.div(slots, page_size, rounding_mode="floor"), torch.remainder(slots, page_size)
+
+
+def read_kv(cache: torch.Tensor, gather: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """cache [num_pages, page_size, Hkv, D] (any strides) at (page [Tk], offset [Tk]) -> [Tk, Hkv, D]."""
+    return cache[gather[0], gather[1]]
 
 
 @torch.library.custom_op("sparsegen_model::write_kv", mutates_args=("k_cache", "v_cache"))

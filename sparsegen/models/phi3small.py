@@ -19,7 +19,7 @@ from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
-from .kv_write import write_kv
+from .kv_write import read_kv, write_kv
 from .options import ATTN_IMPLS, ModelOptions
 from .rope import Rotary
 
@@ -207,8 +207,8 @@ class Attention(nn.Module):
             out = self._decode(q, kv_cache, batch)
         else:
             if batch.kv_gather is not None:
-                k_all = kv_cache[0].view(-1, hkv, d)[batch.kv_gather]  # [Tk, Hkv, D]: cached prefix + new
-                v_all = kv_cache[1].view(-1, hkv, d)[batch.kv_gather]
+                k_all = read_kv(kv_cache[0], batch.kv_gather)  # [Tk, Hkv, D]: cached prefix + new
+                v_all = read_kv(kv_cache[1], batch.kv_gather)
             else:
                 k_all, v_all = k, v
             out = self._prefill(q, k_all, v_all, batch)
