@@ -9,7 +9,10 @@ weights, bf16, 8K prompts:
   batch 1 only: session 6's call 4 measured it slower at 32, before the row limit);
 - `pdl+gemv_o`: and the batch-1 output projection through the Triton GEMV (session 6's defaults);
 - `head_kv`: and head-major KV pages (`EngineConfig.kv_layout="head"`; the modes above use
-  token-major pages, as every engine did before session 7): today's defaults.
+  token-major pages, as every engine did before session 7);
+- `in_major_w`: and down_proj / lm_head weights stored [in, out] (`phi3small.Linear`'s
+  `in_major`; the modes above run a copy of the model with every weight [out, in], as before
+  session 7): today's defaults.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -23,19 +26,32 @@ from types import SimpleNamespace
 
 import torch
 from profile_decode_step import engine_at, replay_ms, step_ms, sync
+from torch import nn
 
 from sparsegen.models import random_model
 
-MODES = {  # name: (pdl, gemv_o, kv_layout)
-    "base": (False, False, "token"),
-    "pdl": (True, False, "token"),
-    "pdl+gemv_o": (True, True, "token"),
-    "head_kv": (True, True, "head"),
+MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights)
+    "base": (False, False, "token", False),
+    "pdl": (True, False, "token", False),
+    "pdl+gemv_o": (True, True, "token", False),
+    "head_kv": (True, True, "head", False),
+    "in_major_w": (True, True, "head", True),
 }
 
 
-def run_mode(model, mode: str, batch: int, context: int, steps: int) -> dict:
-    pdl, gemv_o, kv_layout = MODES[mode]
+def row_major_copy():
+    """The same random model with every linear weight stored [out, in] (contiguous)."""
+    twin = random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)
+    for mod in twin.modules():
+        if isinstance(mod, nn.Linear) and not mod.weight.is_contiguous():
+            mod.weight = nn.Parameter(mod.weight.contiguous(), requires_grad=False)
+    torch.cuda.empty_cache()
+    return twin
+
+
+def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
+    pdl, gemv_o, kv_layout, in_major = MODES[mode]
+    model = models[in_major]
     if pdl:
         os.environ.pop("SPARSEGEN_NO_PDL", None)
     else:
@@ -65,13 +81,16 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("ab_decode_step needs a CUDA GPU")
-    model = random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)
+    modes = args.modes.split(",")
+    models = {True: random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)}
+    if any(not MODES[m][3] for m in modes):
+        models[False] = row_major_copy()
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
         base = None
         for rnd in range(args.rounds):
-            for mode in args.modes.split(","):
-                r = run_mode(model, mode, batch, args.context, args.steps)
+            for mode in modes:
+                r = run_mode(models, mode, batch, args.context, args.steps)
                 base = r["tokens"] if base is None else base
                 r.update(round=rnd, same_tokens_as_first=r.pop("tokens") == base)
                 rows.append(r)

@@ -104,3 +104,28 @@ def test_batched_prefill_equals_separate_sequences():
     both = model(torch.cat([a, b]), ForwardBatch.whole_sequences([70, 45]))
     torch.testing.assert_close(both[:70], model(a, ForwardBatch.whole_sequences([70])), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(both[70:], model(b, ForwardBatch.whole_sequences([45])), atol=1e-5, rtol=1e-5)
+
+
+def test_in_major_weights_hold_the_same_values_as_row_major():
+    """down_proj and lm_head are stored [in, out] (seen as [out, in]) unless the model is built for
+    the Triton GEMV; the same seed fills both builds with the same numbers, in logical order, and
+    both give the same logits."""
+    a = random_model("tiny", seed=3)  # in-major down_proj / lm_head
+    b = random_model("tiny", seed=3, triton_gemv=True)  # every weight [out, in]
+    for m, col in ((a, True), (b, False)):
+        w = m.model.layers[0].mlp.down_proj.weight  # [out, in]
+        assert (w.stride() == (1, w.shape[0])) is col and (m.lm_head.weight.stride(0) == 1) is col
+        assert m.model.layers[0].self_attn.query_key_value.weight.is_contiguous()
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0))
+    batch = ForwardBatch.whole_sequences([40])
+    with torch.inference_mode():
+        torch.testing.assert_close(a(ids, batch), b(ids, batch), rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_loads_into_in_major_weights(checkpoint):
+    folder, tensors = checkpoint
+    model = load_checkpoint(folder, dtype=torch.float32)
+    w = model.model.layers[0].mlp.down_proj.weight
+    assert w.stride(0) == 1 and torch.equal(w, tensors["model.layers.0.mlp.down_proj.weight"].float())

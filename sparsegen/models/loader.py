@@ -60,15 +60,20 @@ def init_random_(name: str, param: torch.Tensor, gen: torch.Generator) -> None:
     """Fill the whole (unsharded) tensor `name` as `random_model` does, drawing from `gen`.
 
     Hook for tensor parallelism: a rank draws each full tensor in the same order, then keeps
-    its shard, so its weights are exactly the matching slices of `random_model`'s."""
+    its shard, so its weights are exactly the matching slices of `random_model`'s. The values are
+    drawn in the tensor's logical order, so an `in_major` weight gets the same numbers as a
+    row-major one."""
+    out = param if param.is_contiguous() else torch.empty_like(param, memory_format=torch.contiguous_format)
     if name.endswith("layernorm.weight"):
-        param.normal_(1.0, 0.1, generator=gen)
+        out.normal_(1.0, 0.1, generator=gen)
     elif name.endswith(".bias"):
-        param.normal_(0.0, 0.02, generator=gen)
+        out.normal_(0.0, 0.02, generator=gen)
     elif name == "model.embed_tokens.weight":
-        param.normal_(0.0, 0.1, generator=gen)
+        out.normal_(0.0, 0.1, generator=gen)
     else:
-        param.normal_(0.0, param.shape[1] ** -0.5, generator=gen)
+        out.normal_(0.0, param.shape[1] ** -0.5, generator=gen)
+    if out is not param:
+        param.copy_(out)
 
 
 WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

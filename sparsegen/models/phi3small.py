@@ -71,7 +71,21 @@ class _NoInit:
 
 
 class Linear(_NoInit, nn.Linear):
-    pass
+    """nn.Linear. With `in_major=True` the weight is stored as a contiguous [in, out] tensor and
+    seen as the usual [out, in] through `.t()`, so F.linear hands cuBLAS the no-transpose layout.
+    On an H200 that ran the decode step's skinny GEMMs faster for down_proj (1 / 32 rows: 32.5 /
+    31.8 -> 31.7 / 30.8 us) and lm_head (197 / 203 -> 186 / 191 us) and left the 8192-row prefill
+    GEMM unchanged (benchmarks/bench_linear_layout.py, docs/performance.md); qkv, dense and
+    up_proj gained nothing there or lost at 8192 rows, so they stay [out, in]. The Triton GEMV
+    reads [out, in] rows only: a model built with `ModelOptions.triton_gemv` keeps every weight
+    [out, in], and an in-major layer of one switched to it later stays on cuBLAS (`linear`)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, *, in_major: bool = False, **fk
+    ):
+        super().__init__(in_features, out_features, bias=bias, **fk)
+        if in_major:
+            self.weight = nn.Parameter(torch.empty(in_features, out_features, **fk).t())  # [out, in] view
 
 
 class Embedding(_NoInit, nn.Embedding):
@@ -92,10 +106,15 @@ def _gemv_row(on: bool, x: torch.Tensor) -> bool:
     return x.is_cuda or ops.interpreter_usable()
 
 
+def _gemv_layer(layer: nn.Module, on: bool, x: torch.Tensor) -> bool:
+    """`_gemv_row` for a plain nn.Linear whose weight rows are contiguous (not `in_major`)."""
+    return isinstance(layer, nn.Linear) and layer.weight.stride(1) == 1 and _gemv_row(on, x)
+
+
 def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
     """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
     through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself)."""
-    if isinstance(layer, nn.Linear) and _gemv_row(gemv, x):
+    if _gemv_layer(layer, gemv, x):
         from .gemv import gemv as triton_gemv
 
         return triton_gemv(x, layer.weight, layer.bias)
@@ -222,7 +241,9 @@ class MLP(nn.Module):
         self.fused = options.attn_impl != "reference"  # the fused GeGeLU kernel, on a GPU
         self.gemv = options.triton_gemv
         self.up_proj = Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True, **fk)
-        self.down_proj = Linear(config.ff_intermediate_size, config.hidden_size, bias=True, **fk)
+        self.down_proj = Linear(  # in-major unless built for the Triton GEMV (see Linear)
+            config.ff_intermediate_size, config.hidden_size, bias=True, in_major=not options.triton_gemv, **fk
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
         if _gemv_row(self.gemv, x):  # one kernel: up_proj, its bias and GeGeLU
@@ -306,7 +327,9 @@ class Phi3SmallForCausalLM(nn.Module):
         self.attn_impl = options.attn_impl
         fk = {"device": options.device, "dtype": options.dtype}
         self.model = Phi3SmallModel(config, self.spec, options, fk)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, **fk)
+        self.lm_head = Linear(  # in-major unless built for the Triton GEMV (see Linear)
+            config.hidden_size, config.vocab_size, bias=False, in_major=not options.triton_gemv, **fk
+        )
         self.rotary = Rotary(config, options.device)
         dummies = (
             config.dummy_token_indices
@@ -370,7 +393,7 @@ class Phi3SmallForCausalLM(nn.Module):
         if batch.logits_index is not None:
             x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
         final = self.model.final_layernorm
-        if isinstance(self.lm_head, nn.Linear) and _gemv_row(self.gemv, x):  # final add + LN inside the GEMV
+        if _gemv_layer(self.lm_head, self.gemv, x):  # final add + LN inside the GEMV
             from .gemv import gemv
 
             out, _ = gemv(x, self.lm_head.weight, None, norm=(residual, final.weight, final.bias, final.eps))
