@@ -69,24 +69,6 @@ def make_caches(layout: str, pages: int, page_size: int, hkv: int, d: int, ring:
     return out
 
 
-def occupancy(kern) -> int:
-    """Resident blocks per SM the driver reports for a variant's main kernel (128 threads)."""
-    k = kern._module(torch.device("cuda", torch.cuda.current_device())).kernels[dec.KERNEL]
-    return k.occupancy.max_active_blocks_per_multiprocessor(128, 0)
-
-
-def prefer_shared(kern) -> None:
-    """--carveout: ask for the largest shared-memory carveout (100 %) for a variant's kernel."""
-    from cuda.bindings import driver
-
-    dev = torch.cuda.current_device()
-    k = kern._module(torch.device("cuda", dev)).kernels[dec.KERNEL]
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    (err,) = driver.cuKernelSetAttribute(attr, 100, k.handle, dev)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise SystemExit(f"cuKernelSetAttribute: {err}")
-
-
 def run_case(kind, layer, kernels, batch, ctx, page_size, bw, rounds, layouts) -> dict:
     h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     pages_per_seq = ctx // page_size
@@ -135,7 +117,6 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--pages", default=",".join(map(str, PAGES)))
-    ap.add_argument("--carveout", action="store_true", help="prefer the largest shared-memory carveout")
     args = ap.parse_args()
     names = args.variants.split(",")
     layouts = args.layouts.split(",")
@@ -150,11 +131,6 @@ def main() -> None:
                 n: dec.compile_variant(layer, dtype=torch.bfloat16, page_size=page_size, **VARIANTS[n])
                 for n in names
             }
-            for n, kern in kernels.items():
-                before = occupancy(kern)
-                if args.carveout:
-                    prefer_shared(kern)
-                print(f"ps{page_size} {kind} {n}: {before} -> {occupancy(kern)} blocks per SM", flush=True)
             for batch, ctx in CASES:
                 if kind == "dense" and ctx > 8192:
                     continue
