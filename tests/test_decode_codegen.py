@@ -71,7 +71,7 @@ def test_template_knobs():
     base = dt.render_source(PHI3, "bf16", 16)
     for name, value in dt.DEFAULT_KNOBS.items():
         assert (
-            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE', kv_load='KV_LOAD', stages='STAGES')[name]} {value}"
+            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE', kv_load='KV_LOAD')[name]} {value}"
             in base
         )
     other = dt.render_source(PHI3, "bf16", 16, pipeline=1, min_blocks=3, q_smem=1)
@@ -81,10 +81,6 @@ def test_template_knobs():
     assert "#define KV_LOAD 2" in dt.render_source(PHI3, "bf16", 16, kv_load=2)
     with pytest.raises(InputError, match="kv_load"):
         dt.render_source(PHI3, "bf16", 16, kv_load=3)
-    assert "#define STAGES 3" in dt.render_source(PHI3, "bf16", 16, stages=3)
-    for bad in ({"stages": 1}, {"stages": 4}, {"stages": 2, "pipeline": 1}, {"stages": 3, "q_smem": 1}):
-        with pytest.raises(InputError, match="stages"):
-            dt.render_source(PHI3, "bf16", 16, **bad)
 
 
 def _ptxas_report(source: str, arch: str) -> str:

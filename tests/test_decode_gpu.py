@@ -177,9 +177,6 @@ VARIANT_KNOBS = [
     {"fused_merge": 0},  # no in-kernel merge: every split count goes through the reduce kernel
     {"kv_load": 1},  # K/V loads with L1::no_allocate
     {"kv_load": 2},  # and an L2::256B prefetch hint
-    {"stages": 2},  # K/V through a per-warp cp.async ring of 2 tiles
-    {"stages": 3},
-    {"stages": 3, "min_blocks": 3},
 ]
 
 

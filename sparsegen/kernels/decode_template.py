@@ -33,9 +33,7 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # merge existed, so a benchmark can check that the merge's code costs the other paths nothing.
 # KV_LOAD picks the K/V load instruction (0: ld.global.nc; 1: with L1::no_allocate; 2: also an
 # L2::256B prefetch hint), a benchmark variant (benchmarks/bench_decode_layout.py).
-# STAGES (0, 2 or 3) > 0 copies K/V through a per-warp cp.async ring of that many tiles in shared
-# memory instead of loading them into registers (with pipeline 0 and q_smem 0 only).
-DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0, "fused_merge": 1, "kv_load": 0, "stages": 0}
+DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0, "fused_merge": 1, "kv_load": 0}
 
 
 def heads_per_block(layer: LayerSpec) -> int:
@@ -95,10 +93,6 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
     knobs = {**DEFAULT_KNOBS, **knobs}
     if knobs["kv_load"] not in (0, 1, 2):
         raise InputError(f"decode template knob kv_load must be 0, 1 or 2, got {knobs['kv_load']!r}")
-    if knobs["stages"] not in (0, 2, 3):
-        raise InputError(f"decode template knob stages must be 0, 2 or 3, got {knobs['stages']!r}")
-    if knobs["stages"] and (knobs["pipeline"] or knobs["q_smem"]):
-        raise InputError("decode template knob stages > 0 takes pipeline=0 and q_smem=0")
     ctype = dtypes.resolve(dtype_name, kernel=True).ctype
     hpb = heads_per_block(layer)
     classes: list[tuple[HeadSpec, ...]] = []
@@ -122,7 +116,6 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "q_smem": int(knobs["q_smem"]),
         "fused_merge": int(bool(knobs["fused_merge"])),
         "kv_load": int(knobs["kv_load"]),
-        "stages": int(knobs["stages"]),
         "classes": [[_head_constants(h) for h in cls] for cls in classes],
         "class_splits": [list(split_weights(cls)) for cls in classes],
         "far_scale": FAR_SCALE,
