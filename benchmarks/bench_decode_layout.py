@@ -1,6 +1,8 @@
-"""Paged decode against the KV-cache layout and the K/V load instruction (GPU), in one process.
+"""Paged decode against the KV-cache layout and the kernel's load variants (GPU), in one process.
 
     PYTHONPATH=$PWD python benchmarks/bench_decode_layout.py --out decode_layout.json
+    PYTHONPATH=$PWD python benchmarks/bench_decode_layout.py --layouts head --pages 16 \
+        --variants default,load1
 
 The kernel takes the cache's strides, so one build serves two layouts of the same
 [num_pages, page_size, Hkv, D] view:
@@ -8,8 +10,8 @@ The kernel takes the cache's strides, so one build serves two layouts of the sam
                part of a page is page_size runs of 256 bytes, 2 KB apart (Phi-3-Small);
   head-major   a [num_pages, Hkv, page_size, D] buffer seen through .transpose(1, 2): one KV
                head's part of a page is one contiguous run (4 KB at page 16).
-Each layout is timed at page 16 and 32 and with each K/V load flavour of the template's KV_LOAD
-knob (0: ld.global.nc, 1: + L1::no_allocate, 2: + an L2::256B prefetch hint). Cases are
+Each layout is timed at page 16 and 32 with each template variant of VARIANTS: the K/V load
+flavour (KV_LOAD 0: ld.global.nc, 1: + L1::no_allocate, 2: + an L2::256B prefetch hint). Cases are
 Phi-3-Small's sparse (layer 0) and dense (layer 1) layers at the engine's decode shapes. Time =
 CUDA-graph replays of 20 launches over a ring of cache copies at least 4x the L2 in size, median
 of 3 interleaved rounds; floor = the KV bytes some head of each group needs / the copy rate of
@@ -25,22 +27,26 @@ import statistics
 import torch
 
 import sparsegen
-from sparsegen.bench.common import graph_us
+from sparsegen.bench.common import graph_us, measure_ceilings
 from sparsegen.kernels import decode as dec
 from sparsegen.layout import decode_pages
 from sparsegen.testing import rel_err
 
 CASES = ((32, 8192), (64, 8192), (1, 8192), (1, 131072))
-LOADS = (0, 1, 2)
+VARIANTS = {  # name: decode template knobs; "default" is what get_kernel builds
+    "default": {},
+    "load1": {"kv_load": 1},
+    "load2": {"kv_load": 2},
+}
 LAYOUTS = ("token", "head")
 PAGES = (16, 32)
 L2_BYTES = 60 << 20
 
 
 def copy_rate() -> float:
-    src = torch.empty(1 << 29, device="cuda")  # 2 GiB of float32
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / (graph_us(lambda _i: dst.copy_(src), calls=5) * 1e-6)
+    """Bytes/s of a device-to-device copy (read + written), timed outside a graph: session 7's
+    first run timed it inside one, where the copy ran as a memcpy node at 2.7 TB/s."""
+    return measure_ceilings().copy_tb_s * 1e12
 
 
 def make_caches(layout: str, pages: int, page_size: int, hkv: int, d: int, ring: int):
@@ -58,7 +64,7 @@ def make_caches(layout: str, pages: int, page_size: int, hkv: int, d: int, ring:
     return out
 
 
-def run_case(kind, layer, kernels, batch, ctx, page_size, bw, rounds) -> dict:
+def run_case(kind, layer, kernels, batch, ctx, page_size, bw, rounds, layouts) -> dict:
     h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     pages_per_seq = ctx // page_size
     pages = batch * pages_per_seq
@@ -69,18 +75,19 @@ def run_case(kind, layer, kernels, batch, ctx, page_size, bw, rounds) -> dict:
     q = torch.randn(batch, h, d, device="cuda", dtype=torch.bfloat16)  # [B, H, D]
     needed = decode_pages(layer, ctx, page_size)  # [Hkv, pages]
     floor_us = batch * int(needed.sum()) * page_size * d * 2 * 2 / bw * 1e6
-    caches = {lay: make_caches(lay, pages, page_size, hkv, d, ring) for lay in LAYOUTS}
-    # the same values in both layouts, so every output can be compared with one baseline
-    for (kt, vt), (kh, vh) in zip(caches["token"], caches["head"]):
-        kh.copy_(kt)
-        vh.copy_(vt)
-    base = kernels[0].launch(q, *caches["token"][0], tables, lens, 1 / d)
+    caches = {lay: make_caches(lay, pages, page_size, hkv, d, ring) for lay in layouts}
+    first = caches[layouts[0]]
+    for lay in layouts[1:]:  # the same values in every layout: one baseline for every output
+        for (k0, v0), (k1, v1) in zip(first, caches[lay]):
+            k1.copy_(k0)
+            v1.copy_(v0)
+    base = kernels["default"].launch(q, *first[0], tables, lens, 1 / d)
     times: dict[str, list[float]] = {}
     errs: dict[str, float] = {}
     for _ in range(rounds):
-        for lay in LAYOUTS:
-            for load, kern in kernels.items():
-                name = f"{lay}_load{load}"
+        for lay in layouts:
+            for vname, kern in kernels.items():
+                name = f"{lay}_{vname}"
 
                 def fn(i, kern=kern, lay=lay):
                     k, v = caches[lay][i % ring]
@@ -102,20 +109,27 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="decode_layout.json")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--pages", default=",".join(map(str, PAGES)))
     args = ap.parse_args()
+    names = args.variants.split(",")
+    layouts = args.layouts.split(",")
+    if "default" not in names or not set(names) <= set(VARIANTS) or not set(layouts) <= set(LAYOUTS):
+        raise SystemExit(f"--variants: names of {list(VARIANTS)} with default; --layouts: of {LAYOUTS}")
     spec = sparsegen.get_pattern("phi3small")
     bw = copy_rate()
     rows = []
-    for page_size in PAGES:
+    for page_size in (int(p) for p in args.pages.split(",")):
         for kind, layer in (("sparse", spec.layers[0]), ("dense", spec.layers[1])):
             kernels = {
-                load: dec.compile_variant(layer, dtype=torch.bfloat16, page_size=page_size, kv_load=load)
-                for load in LOADS
+                n: dec.compile_variant(layer, dtype=torch.bfloat16, page_size=page_size, **VARIANTS[n])
+                for n in names
             }
             for batch, ctx in CASES:
                 if kind == "dense" and ctx > 8192:
                     continue
-                r = run_case(kind, layer, kernels, batch, ctx, page_size, bw, args.rounds)
+                r = run_case(kind, layer, kernels, batch, ctx, page_size, bw, args.rounds, layouts)
                 rows.append(r)
                 cells = " ".join(f"{n} {u:7.1f} ({r['of_floor'][n]:.3f})" for n, u in r["us"].items())
                 print(f"ps{page_size} {kind:>6} {batch:>3}x{ctx:<6} floor {r['floor_us']:7.1f} us | {cells}",

@@ -20,7 +20,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from sparsegen.bench.common import graph_us
+from sparsegen.bench.common import graph_us, measure_ceilings
 from sparsegen.testing import rel_err
 
 CALLS = 24
@@ -31,18 +31,12 @@ PREFILL_FLOPS = 700e12  # a round matmul rate for the 8192-row floor column
 BACKENDS = ("cublas", "cublaslt")
 
 
-def copy_rate() -> float:
-    src = torch.empty(1 << 29, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / (graph_us(lambda _i: dst.copy_(src), calls=5) * 1e-6)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="linear_layout.json")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    bw = copy_rate()
+    bw = measure_ceilings().copy_tb_s * 1e12  # timed outside a graph (see bench_decode_layout)
     rows = []
     for name, n, k in SHAPES:
         copies = 4 if name == "lm_head" else CALLS
