@@ -1,0 +1,75 @@
+"""A/B of session 7's storage switches on the time to first token, alternating in one process (GPU).
+
+    PYTHONPATH=$PWD python3 benchmarks/ab_prefill.py [--lengths 8192,32768] [--rounds 2] [--json OUT]
+
+Modes, each in an engine of its own (random 7b weights, bf16, 8K prefill chunks, no decode graphs):
+- `token`: token-major KV pages and every weight [out, in] (the engines of session 6);
+- `head`: head-major KV pages (`EngineConfig.kv_layout`);
+- `head+in_major`: and down_proj / lm_head stored [in, out] (`phi3small.Linear`): today's defaults.
+Per length: a warm-up prompt of that length, then the median TTFT of `--prompts` more (as
+`bench_generate.py` measures it: `ttft_s` of a one-token generate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+from ab_decode_step import row_major_copy
+
+from sparsegen.engine import LLMEngine, SamplingParams
+from sparsegen.models import random_model
+
+MODES = {"token": ("token", False), "head": ("head", False), "head+in_major": ("head", True)}
+
+
+def ttft_ms(model, kv_layout: str, length: int, prompts: int) -> float:
+    engine = LLMEngine(model, kv_cache_bytes=6 << 30, max_num_seqs=1, max_num_batched_tokens=8192,
+                       use_cuda_graphs=False, kv_layout=kv_layout)  # fmt: skip
+    gen = torch.Generator().manual_seed(length)
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    times = []
+    for i in range(prompts + 1):  # the first is the warm-up
+        prompt = torch.randint(0, 256, (length,), generator=gen).tolist()
+        res = engine.generate([prompt], one)[0]
+        if i:
+            times.append(res.ttft_s * 1e3)
+    del engine
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="8192,32768")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("ab_prefill needs a CUDA GPU")
+    modes = args.modes.split(",")
+    models = {True: random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)}
+    if any(not MODES[m][1] for m in modes):
+        models[False] = row_major_copy()
+    rows = []
+    for length in (int(n) for n in args.lengths.split(",")):
+        for rnd in range(args.rounds):
+            for mode in modes:
+                layout, in_major = MODES[mode]
+                ms = ttft_ms(models[in_major], layout, length, args.prompts)
+                rows.append({"length": length, "round": rnd, "mode": mode, "ttft_ms": ms})
+                print(
+                    f"{length:>6} round {rnd} {mode:14s} TTFT {ms:7.1f} ms (median of {args.prompts})",
+                    flush=True,
+                )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
