@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/bench_decode_layout.py --out decode_layout.json
     PYTHONPATH=$PWD python benchmarks/bench_decode_layout.py --layouts head --pages 16 \
-        --variants default,load1
+        --variants default,pipe1
 
 The kernel takes the cache's strides, so one build serves two layouts of the same
 [num_pages, page_size, Hkv, D] view:
@@ -10,8 +10,9 @@ The kernel takes the cache's strides, so one build serves two layouts of the sam
                part of a page is page_size runs of 256 bytes, 2 KB apart (Phi-3-Small);
   head-major   a [num_pages, Hkv, page_size, D] buffer seen through .transpose(1, 2): one KV
                head's part of a page is one contiguous run (4 KB at page 16).
-Each layout is timed at page 16 and 32 with each template variant of VARIANTS: the K/V load
-flavour (KV_LOAD 0: ld.global.nc, 1: + L1::no_allocate, 2: + an L2::256B prefetch hint). Cases are
+Each layout is timed at page 16 and 32 with each template variant of VARIANTS (decode.
+compile_variant knobs). Session 7 also timed two K/V load flavours and a cp.async ring this way
+(docs/performance.md); both lost and were removed. Cases are
 Phi-3-Small's sparse (layer 0) and dense (layer 1) layers at the engine's decode shapes. Time =
 CUDA-graph replays of 20 launches over a ring of cache copies at least 4x the L2 in size, median
 of 3 interleaved rounds; floor = the KV bytes some head of each group needs / the copy rate of
@@ -35,8 +36,7 @@ from sparsegen.testing import rel_err
 CASES = ((32, 8192), (64, 8192), (1, 8192), (1, 131072))
 VARIANTS = {  # name: decode template knobs; "default" is what get_kernel builds
     "default": {},
-    "load1": {"kv_load": 1},
-    "load2": {"kv_load": 2},
+    "pipe1": {"pipeline": 1, "min_blocks": 3},  # the next tile's loads before this tile's math
 }
 LAYOUTS = ("token", "head")
 PAGES = (16, 32)

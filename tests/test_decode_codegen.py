@@ -71,16 +71,13 @@ def test_template_knobs():
     base = dt.render_source(PHI3, "bf16", 16)
     for name, value in dt.DEFAULT_KNOBS.items():
         assert (
-            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE', kv_load='KV_LOAD')[name]} {value}"
+            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE')[name]} {value}"
             in base
         )
     other = dt.render_source(PHI3, "bf16", 16, pipeline=1, min_blocks=3, q_smem=1)
     assert "#define PIPE 1" in other and "#define Q_SMEM 1" in other and "#define MIN_BLOCKS 3" in other
     with pytest.raises(InputError, match="knobs"):
         dt.render_source(PHI3, "bf16", 16, unroll=2)
-    assert "#define KV_LOAD 2" in dt.render_source(PHI3, "bf16", 16, kv_load=2)
-    with pytest.raises(InputError, match="kv_load"):
-        dt.render_source(PHI3, "bf16", 16, kv_load=3)
 
 
 def _ptxas_report(source: str, arch: str) -> str:

@@ -175,8 +175,6 @@ VARIANT_KNOBS = [
     {"pipeline": 0, "min_blocks": 5, "q_smem": 1},
     {"pipeline": 1, "min_blocks": 3, "q_smem": 0},
     {"fused_merge": 0},  # no in-kernel merge: every split count goes through the reduce kernel
-    {"kv_load": 1},  # K/V loads with L1::no_allocate
-    {"kv_load": 2},  # and an L2::256B prefetch hint
 ]
 
 

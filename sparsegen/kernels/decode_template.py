@@ -31,9 +31,7 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # 12 warps per SM even though each of those keeps twice the bytes in flight. FUSED_MERGE
 # compiles the in-kernel split merge (decode_merge); 0 gives the kernel as it was before that
 # merge existed, so a benchmark can check that the merge's code costs the other paths nothing.
-# KV_LOAD picks the K/V load instruction (0: ld.global.nc; 1: with L1::no_allocate; 2: also an
-# L2::256B prefetch hint), a benchmark variant (benchmarks/bench_decode_layout.py).
-DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0, "fused_merge": 1, "kv_load": 0}
+DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0, "fused_merge": 1}
 
 
 def heads_per_block(layer: LayerSpec) -> int:
@@ -91,8 +89,6 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
     if unknown:
         raise InputError(f"unknown decode template knobs {sorted(unknown)}")
     knobs = {**DEFAULT_KNOBS, **knobs}
-    if knobs["kv_load"] not in (0, 1, 2):
-        raise InputError(f"decode template knob kv_load must be 0, 1 or 2, got {knobs['kv_load']!r}")
     ctype = dtypes.resolve(dtype_name, kernel=True).ctype
     hpb = heads_per_block(layer)
     classes: list[tuple[HeadSpec, ...]] = []
@@ -115,7 +111,6 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "min_blocks": int(knobs["min_blocks"]),
         "q_smem": int(knobs["q_smem"]),
         "fused_merge": int(bool(knobs["fused_merge"])),
-        "kv_load": int(knobs["kv_load"]),
         "classes": [[_head_constants(h) for h in cls] for cls in classes],
         "class_splits": [list(split_weights(cls)) for cls in classes],
         "far_scale": FAR_SCALE,
