@@ -12,7 +12,9 @@ weights, bf16, 8K prompts:
   token-major pages, as every engine did before session 7);
 - `in_major_w`: and down_proj / lm_head weights stored [in, out] (`phi3small.Linear`'s
   `in_major`; the modes above run a copy of the model with every weight [out, in], as before
-  session 7): today's defaults.
+  session 7);
+- `decode_pdl`: and paged decode launched with programmatic dependent launch after the rotary
+  kernel (`phi3small.DECODE_PDL_MAX_ROWS`; 0 in the modes above): today's defaults.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -28,15 +30,17 @@ import torch
 from profile_decode_step import engine_at, replay_ms, step_ms, sync
 from torch import nn
 
-from sparsegen.models import random_model
+from sparsegen.models import phi3small, random_model
 
-MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights)
-    "base": (False, False, "token", False),
-    "pdl": (True, False, "token", False),
-    "pdl+gemv_o": (True, True, "token", False),
-    "head_kv": (True, True, "head", False),
-    "in_major_w": (True, True, "head", True),
+MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl)
+    "base": (False, False, "token", False, False),
+    "pdl": (True, False, "token", False, False),
+    "pdl+gemv_o": (True, True, "token", False, False),
+    "head_kv": (True, True, "head", False, False),
+    "in_major_w": (True, True, "head", True, False),
+    "decode_pdl": (True, True, "head", True, True),
 }
+DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS  # the default
 
 
 def row_major_copy():
@@ -50,8 +54,9 @@ def row_major_copy():
 
 
 def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
-    pdl, gemv_o, kv_layout, in_major = MODES[mode]
+    pdl, gemv_o, kv_layout, in_major, decode_pdl = MODES[mode]
     model = models[in_major]
+    phi3small.DECODE_PDL_MAX_ROWS = DECODE_PDL_MAX_ROWS if decode_pdl else 0  # read at graph capture
     if pdl:
         os.environ.pop("SPARSEGEN_NO_PDL", None)
     else:
@@ -97,6 +102,7 @@ def main() -> None:
                 print(f"b{batch} round {rnd} {mode:11s} step {r['step_ms']:.3f} ms  replay {r['replay_ms']:.3f} ms"
                       f"  tokens same as the first mode's: {r['same_tokens_as_first']}", flush=True)  # fmt: skip
     os.environ.pop("SPARSEGEN_NO_PDL", None)
+    phi3small.DECODE_PDL_MAX_ROWS = DECODE_PDL_MAX_ROWS
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)

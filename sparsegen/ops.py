@@ -117,23 +117,34 @@ def _prefill(q, k, v, cu_q, cu_k, layer: LayerSpec, scale: float, impl, check, m
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale=None, *, impl=None,
-                 check=None):  # fmt: skip
+                 check=None, pdl=False):  # fmt: skip
     """One decode step over a paged cache. q: [B, H, D], caches: [pages, page_size, Hkv, D].
 
     `check=True` (or SPARSEGEN_DEBUG=1) validates seq_lens and every used page id on the host
     before the compiled kernel launches; the reference always does.
+
+    `pdl=True` launches the compiled kernel with programmatic dependent launch on sm_90+ (a
+    plain launch elsewhere, and for the reference): it starts while the kernel before it on the
+    stream still runs and reads `seq_lens` and `block_tables` before waiting for that kernel to
+    finish, then q and the caches after. Pass it only when the kernel right before does not
+    write `seq_lens` or `block_tables` (the engine's decode step: the rotary kernel writes q and
+    the new token's K/V, which are read after the wait).
     """
     _check_impl(impl, DECODE_IMPLS)
     _check_flag("check", check)
+    if not isinstance(pdl, bool):
+        raise InputError(f"pdl must be True or False, got {pdl!r}")
     layer = _check_layer(layer)
     scale = softmax_scale(scale, layer.head_dim)
     if torch.compiler.is_compiling():
         return torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens,
                                                 custom_ops.spec_json(layer), scale, impl, check)  # fmt: skip
-    return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check)
+    return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check, pdl)
 
 
-def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale: float, impl, check):
+def _paged_decode(
+    q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale: float, impl, check, pdl=False
+):
     """The implementation behind `paged_decode` and `torch.ops.sparsegen.paged_decode`."""
     if impl is None:
         on_gpu = isinstance(q, torch.Tensor) and gpu_capable(q.device)
@@ -149,7 +160,7 @@ def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec,
                         kernel=True)  # fmt: skip
     from .kernels.decode import launch_checked
 
-    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale)
+    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, pdl=pdl)
 
 
 def get_kernel(layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int | None = None, variant=None):

@@ -117,6 +117,22 @@ def test_check_must_be_a_bool(check):
         sparsegen.prefill(q, k, v, cq, ck, layer, check=check)
 
 
+@pytest.mark.parametrize("pdl", ["yes", 1, 0, None, "False"])
+def test_decode_pdl_must_be_a_bool(pdl):
+    from sparsegen.testing import DecodeProblem
+
+    p = DecodeProblem(LAYER, [5, 40], 8, seed=0)
+    with pytest.raises(InputError, match="pdl"):
+        sparsegen.paged_decode(*p.args(), pdl=pdl)
+
+
+def test_decode_pdl_is_a_launch_hint_the_reference_ignores():
+    from sparsegen.testing import DecodeProblem
+
+    p = DecodeProblem(LAYER, [5, 40], 8, seed=0)
+    assert torch.equal(sparsegen.paged_decode(*p.args(), pdl=True), sparsegen.paged_decode(*p.args()))
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "8", torch.tensor(8)])
 def test_bad_max_seqlen(monkeypatch, bad):
     from sparsegen.validate import check_cu_seqlens

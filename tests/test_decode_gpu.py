@@ -239,6 +239,55 @@ def test_head_major_pages_equal_token_major(idx):
                        scale=scale))  # fmt: skip
 
 
+@pytest.mark.parametrize("splits", [1, 2, 48])  # no merge, the in-kernel merge, the reduce kernel
+def test_pdl_launch_waits_for_the_kernel_that_writes_q(splits):
+    """pdl=True (programmatic dependent launch): in a CUDA graph, each decode launch follows the
+    kernel that writes its q (and the new token's K/V row): it must see this replay's values,
+    bitwise the plain launch's output, with NaN-poisoned outputs."""
+    from sparsegen.kernels.decode import PDL_MIN_CAPABILITY
+
+    if torch.cuda.get_device_capability() < PDL_MIN_CAPABILITY:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    p = DecodeProblem(layer, [8200, 700, 3000], 16, seed=5, dtype=torch.bfloat16, device="cuda")
+    q0, kc, vc, bt, sl, _, scale = p.args()
+    scale = 1.0 / layer.head_dim**0.5 if scale is None else scale
+    kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=16)
+    qs = [torch.randn_like(q0) for _ in range(3)]  # each replay's q: [B, H, D]
+    q_in, q_buf = torch.empty_like(q0), torch.empty_like(q0)
+    # the newest token's K row of sequence 0, written by the same kernel as q
+    last = (bt[0, (int(sl[0]) - 1) // 16].item(), (int(sl[0]) - 1) % 16)
+    k_new = [torch.randn_like(kc[last]) for _ in range(3)]  # [Hkv, D]
+    k_in = torch.empty_like(k_new[0])
+    outs = {}
+    for pdl in (False, True):
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch._foreach_copy_([q_buf, kc[last]], [q_in, k_in])  # warm-up outside the capture
+            kernel.launch(q_buf, kc, vc, bt, sl, scale, splits=splits, pdl=pdl)
+            with torch.cuda.graph(graph, stream=stream):
+                # one kernel writes q and the new token's K, as the rotary kernel does
+                torch._foreach_copy_([q_buf, kc[last]], [q_in, k_in])
+                out = kernel.launch(q_buf, kc, vc, bt, sl, scale, splits=splits, pdl=pdl)
+        outs[pdl] = []
+        for i in range(3):
+            q_in.copy_(qs[i])
+            k_in.copy_(k_new[i])
+            _poison(q0.shape, "cuda")
+            graph.replay()
+            torch.cuda.synchronize()
+            outs[pdl].append(out.clone())
+            kc_i = kc.clone()
+            want = sparsegen.reference.paged_decode(
+                qs[i].float(), kc_i.float(), vc.float(), bt, sl, layer, scale
+            )
+            assert rel_err(out, want) < TOL, f"pdl={pdl} replay {i}"
+    for a, b in zip(outs[False], outs[True]):
+        assert torch.equal(a, b)
+
+
 def test_split_counts_agree_phi3small():
     """Any split count (more splits than 64-token chunks too: empty splits) gives the same answer."""
     layer = sparsegen.get_pattern("phi3small").layers[0]

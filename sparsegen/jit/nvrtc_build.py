@@ -143,6 +143,8 @@ class CubinModule:
             self._streams[handle] = s
         return s
 
-    def launch(self, name: str, stream_handle: int, grid, block, *args) -> None:
-        config = self._core.LaunchConfig(grid=grid, block=block)
+    def launch(self, name: str, stream_handle: int, grid, block, *args, pdl: bool = False) -> None:
+        """`pdl`: launch with programmatic stream serialization (sm_90+): the kernel may start
+        before the one before it on the stream has finished, and must wait for it itself."""
+        config = self._core.LaunchConfig(grid=grid, block=block, programmatic_stream_serialization=pdl)
         self._core.launch(self.stream(stream_handle), config, self.kernels[name], *args)

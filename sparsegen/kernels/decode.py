@@ -97,10 +97,11 @@ class DecodeKernel(Kernel):
         )
 
     def launch(
-        self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, splits=None, merge=None
+        self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, splits=None, merge=None, pdl=False
     ) -> torch.Tensor:
         """Launch on the current stream; inputs already validated. `splits` overrides the heuristic
-        (clamped to 1..MAX_SPLITS); `merge` ("fused" / "separate") overrides decode_merge's rule."""
+        (clamped to 1..MAX_SPLITS); `merge` ("fused" / "separate") overrides decode_merge's rule.
+        `pdl` (sm_90+; ignored before): programmatic dependent launch, see `sparsegen.paged_decode`."""
         batch, num_heads, head_dim = q.shape  # q: [B, H, D]
         num_pages, page_size = k_cache.shape[:2]  # caches: [pages, page_size, Hkv, D]
         max_pages = block_tables.shape[1]  # block_tables: [B, max_pages]
@@ -133,7 +134,8 @@ class DecodeKernel(Kernel):
             np.uint64(seq_lens.data_ptr()), np.float32(scale * math.log2(math.e)),
             np.uint64(out.data_ptr()), np.uint64(po), np.uint64(pml), i32(splits), np.uint64(counters),
         )  # fmt: skip
-        mod.launch(KERNEL, stream, (splits, groups, batch), 128, *args)
+        pdl = bool(pdl) and _capability(q.device) >= PDL_MIN_CAPABILITY
+        mod.launch(KERNEL, stream, (splits, groups, batch), 128, *args, pdl=pdl)
         if splits > 1 and not fused:  # grid (rows, 32-dim slices), block (32 dims, warps over the splits)
             mod.launch(REDUCE, stream, (batch * num_heads, head_dim // 32), (32, min(REDUCE_WARPS, splits)),
                        np.uint64(po), np.uint64(pml), np.uint64(out.data_ptr()), i32(splits))  # fmt: skip
@@ -141,6 +143,15 @@ class DecodeKernel(Kernel):
 
 
 _SM_COUNT: dict[int, int] = {}
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol (programmatic dependent launch)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _CAPABILITY:
+        _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
+    return _CAPABILITY[idx]
 
 
 def _sm_count(device: torch.device) -> int:
@@ -255,7 +266,9 @@ def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
         raise ImplUnavailableError(f"the CUDA decode kernel needs tensors on a GPU, q is on {q.device}")
 
 
-def launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale: float, *, kernel=None):
+def launch_checked(
+    q, k_cache, v_cache, block_tables, seq_lens, layer, scale: float, *, kernel=None, pdl=False
+):
     """Inputs already passed validate.check_decode_inputs(kernel=True): this kernel's own limits,
     fetch the kernel, launch on the current stream. Returns [B, H, D]."""
     check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens)
@@ -266,7 +279,7 @@ def launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale: fl
             f"kernel {kernel.name} is for {kernel.dtype_name} with page_size {kernel.page_size}; "
             f"got {q.dtype} with page_size {k_cache.shape[1]}"
         )
-    return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl)
 
 
 def cuda_paged_decode(

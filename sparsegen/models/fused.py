@@ -28,6 +28,21 @@ PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol (programmatic dependent launch) ne
 PDL_MAX_ROWS = 1  # measured faster at a batch-1 decode step, slower at batch 32 (use_pdl)
 
 
+def pdl_capable(device: torch.device) -> bool:
+    """Programmatic dependent launch on this device: sm_90+, unless SPARSEGEN_NO_PDL (the one
+    switch for every PDL launch and trigger of the model)."""
+    return (
+        device.type == "cuda"
+        and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY
+        and not env.flag("SPARSEGEN_NO_PDL")
+    )
+
+
+def pdl_allowed(device: torch.device, rows: int, max_rows: int) -> bool:
+    """`pdl_capable`, for a kernel over `rows` <= `max_rows` rows."""
+    return rows <= max_rows and pdl_capable(device)
+
+
 def use_pdl(x: torch.Tensor) -> bool:
     """Launch add + LayerNorm over x ([rows, N]) with programmatic dependent launch: on sm_90+, for
     up to PDL_MAX_ROWS rows, unless SPARSEGEN_NO_PDL. The kernel then waits (griddepcontrol.wait)
@@ -39,12 +54,7 @@ def use_pdl(x: torch.Tensor) -> bool:
     plainly. Whole decode steps (`benchmarks/ab_decode_step.py`, alternating engines): batch 1
     5.13 -> 5.06 ms, but batch 32 11.12 -> 11.16 ms, hence the row limit (2 to 31 not measured)."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    return (
-        x.is_cuda
-        and rows <= PDL_MAX_ROWS
-        and torch.cuda.get_device_capability(x.device) >= PDL_MIN_CAPABILITY
-        and not env.flag("SPARSEGEN_NO_PDL")
-    )
+    return pdl_allowed(x.device, rows, PDL_MAX_ROWS)
 
 
 @triton.jit
@@ -81,10 +91,13 @@ def _rotary_qkv_kernel(
     n_tokens, stride_t, stride_c, stride_q, stride_k, stride_slot,
     page_size, stride_cp, stride_co, stride_ch,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_CACHE: tl.constexpr,
+    TRIGGER: tl.constexpr,
 ):  # fmt: skip
     # One program per (BLOCK_T tokens, KV group): QKV rows [G + 2, D] -> G rotated q rows, rotated
     # k, v. COS/SIN: [T, D] float32; Q: [T, HKV * G, D]; K, V: [T, HKV, D]; KC/VC: [pages,
     # page_size, HKV, D] with strides (stride_cp, stride_co, stride_ch, 1), both the same.
+    if TRIGGER:  # a decode kernel launched with PDL after this one may start now (it waits itself)
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     ok = (t < n_tokens)[:, None]  # [BLOCK_T, 1]
     kv = tl.program_id(1)
@@ -153,7 +166,7 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
         qkv, cos, sin, q, k, v, kc, vc, slot_ptr,
         t, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
         *cache_strides,
-        HKV=hkv, G=g, D=d, BLOCK_T=block_t, WRITE_CACHE=write,
+        HKV=hkv, G=g, D=d, BLOCK_T=block_t, WRITE_CACHE=write, TRIGGER=pdl_capable(qkv.device),
     )  # fmt: skip
     return q, k, v
 

@@ -111,6 +111,17 @@ def _gemv_layer(layer: nn.Module, on: bool, x: torch.Tensor) -> bool:
     return isinstance(layer, nn.Linear) and layer.weight.stride(1) == 1 and _gemv_row(on, x)
 
 
+DECODE_PDL_MAX_ROWS = 32  # decode steps up to this batch launch paged decode with PDL (_decode_pdl)
+
+
+def _decode_pdl(q: torch.Tensor) -> bool:
+    """Launch the decode step's paged attention with programmatic dependent launch (sm_90+, up to
+    DECODE_PDL_MAX_ROWS sequences, unless SPARSEGEN_NO_PDL): it may start while the rotary kernel
+    before it runs, which writes q and the new token's K/V but never seq_lens or the block
+    tables (what the kernel reads before it waits; `sparsegen.paged_decode`'s `pdl`)."""
+    return q.is_cuda and fused_ops().pdl_allowed(q.device, q.shape[0], DECODE_PDL_MAX_ROWS)
+
+
 def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
     """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
     through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself)."""
@@ -170,7 +181,7 @@ class Attention(nn.Module):
                                                     batch.seq_lens, self.layer_json, self.scale,
                                                     self.decode_impl, None)  # fmt: skip
         return ops.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables, batch.seq_lens, self.layer,
-                                scale=self.scale, impl=self.decode_impl)  # fmt: skip
+                                scale=self.scale, impl=self.decode_impl, pdl=_decode_pdl(q))  # fmt: skip
 
     def _prefill(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
