@@ -14,7 +14,8 @@ weights, bf16, 8K prompts:
   `in_major`; the modes above run a copy of the model with every weight [out, in], as before
   session 7);
 - `decode_pdl`: and paged decode launched with programmatic dependent launch after the rotary
-  kernel (`phi3small.DECODE_PDL_MAX_ROWS`; 0 in the modes above): today's defaults.
+  kernel (`phi3small.DECODE_PDL_MAX_ROWS`, which this mode sets to 32 so that both batches use
+  it; 0 in the modes above). Today's defaults are this mode at batch 1 and `in_major_w` at 32.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -40,7 +41,7 @@ MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl)
     "in_major_w": (True, True, "head", True, False),
     "decode_pdl": (True, True, "head", True, True),
 }
-DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS  # the default
+DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 
 
 def row_major_copy():
@@ -56,7 +57,7 @@ def row_major_copy():
 def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     pdl, gemv_o, kv_layout, in_major, decode_pdl = MODES[mode]
     model = models[in_major]
-    phi3small.DECODE_PDL_MAX_ROWS = DECODE_PDL_MAX_ROWS if decode_pdl else 0  # read at graph capture
+    phi3small.DECODE_PDL_MAX_ROWS = 32 if decode_pdl else 0  # read at graph capture
     if pdl:
         os.environ.pop("SPARSEGEN_NO_PDL", None)
     else:
@@ -102,7 +103,7 @@ def main() -> None:
                 print(f"b{batch} round {rnd} {mode:11s} step {r['step_ms']:.3f} ms  replay {r['replay_ms']:.3f} ms"
                       f"  tokens same as the first mode's: {r['same_tokens_as_first']}", flush=True)  # fmt: skip
     os.environ.pop("SPARSEGEN_NO_PDL", None)
-    phi3small.DECODE_PDL_MAX_ROWS = DECODE_PDL_MAX_ROWS
+    phi3small.DECODE_PDL_MAX_ROWS = DEFAULT_DECODE_PDL_MAX_ROWS
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
