@@ -44,14 +44,20 @@ MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl)
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 
 
-def row_major_copy():
-    """The same random model with every linear weight stored [out, in] (contiguous)."""
-    twin = random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)
-    for mod in twin.modules():
-        if isinstance(mod, nn.Linear) and not mod.weight.is_contiguous():
-            mod.weight = nn.Parameter(mod.weight.contiguous(), requires_grad=False)
-    torch.cuda.empty_cache()
-    return twin
+def ab_models(script: str, row_major: bool) -> dict:
+    """{True: the random 7b model as the loaders build it (down_proj and lm_head in-major), and,
+    if `row_major`, False: the same weights with every linear stored [out, in] (contiguous)}."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} needs a CUDA GPU")
+    models = {True: random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)}
+    if row_major:
+        twin = random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)
+        for mod in twin.modules():
+            if isinstance(mod, nn.Linear) and not mod.weight.is_contiguous():
+                mod.weight = nn.Parameter(mod.weight.contiguous(), requires_grad=False)
+        torch.cuda.empty_cache()
+        models[False] = twin
+    return models
 
 
 def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
@@ -85,12 +91,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("ab_decode_step needs a CUDA GPU")
     modes = args.modes.split(",")
-    models = {True: random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)}
-    if any(not MODES[m][3] for m in modes):
-        models[False] = row_major_copy()
+    models = ab_models("ab_decode_step", any(not MODES[m][3] for m in modes))
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
         base = None

@@ -17,10 +17,9 @@ import json
 import statistics
 
 import torch
-from ab_decode_step import row_major_copy
+from ab_decode_step import ab_models
 
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.models import random_model
 
 MODES = {"token": ("token", False), "head": ("head", False), "head+in_major": ("head", True)}
 
@@ -49,12 +48,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("ab_prefill needs a CUDA GPU")
     modes = args.modes.split(",")
-    models = {True: random_model("7b", device="cuda", dtype=torch.bfloat16, seed=0)}
-    if any(not MODES[m][1] for m in modes):
-        models[False] = row_major_copy()
+    models = ab_models("ab_prefill", any(not MODES[m][1] for m in modes))
     rows = []
     for length in (int(n) for n in args.lengths.split(",")):
         for rnd in range(args.rounds):
