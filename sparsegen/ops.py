@@ -128,7 +128,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, 
     stream still runs and reads `seq_lens` and `block_tables` before waiting for that kernel to
     finish, then q and the caches after. Pass it only when the kernel right before does not
     write `seq_lens` or `block_tables` (the engine's decode step: the rotary kernel writes q and
-    the new token's K/V, which are read after the wait).
+    the new token's K/V, which are read after the wait). With more splits than the kernel
+    merges itself, the separate merge kernel is launched the same way and waits for the partials.
     """
     _check_impl(impl, DECODE_IMPLS)
     _check_flag("check", check)

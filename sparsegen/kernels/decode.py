@@ -138,7 +138,7 @@ class DecodeKernel(Kernel):
         mod.launch(KERNEL, stream, (splits, groups, batch), 128, *args, pdl=pdl)
         if splits > 1 and not fused:  # grid (rows, 32-dim slices), block (32 dims, warps over the splits)
             mod.launch(REDUCE, stream, (batch * num_heads, head_dim // 32), (32, min(REDUCE_WARPS, splits)),
-                       np.uint64(po), np.uint64(pml), np.uint64(out.data_ptr()), i32(splits))  # fmt: skip
+                       np.uint64(po), np.uint64(pml), np.uint64(out.data_ptr()), i32(splits), pdl=pdl)  # fmt: skip
         return out
 
 
