@@ -18,7 +18,13 @@ import torch
 from . import custom_ops, env, reference
 from .errors import ImplUnavailableError, InputError
 from .spec import LayerSpec
-from .validate import check_cu_seqlens_values, check_decode_inputs, check_prefill_inputs, softmax_scale
+from .validate import (
+    check_bool,
+    check_cu_seqlens_values,
+    check_decode_inputs,
+    check_prefill_inputs,
+    softmax_scale,
+)
 
 KINDS = ("prefill", "decode")
 PREFILL_IMPLS = ("triton", "reference")
@@ -133,8 +139,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, 
     """
     _check_impl(impl, DECODE_IMPLS)
     _check_flag("check", check)
-    if not isinstance(pdl, bool):
-        raise InputError(f"pdl must be True or False, got {pdl!r}")
+    check_bool("pdl", pdl)
     layer = _check_layer(layer)
     scale = softmax_scale(scale, layer.head_dim)
     if torch.compiler.is_compiling():

@@ -56,6 +56,13 @@ def softmax_scale(scale: object, head_dim: int) -> float:
     return value
 
 
+def check_bool(name: str, value: object) -> bool:
+    """An exact bool (not 0 / 1 or a string); the error names the argument."""
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_alignment(name: str, t: torch.Tensor) -> None:
     """The alignment policy of every kernel launch (see the module docstring)."""
     if t.dim() and t.stride(-1) != 1:

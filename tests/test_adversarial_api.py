@@ -126,6 +126,15 @@ def test_decode_pdl_must_be_a_bool(pdl):
         sparsegen.paged_decode(*p.args(), pdl=pdl)
 
 
+def test_decode_kernel_call_checks_pdl_first():
+    from sparsegen.testing import DecodeProblem
+
+    kernel = sparsegen.get_kernel(LAYER, "decode", dtype=torch.float16, arch="sm_90", page_size=8)
+    q, kc, vc, bt, sl, _, _ = DecodeProblem(LAYER, [5, 40], 8, seed=0, dtype=torch.float16).args()
+    with pytest.raises(InputError, match="pdl"):
+        kernel(q, kc, vc, bt, sl, pdl=1)
+
+
 def test_decode_pdl_is_a_launch_hint_the_reference_ignores():
     from sparsegen.testing import DecodeProblem
 

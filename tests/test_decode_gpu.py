@@ -286,6 +286,10 @@ def test_pdl_launch_waits_for_the_kernel_that_writes_q(splits):
             assert rel_err(out, want) < TOL, f"pdl={pdl} replay {i}"
     for a, b in zip(outs[False], outs[True]):
         assert torch.equal(a, b)
+    # the same flag through the kernel's call and the public function (eager launches)
+    plain = kernel(q_buf, kc, vc, bt, sl, scale=scale)
+    assert torch.equal(kernel(q_buf, kc, vc, bt, sl, scale=scale, pdl=True), plain)
+    assert torch.equal(sparsegen.paged_decode(q_buf, kc, vc, bt, sl, layer, scale=scale, pdl=True), plain)
 
 
 def test_split_counts_agree_phi3small():

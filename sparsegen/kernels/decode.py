@@ -30,7 +30,7 @@ from .. import dtypes, env
 from ..errors import CompileError, ImplUnavailableError, InputError
 from ..jit import nvrtc_build as nb
 from ..spec import MAX_SEQ_LEN, LayerSpec
-from ..validate import check_decode_inputs, softmax_scale
+from ..validate import check_bool, check_decode_inputs, softmax_scale
 from . import base
 from .base import Family, Kernel, KernelRequest
 from .decode_merge import COUNTERS, use_fused
@@ -89,12 +89,15 @@ class DecodeKernel(Kernel):
             self._modules[device.index] = mod
         return mod
 
-    def __call__(self, q, k_cache, v_cache, block_tables, seq_lens, layer=None, scale=None, *, check=None):
+    def __call__(
+        self, q, k_cache, v_cache, block_tables, seq_lens, layer=None, scale=None, *, check=None, pdl=False
+    ):
         if layer is not None and layer != self.layer:
             raise InputError(f"kernel {self.name} was built for another layer spec")
         return cuda_paged_decode(
-            q, k_cache, v_cache, block_tables, seq_lens, self.layer, scale, check=bool(check), kernel=self
-        )
+            q, k_cache, v_cache, block_tables, seq_lens, self.layer, scale, check=bool(check), kernel=self,
+            pdl=check_bool("pdl", pdl),
+        )  # fmt: skip
 
     def launch(
         self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, splits=None, merge=None, pdl=False
@@ -283,11 +286,21 @@ def launch_checked(
 
 
 def cuda_paged_decode(
-    q, k_cache, v_cache, block_tables, seq_lens, layer, scale=None, *, check: bool = False, kernel=None
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    layer,
+    scale=None,
+    *,
+    check: bool = False,
+    kernel=None,
+    pdl=False,
 ) -> torch.Tensor:
     """Validate, fetch the compiled kernel, launch on the current stream. Returns [B, H, D]."""
     check_decode_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check, kernel=True
     )
     return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, softmax_scale(scale, layer.head_dim),
-                          kernel=kernel)  # fmt: skip
+                          kernel=kernel, pdl=pdl)  # fmt: skip
