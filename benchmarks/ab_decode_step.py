@@ -10,7 +10,7 @@ weights, bf16, 8K prompts:
 - `pdl+gemv_o`: and the batch-1 output projection through the Triton GEMV (session 6's defaults);
 - `head_kv`: and head-major KV pages (`EngineConfig.kv_layout="head"`; the modes above use
   token-major pages, as every engine did before session 7);
-- `in_major_w`: and down_proj / lm_head weights stored [in, out] (`phi3small.Linear`'s
+- `in_major_w`: and down_proj / lm_head weights stored [in, out] (`layers.Linear`'s
   `in_major`; the modes above run a copy of the model with every weight [out, in], as before
   session 7);
 - `decode_pdl`: and paged decode launched with programmatic dependent launch after the rotary

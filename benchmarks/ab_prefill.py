@@ -5,7 +5,7 @@
 Modes, each in an engine of its own (random 7b weights, bf16, 8K prefill chunks, no decode graphs):
 - `token`: token-major KV pages and every weight [out, in] (the engines of session 6);
 - `head`: head-major KV pages (`EngineConfig.kv_layout`);
-- `head+in_major`: and down_proj / lm_head stored [in, out] (`phi3small.Linear`): today's defaults.
+- `head+in_major`: and down_proj / lm_head stored [in, out] (`layers.Linear`): today's defaults.
 Per length: a warm-up prompt of that length, then the median TTFT of `--prompts` more (as
 `bench_generate.py` measures it: `ttft_s` of a one-token generate).
 """

@@ -187,6 +187,16 @@ def gpu_capable(device=None) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+PDL_MIN_ARCH = 90  # griddepcontrol (programmatic dependent launch) needs sm_90
+
+
+def supports_pdl(device=None) -> bool:
+    """Whether `device` (default: the current CUDA device) can launch kernels with programmatic
+    dependent launch (sm_90+); cached, as it is asked on every decode launch."""
+    arch = current_arch(device)
+    return arch is not None and parse_arch(arch) >= PDL_MIN_ARCH
+
+
 def resolve_arch(arch: object = None) -> str:
     """`arch` checked by `parse_arch`, or this GPU's arch when None; without a GPU, None is an
     ImplUnavailableError that says to pass one (kernels then compile ahead of time)."""

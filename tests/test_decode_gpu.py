@@ -244,9 +244,9 @@ def test_pdl_launch_waits_for_the_kernel_that_writes_q(splits):
     """pdl=True (programmatic dependent launch): in a CUDA graph, each decode launch follows the
     kernel that writes its q (and the new token's K/V row): it must see this replay's values,
     bitwise the plain launch's output, with NaN-poisoned outputs."""
-    from sparsegen.kernels.decode import PDL_MIN_CAPABILITY
+    from sparsegen import env
 
-    if torch.cuda.get_device_capability() < PDL_MIN_CAPABILITY:
+    if not env.supports_pdl():
         pytest.skip("programmatic dependent launch needs sm_90")
     layer = sparsegen.get_pattern("phi3small").layers[0]
     p = DecodeProblem(layer, [8200, 700, 3000], 16, seed=5, dtype=torch.bfloat16, device="cuda")

@@ -115,6 +115,7 @@ def test_no_gpu_here():
     assert env.current_arch() is None
     assert env.gpu_capable() is False
     assert env.gpu_capable(torch.device("cpu")) is False
+    assert env.supports_pdl() is False and env.supports_pdl("cpu") is False
     with pytest.raises(sparsegen.ImplUnavailableError, match="arch="):
         env.resolve_arch(None)
     assert env.resolve_arch("sm_90") == "sm_90"

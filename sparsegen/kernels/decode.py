@@ -137,7 +137,7 @@ class DecodeKernel(Kernel):
             np.uint64(seq_lens.data_ptr()), np.float32(scale * math.log2(math.e)),
             np.uint64(out.data_ptr()), np.uint64(po), np.uint64(pml), i32(splits), np.uint64(counters),
         )  # fmt: skip
-        pdl = bool(pdl) and _capability(q.device) >= PDL_MIN_CAPABILITY
+        pdl = bool(pdl) and env.supports_pdl(q.device)
         mod.launch(KERNEL, stream, (splits, groups, batch), 128, *args, pdl=pdl)
         if splits > 1 and not fused:  # grid (rows, 32-dim slices), block (32 dims, warps over the splits)
             mod.launch(REDUCE, stream, (batch * num_heads, head_dim // 32), (32, min(REDUCE_WARPS, splits)),
@@ -146,15 +146,6 @@ class DecodeKernel(Kernel):
 
 
 _SM_COUNT: dict[int, int] = {}
-_CAPABILITY: dict[int, tuple[int, int]] = {}
-PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol (programmatic dependent launch)
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _CAPABILITY:
-        _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
-    return _CAPABILITY[idx]
 
 
 def _sm_count(device: torch.device) -> int:

@@ -4,7 +4,7 @@ A batch-1 decode step of the 7b model spent about a fifth of its GPU time in som
 kernels (docs/performance.md): rotary embedding with the KV-cache writes, GeGeLU, and each
 residual add with the LayerNorm after it (65 LayerNorms of 8 us) ran as chains of PyTorch ops. Each function here does one such chain in one Triton kernel,
 computing in float32 and rounding where the plain ops round. The plain versions
-(`phi3small.gegelu`, `phi3small.add_norm`, `rope.Rotary.apply` plus `index_copy_`) remain the CPU path, the reference model's path and the
+(`layers.gegelu`, `layers.add_norm`, `rope.Rotary.apply` plus `index_copy_`) remain the CPU path, the reference model's path and the
 tests' oracle. Imported only on the GPU path: a @triton.jit kernel is bound to Triton's
 interpreter, or not, when it is defined.
 """
@@ -24,18 +24,13 @@ from ..errors import InputError
 # one token per program: at 32 tokens, 16 per program left too few programs (3.0 vs 2.6 us).
 ROTARY_TOKENS = 16
 ROTARY_TILED_FROM = 1024
-PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol (programmatic dependent launch) needs sm_90
 PDL_MAX_ROWS = 1  # measured faster at a batch-1 decode step, slower at batch 32 (use_pdl)
 
 
 def pdl_capable(device: torch.device) -> bool:
     """Programmatic dependent launch on this device: sm_90+, unless SPARSEGEN_NO_PDL (the one
     switch for every PDL launch and trigger of the model)."""
-    return (
-        device.type == "cuda"
-        and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY
-        and not env.flag("SPARSEGEN_NO_PDL")
-    )
+    return env.supports_pdl(device) and not env.flag("SPARSEGEN_NO_PDL")
 
 
 def pdl_allowed(device: torch.device, rows: int, max_rows: int) -> bool:

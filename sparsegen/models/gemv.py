@@ -158,7 +158,7 @@ def gemv(
     """`linear(x, weight, bias)` for one row -> [1, N]; with `gegelu_limit`,
     `gegelu(linear(...), limit)` over the interleaved (gate, linear) columns (Phi-3-Small's
     up_proj) -> [1, N // 2]. With `norm`, the input is first `layer_norm(x + residual)` (x alone
-    when residual is None), as `phi3small.add_norm` computes it, and the call returns
+    when residual is None), as `layers.add_norm` computes it, and the call returns
     `(y, x + residual)` (`(y, x)` without a residual). block_n / block_k / num_warps override the
     heuristic (benchmarks)."""
     x = _row(x, "x")

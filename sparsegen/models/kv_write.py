@@ -1,10 +1,10 @@
 """Writing new keys and values into the paged KV cache, as an op that torch.compile keeps whole.
 
-Eagerly, `write_kv` is two indexed stores through the caches' strides (any memory layout of
-the [num_pages, page_size, Hkv, D] view: engine.kv_cache's head- or token-major pages). Under torch.compile / torch.export it goes
-through the registered op `sparsegen_model::write_kv`, which declares that it mutates the two
-cache tensors: traced as plain `index_copy_` on a graph input, the functional graph would copy
-the whole cache (gigabytes) back into place on every step.
+Eagerly, `write_kv` is two indexed stores through the caches' strides (any memory layout of the
+[num_pages, page_size, Hkv, D] view: engine.kv_cache's head- or token-major pages). Under
+torch.compile / torch.export it goes through the registered op `sparsegen_model::write_kv`,
+which declares that it mutates the two cache tensors: traced as a plain indexed store on a graph
+input, the functional graph would copy the whole cache (gigabytes) back into place every step.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ def slot_pages(slots: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch
     return torch.div(slots, page_size, rounding_mode="floor"), torch.remainder(slots, page_size)
 
 
-def read_kv(cache: torch.Tensor, gather: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """cache [num_pages, page_size, Hkv, D] (any strides) at (page [Tk], offset [Tk]) -> [Tk, Hkv, D]."""
+def read_kv(cache: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+    """cache [num_pages, page_size, Hkv, D] (any strides) at gather [2, Tk] (page, offset in it)
+    -> [Tk, Hkv, D] (`ForwardBatch.kv_gather`)."""
     return cache[gather[0], gather[1]]
 
 

@@ -20,6 +20,7 @@ from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
 from .kv_write import read_kv, write_kv
+from .layers import Embedding, Linear, add_norm, fast_kernels, fused_ops, gegelu, gemv_layer, gemv_row, linear
 from .options import ATTN_IMPLS, ModelOptions
 from .rope import Rotary
 
@@ -45,72 +46,6 @@ def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
     return ModelSpec(name="phi3small-dense", layers=dense)
 
 
-def fused_ops():
-    """sparsegen.models.fused, imported on first use on a GPU (it defines Triton kernels)."""
-    from . import fused
-
-    return fused
-
-
-def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
-    """GeGeLU over interleaved halves: even columns are the gate, odd ones the linear part."""
-    gate = x[..., 0::2].clamp(max=limit)
-    linear = x[..., 1::2].clamp(min=-limit, max=limit)
-    return gate * torch.sigmoid(1.702 * gate) * (linear + 1.0)
-
-
-class _NoInit:
-    """Parameters are allocated, never initialised: the loader or `random_model` fills each one.
-
-    (Building on the meta device instead would run torch's Python init refs, which import
-    torch._dynamo and with it Triton, before a test can turn on TRITON_INTERPRET.)
-    """
-
-    def reset_parameters(self) -> None:
-        pass
-
-
-class Linear(_NoInit, nn.Linear):
-    """nn.Linear. With `in_major=True` the weight is stored as a contiguous [in, out] tensor and
-    seen as the usual [out, in] through `.t()`, so F.linear hands cuBLAS the no-transpose layout.
-    On an H200 that ran the decode step's skinny GEMMs faster for down_proj (1 / 32 rows: 32.5 /
-    31.8 -> 31.7 / 30.8 us) and lm_head (197 / 203 -> 186 / 191 us) and left the 8192-row prefill
-    GEMM unchanged (benchmarks/bench_linear_layout.py, docs/performance.md); qkv, dense and
-    up_proj gained nothing there or lost at 8192 rows, so they stay [out, in]. The Triton GEMV
-    reads [out, in] rows only: a model built with `ModelOptions.triton_gemv` keeps every weight
-    [out, in], and an in-major layer of one switched to it later stays on cuBLAS (`linear`)."""
-
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool = True, *, in_major: bool = False, **fk
-    ):
-        super().__init__(in_features, out_features, bias=bias, **fk)
-        if in_major:
-            self.weight = nn.Parameter(torch.empty(in_features, out_features, **fk).t())  # [out, in] view
-
-
-class Embedding(_NoInit, nn.Embedding):
-    pass
-
-
-def _fast(x: torch.Tensor) -> bool:
-    """Use the hand-fused Triton kernels: eagerly on a GPU. Under torch.compile the plain ops are
-    traced instead, and inductor fuses them itself."""
-    return x.is_cuda and not torch.compiler.is_compiling()
-
-
-def _gemv_row(on: bool, x: torch.Tensor) -> bool:
-    """One row (a batch-1 decode step) through the Triton GEMV (`ModelOptions.triton_gemv`): on a
-    GPU, or in Triton's interpreter when it is active (the CPU tests); never under torch.compile."""
-    if not on or torch.compiler.is_compiling() or x.shape[0] != 1:
-        return False
-    return x.is_cuda or ops.interpreter_usable()
-
-
-def _gemv_layer(layer: nn.Module, on: bool, x: torch.Tensor) -> bool:
-    """`_gemv_row` for a plain nn.Linear whose weight rows are contiguous (not `in_major`)."""
-    return isinstance(layer, nn.Linear) and layer.weight.stride(1) == 1 and _gemv_row(on, x)
-
-
 DECODE_PDL_MAX_ROWS = 1  # decode steps up to this batch launch paged decode with PDL (_decode_pdl)
 
 
@@ -123,28 +58,6 @@ def _decode_pdl(q: torch.Tensor) -> bool:
     5.019 / 5.011 -> 4.957 / 4.956 ms per step, but batch 32 11.05 -> 11.49 / 11.51 ms, hence
     the row limit (2 to 31 not measured)."""
     return q.is_cuda and fused_ops().pdl_allowed(q.device, q.shape[0], DECODE_PDL_MAX_ROWS)
-
-
-def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
-    """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
-    through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself)."""
-    if _gemv_layer(layer, gemv, x):
-        from .gemv import gemv as triton_gemv
-
-        return triton_gemv(x, layer.weight, layer.bias)
-    return layer(x)
-
-
-def add_norm(
-    norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual); with no residual yet, (norm(x), x). x, residual: [T, hidden].
-    fused: one Triton kernel (GPU) instead of an add and a LayerNorm, same rounding points."""
-    if fused and _fast(x):
-        return fused_ops().add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
-    if residual is not None:
-        x = x + residual
-    return norm(x), x
 
 
 class Attention(nn.Module):
@@ -225,7 +138,7 @@ class Attention(nn.Module):
         qkv = qkv.view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
         write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
         if (
-            self.fused and _fast(qkv) and fused_ops().supports_rotary(qkv)
+            self.fused and fast_kernels(qkv) and fused_ops().supports_rotary(qkv)
         ):  # one kernel: rotary, split, cache write
             q, k, v = fused_ops().rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
         else:
@@ -260,13 +173,13 @@ class MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
-        if _gemv_row(self.gemv, x):  # one kernel: up_proj, its bias and GeGeLU
+        if gemv_row(self.gemv, x):  # one kernel: up_proj, its bias and GeGeLU
             from .gemv import gemv as triton_gemv
 
             act = triton_gemv(x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit)  # [1, F]
             return linear(self.down_proj, act, True)
         up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
-        if self.fused and _fast(x):
+        if self.fused and fast_kernels(x):
             act = fused_ops().gegelu(up, self.limit)  # [T, F]
         else:
             act = gegelu(up, self.limit)
@@ -298,7 +211,7 @@ class DecoderLayer(nn.Module):
         plain = isinstance(self.self_attn.query_key_value, nn.Linear) and isinstance(
             self.mlp.up_proj, nn.Linear
         )
-        if plain and _gemv_row(self.self_attn.gemv, x):
+        if plain and gemv_row(self.self_attn.gemv, x):
             return self._forward_row(x, residual, cos, sin, batch, kv_cache)
         h, residual = add_norm(self.input_layernorm, x, residual, self.fused)
         attn = self.self_attn(h, cos, sin, batch, kv_cache)
@@ -407,7 +320,7 @@ class Phi3SmallForCausalLM(nn.Module):
         if batch.logits_index is not None:
             x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
         final = self.model.final_layernorm
-        if _gemv_layer(self.lm_head, self.gemv, x):  # final add + LN inside the GEMV
+        if gemv_layer(self.lm_head, self.gemv, x):  # final add + LN inside the GEMV
             from .gemv import gemv
 
             out, _ = gemv(x, self.lm_head.weight, None, norm=(residual, final.weight, final.bias, final.eps))

@@ -220,7 +220,7 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
             f"rank {shard.rank}'s weights (1/{w} of the model; the embedding whole)",
         )
         # The whole tree is built on the CPU first: parameters are allocated but never written
-        # (phi3small._NoInit), so the unsharded matrices cost address space, not memory, and are
+        # (layers._NoInit), so the unsharded matrices cost address space, not memory, and are
         # replaced below before anything touches them.
         super().__init__(config, dataclasses.replace(options, device=torch.device("cpu")))
         self.shard = shard

@@ -1,0 +1,100 @@
+"""The building blocks of the Phi-3-Small modules (models.phi3small): uninitialised Linear and
+Embedding (with Linear's in-major weight storage), where a linear layer runs (cuBLAS or the
+Triton GEMV), the residual add + LayerNorm, GeGeLU, and the lazy import of the fused Triton
+kernels. Activations are `[T, features]` for the T tokens of a batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import ops
+
+
+def fused_ops():
+    """sparsegen.models.fused, imported on first use on a GPU (it defines Triton kernels)."""
+    from . import fused
+
+    return fused
+
+
+def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
+    """GeGeLU over interleaved halves: even columns are the gate, odd ones the linear part."""
+    gate = x[..., 0::2].clamp(max=limit)
+    linear = x[..., 1::2].clamp(min=-limit, max=limit)
+    return gate * torch.sigmoid(1.702 * gate) * (linear + 1.0)
+
+
+class _NoInit:
+    """Parameters are allocated, never initialised: the loader or `random_model` fills each one.
+
+    (Building on the meta device instead would run torch's Python init refs, which import
+    torch._dynamo and with it Triton, before a test can turn on TRITON_INTERPRET.)
+    """
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Linear(_NoInit, nn.Linear):
+    """nn.Linear. With `in_major=True` the weight is stored as a contiguous [in, out] tensor and
+    seen as the usual [out, in] through `.t()`, so F.linear hands cuBLAS the no-transpose layout.
+    On an H200 that ran the decode step's skinny GEMMs faster for down_proj (1 / 32 rows: 32.5 /
+    31.8 -> 31.7 / 30.8 us) and lm_head (197 / 203 -> 186 / 191 us) and left the 8192-row prefill
+    GEMM unchanged (benchmarks/bench_linear_layout.py, docs/performance.md); qkv, dense and
+    up_proj gained nothing there or lost at 8192 rows, so they stay [out, in]. The Triton GEMV
+    reads [out, in] rows only: a model built with `ModelOptions.triton_gemv` keeps every weight
+    [out, in], and an in-major layer of one switched to it later stays on cuBLAS (`linear`)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, *, in_major: bool = False, **fk
+    ):
+        super().__init__(in_features, out_features, bias=bias, **fk)
+        if in_major:
+            self.weight = nn.Parameter(torch.empty(in_features, out_features, **fk).t())  # [out, in] view
+
+
+class Embedding(_NoInit, nn.Embedding):
+    pass
+
+
+def fast_kernels(x: torch.Tensor) -> bool:
+    """Use the hand-fused Triton kernels: eagerly on a GPU. Under torch.compile the plain ops are
+    traced instead, and inductor fuses them itself."""
+    return x.is_cuda and not torch.compiler.is_compiling()
+
+
+def gemv_row(on: bool, x: torch.Tensor) -> bool:
+    """One row (a batch-1 decode step) through the Triton GEMV (`ModelOptions.triton_gemv`): on a
+    GPU, or in Triton's interpreter when it is active (the CPU tests); never under torch.compile."""
+    if not on or torch.compiler.is_compiling() or x.shape[0] != 1:
+        return False
+    return x.is_cuda or ops.interpreter_usable()
+
+
+def gemv_layer(layer: nn.Module, on: bool, x: torch.Tensor) -> bool:
+    """`gemv_row` for a plain nn.Linear whose weight rows are contiguous (not `in_major`)."""
+    return isinstance(layer, nn.Linear) and layer.weight.stride(1) == 1 and gemv_row(on, x)
+
+
+def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
+    """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
+    through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself)."""
+    if gemv_layer(layer, gemv, x):
+        from .gemv import gemv as triton_gemv
+
+        return triton_gemv(x, layer.weight, layer.bias)
+    return layer(x)
+
+
+def add_norm(
+    norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual); with no residual yet, (norm(x), x). x, residual: [T, hidden].
+    fused: one Triton kernel (GPU) instead of an add and a LayerNorm, same rounding points."""
+    if fused and fast_kernels(x):
+        return fused_ops().add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
+    if residual is not None:
+        x = x + residual
+    return norm(x), x
