@@ -15,7 +15,12 @@ weights, bf16, 8K prompts:
   session 7);
 - `decode_pdl`: and paged decode launched with programmatic dependent launch after the rotary
   kernel (`phi3small.DECODE_PDL_MAX_ROWS`, which this mode sets to 32 so that both batches use
-  it; 0 in the modes above). Today's defaults are this mode at batch 1 and `in_major_w` at 32.
+  it; 0 in the modes above). Today's defaults are this mode at batch 1 and `in_major_w` at 32;
+- `triton_gemv`: `decode_pdl` with every batch-1 linear through the Triton GEMV
+  (`ModelOptions.triton_gemv`: the residual adds and LayerNorms inside the QKV, up_proj and
+  lm_head GEMVs, GeGeLU inside up_proj's; the tiles of `gemv.TUNED_TILES`), launched with PDL
+  (`gemv.GEMV_PDL`), on the [out, in] twin (the GEMV reads weight rows);
+- `triton_gemv_nopdl`: the same without the GEMVs' PDL.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -31,15 +36,17 @@ import torch
 from profile_decode_step import engine_at, replay_ms, step_ms, sync
 from torch import nn
 
-from sparsegen.models import phi3small, random_model
+from sparsegen.models import gemv, phi3small, random_model
 
-MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl)
-    "base": (False, False, "token", False, False),
-    "pdl": (True, False, "token", False, False),
-    "pdl+gemv_o": (True, True, "token", False, False),
-    "head_kv": (True, True, "head", False, False),
-    "in_major_w": (True, True, "head", True, False),
-    "decode_pdl": (True, True, "head", True, True),
+MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl, triton_gemv, gemv pdl)
+    "base": (False, False, "token", False, False, False, False),
+    "pdl": (True, False, "token", False, False, False, False),
+    "pdl+gemv_o": (True, True, "token", False, False, False, False),
+    "head_kv": (True, True, "head", False, False, False, False),
+    "in_major_w": (True, True, "head", True, False, False, False),
+    "decode_pdl": (True, True, "head", True, True, False, False),
+    "triton_gemv": (True, True, "head", False, True, True, True),
+    "triton_gemv_nopdl": (True, True, "head", False, True, True, False),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 
@@ -61,14 +68,15 @@ def ab_models(script: str, row_major: bool) -> dict:
 
 
 def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
-    pdl, gemv_o, kv_layout, in_major, decode_pdl = MODES[mode]
+    pdl, gemv_o, kv_layout, in_major, decode_pdl, triton_gemv, gemv_pdl = MODES[mode]
+    gemv.GEMV_PDL = gemv_pdl  # read when a graph is captured
     model = models[in_major]
     phi3small.DECODE_PDL_MAX_ROWS = 32 if decode_pdl else 0  # read at graph capture
     if pdl:
         os.environ.pop("SPARSEGEN_NO_PDL", None)
     else:
         os.environ["SPARSEGEN_NO_PDL"] = "1"
-    model.set_triton_gemv(False, o_proj=gemv_o)
+    model.set_triton_gemv(triton_gemv, o_proj=gemv_o)
     args = SimpleNamespace(batch=batch, context=context, steps=steps)
     engine = engine_at(model, args, graphs=True, kv_layout=kv_layout)
     seqs = sorted(engine.scheduler.running, key=lambda s: s.seq_id)

@@ -19,6 +19,7 @@ import argparse
 import json
 
 import torch
+import triton
 
 from sparsegen.bench.common import graph_us as _graph_us
 
@@ -51,6 +52,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time every tile configuration")
+    ap.add_argument(
+        "--pdl", action="store_true", help="launch the GEMVs with PDL (consecutive calls overlap)"
+    )
+    ap.add_argument("--shapes", default=None, help="comma-separated names from SHAPES (default: all)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gemv needs a CUDA GPU")
@@ -59,7 +64,10 @@ def main() -> None:
     dev, dt = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
+    wanted = set(args.shapes.split(",")) if args.shapes else None
     for name, n, k, has_bias, geg, norm in SHAPES:
+        if wanted is not None and name not in wanted:
+            continue
         copies = max(2, min(CALLS, -(-(3 << 29) // (n * k * 2))))  # >= 1.5 GB of weights in all
         ws = [(torch.randn(n, k, device=dev, generator=gen) / k**0.5).to(dt) for _ in range(copies)]
         b = torch.randn(n, device=dev, generator=gen).to(dt) if has_bias else None
@@ -75,9 +83,9 @@ def main() -> None:
             y = torch.nn.functional.linear(x, ws[i % len(ws)], b)
             return fused.gegelu(y, LIMIT) if geg else y
 
-        def ours(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb, **tile):
+        def ours(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb, pdl=args.pdl, **tile):
             out = gemv.gemv(x, ws[i % len(ws)], b, gegelu_limit=LIMIT if geg else None,
-                            norm=(res, lnw, lnb, 1e-5) if norm else None, **tile)  # fmt: skip
+                            norm=(res, lnw, lnb, 1e-5) if norm else None, pdl=pdl, **tile)  # fmt: skip
             return out[0] if norm else out
 
         err = rel_err(ours(0), plain(0))
@@ -86,21 +94,28 @@ def main() -> None:
                "cublas_tb_s": nbytes / t_plain / 1e6, "gemv_tb_s": nbytes / t_ours / 1e6}  # fmt: skip
         if args.sweep:
             best = None
-            for bn in (2, 4, 8, 16):
-                for bk in (256, 512, 1024, 2048):
+            tried = 0
+            for bn in (4, 8, 16):
+                for elems in (4096, 8192):  # W elements per program and iteration
+                    bk = elems // (bn * (2 if geg else 1))
+                    if not 128 <= bk <= min(4096, triton.next_power_of_2(k)):
+                        continue
                     for warps in (4, 8):
-                        if bn * bk * (2 if geg else 1) > 16384:
-                            continue
-                        tile = {"block_n": bn, "block_k": bk, "num_warps": warps}
-                        try:
-                            t = graph_us(lambda i, tile=tile: ours(i, **tile))
-                        except Exception as exc:  # noqa: BLE001 - a tile that fails to build is skipped
-                            print(f"  {name} {tile}: {type(exc).__name__}")
-                            continue
-                        if best is None or t < best[0]:
-                            best = (t, tile)
+                        for prefetch, row_sum in ((False, False), (True, False), (False, True), (True, True)):
+                            tile = {"block_n": bn, "block_k": bk, "num_warps": warps,
+                                    "prefetch": prefetch, "row_sum": row_sum}  # fmt: skip
+                            try:
+                                t = graph_us(lambda i, tile=tile: ours(i, **tile))
+                            except Exception as exc:  # noqa: BLE001 - a tile that fails to build is skipped
+                                print(f"  {name} {tile}: {type(exc).__name__}")
+                                continue
+                            tried += 1
+                            if best is None or t < best[0]:
+                                best = (t, tile)
             if best is not None:
-                row.update(best_us=best[0], best_tile=best[1], best_tb_s=nbytes / best[0] / 1e6)
+                row.update(
+                    best_us=best[0], best_tile=best[1], best_tb_s=nbytes / best[0] / 1e6, tiles_tried=tried
+                )
         rows.append(row)
         line = (f"{name:15s} N {n:6d} K {k:5d}: cuBLAS {t_plain:7.2f} us ({row['cublas_tb_s']:.2f} TB/s)  "
                 f"GEMV {t_ours:7.2f} us ({row['gemv_tb_s']:.2f} TB/s)  x{t_plain / t_ours:.2f}  rel err {err:.1e}")  # fmt: skip
@@ -110,6 +125,11 @@ def main() -> None:
         del ws
         torch.cuda.empty_cache()
     r = {row["name"]: row for row in rows}
+    if wanted is not None and not set(LAYER) | set(LAYER_FUSED) | {"lm_head", "norm+lm_head"} <= set(r):
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"calls_per_graph": CALLS, "rows": rows}, f, indent=2)
+        return
     plain_ms = (32 * sum(r[s]["cublas_us"] for s in LAYER_FUSED) + r["norm+lm_head"]["cublas_us"]) / 1e3
     bare_ms = (32 * sum(r[s]["gemv_us"] for s in LAYER) + r["lm_head"]["gemv_us"]) / 1e3
     fused_ms = (32 * sum(r[s]["gemv_us"] for s in LAYER_FUSED) + r["norm+lm_head"]["gemv_us"]) / 1e3

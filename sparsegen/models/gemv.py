@@ -25,9 +25,21 @@ import triton
 import triton.language as tl
 
 from ..errors import InputError
+from .fused import pdl_capable
 
-TILE_ELEMS = 4096  # elements of W per program and iteration (8 KB of bf16)
+TILE_ELEMS = 4096  # elements of W per program and iteration (8 KB of bf16), untuned shapes
 PROGRAMS_PER_SM = 8
+# The fastest tile of each 7b shape on an H200 (session 8, `benchmarks/bench_gemv.py --sweep`:
+# one row, CUDA-graph replays over weight copies far above the L2):
+# (outputs, K, GeGeLU, norm) -> (block_n, block_k, num_warps, prefetch, row_sum)
+TUNED_TILES = {
+    (4096, 4096, False, False): (4, 1024, 4, True, True),  # dense (O): 10.9 us, cuBLAS 12.9
+    (4096, 14336, False, False): (4, 2048, 4, False, False),  # down_proj: 29.3 us, cuBLAS 32.7
+    (6144, 4096, False, True): (8, 1024, 4, False, True),  # add + LN + QKV: 16.1 us, 19.2 as 2 kernels
+    (14336, 4096, True, True): (8, 256, 4, True, False),  # add + LN + up + GeGeLU: 60.9 us, 65.0 as 3
+    (100352, 4096, False, True): (16, 512, 4, True, False),  # add + LN + lm_head: 188.5 us, 201.9 as 2
+}
+GEMV_PDL = True  # launch with programmatic dependent launch where fused.pdl_capable (see the kernel)
 
 
 @triton.jit
@@ -43,17 +55,29 @@ def _summed(X, RES, kk, k_ok, HAS_RES: tl.constexpr):
 @triton.jit
 def _gemv_kernel(
     X, W, B, Y, N, stride_w, limit, RES, LNW, LNB, RES_OUT, eps,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, GEGELU: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr, GEGELU: tl.constexpr, NORM: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
+    ROW_SUM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # K is a constexpr: a model has two (hidden and intermediate size), and a known trip count
-    # lets the loop be pipelined (and Triton's interpreter cannot loop to a runtime int).
+    # lets the loop be unrolled (and Triton's interpreter cannot loop to a runtime int); KP is
+    # the next power of two >= K.
     # X: [K]; W: [N, K] rows with stride stride_w, contiguous along K; B: [N]; Y: [N], or [N // 2]
     # with GEGELU (output i from W rows 2i (gate) and 2i + 1 (linear)). One program: BLOCK_N
     # outputs (BLOCK_N pairs of rows with GEGELU).
     # NORM: the input is LayerNorm(X + RES) * LNW + LNB (RES only with HAS_RES), each program
-    # computing the row's mean and variance itself (two passes over the K inputs, from cache);
-    # program 0 also writes X + RES to RES_OUT. Rounded where add + F.layer_norm round.
+    # computing the row's mean and variance itself from the whole row, loaded at once (from
+    # cache); program 0 also writes X + RES to RES_OUT. Rounded where add + F.layer_norm round.
+    # PREFETCH: the next W tile is loaded before the current one is used (two tiles in flight
+    # per program), and the first one before the norm's statistics, which do not need it.
+    # ROW_SUM: the products are summed over each tile as it comes (a [BLOCK_N] sum, fewer
+    # registers) instead of into a [BLOCK_N, BLOCK_K] sum reduced once at the end.
+    # PDL (launched with programmatic dependent launch): every program lets the next kernel
+    # launch at once (it waits for this one to finish before it reads), and waits for the
+    # kernel before it only after its first W tile is on its way (weights are never written),
+    # so that tile's latency overlaps the previous kernel's tail.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output index
     ks = tl.arange(0, BLOCK_K)
@@ -66,28 +90,34 @@ def _gemv_kernel(
         r_a = rows
         r_b = rows
     ok = rows < n_out
+    p_a = W + r_a[:, None] * stride_w + ks[None, :]  # [BLOCK_N, BLOCK_K] pointers of the first tile
+    p_b = W + r_b[:, None] * stride_w + ks[None, :]
+    if PREFETCH:
+        m0 = ok[:, None] & (ks < K)[None, :]
+        w_a = tl.load(p_a, mask=m0, other=0.0)
+        w_b = w_a
+        if GEGELU:
+            w_b = tl.load(p_b, mask=m0, other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # X and RES are the previous kernel's outputs
     mean = 0.0
     rstd = 1.0
     if NORM:
-        tot = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + ks
-            k_ok = kk < K
-            s = _summed(X, RES, kk, k_ok, HAS_RES)
-            tot += s
-            if HAS_RES:
-                if pid == 0:
-                    tl.store(RES_OUT + kk, s.to(RES_OUT.dtype.element_ty), mask=k_ok)
-        mean = tl.sum(tot, axis=0) / K
-        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + ks
-            k_ok = kk < K
-            d = tl.where(k_ok, _summed(X, RES, kk, k_ok, HAS_RES) - mean, 0.0)
-            sq += d * d
-        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-    acc_a = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        kall = tl.arange(0, KP)
+        kall_ok = kall < K
+        s_all = _summed(X, RES, kall, kall_ok, HAS_RES)  # [KP], the whole row at once
+        if HAS_RES:
+            if pid == 0:
+                tl.store(RES_OUT + kall, s_all.to(RES_OUT.dtype.element_ty), mask=kall_ok)
+        mean = tl.sum(s_all, axis=0) / K
+        d = tl.where(kall_ok, s_all - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / K + eps)
+    if ROW_SUM:
+        acc_a = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        acc_b = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    else:
+        acc_a = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_b = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
         k_ok = kk < K
@@ -99,18 +129,37 @@ def _gemv_kernel(
             x = tl.where(k_ok, h.to(tl.float32), 0.0)[None, :]
         else:
             x = tl.load(X + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        m = ok[:, None] & k_ok[None, :]
-        w_a = tl.load(W + r_a[:, None] * stride_w + kk[None, :], mask=m, other=0.0)
-        acc_a += w_a.to(tl.float32) * x
-        if GEGELU:
-            w_b = tl.load(W + r_b[:, None] * stride_w + kk[None, :], mask=m, other=0.0)
-            acc_b += w_b.to(tl.float32) * x
-    y_a = tl.sum(acc_a, axis=1)
+        if PREFETCH:
+            cur_a = w_a
+            cur_b = w_b
+            m_next = ok[:, None] & (kk + BLOCK_K < K)[None, :]  # all false after the last tile
+            w_a = tl.load(p_a + k0 + BLOCK_K, mask=m_next, other=0.0)
+            if GEGELU:
+                w_b = tl.load(p_b + k0 + BLOCK_K, mask=m_next, other=0.0)
+        else:
+            m = ok[:, None] & k_ok[None, :]
+            cur_a = tl.load(p_a + k0, mask=m, other=0.0)
+            cur_b = cur_a
+            if GEGELU:
+                cur_b = tl.load(p_b + k0, mask=m, other=0.0)
+        if ROW_SUM:
+            acc_a += tl.sum(cur_a.to(tl.float32) * x, axis=1)
+            if GEGELU:
+                acc_b += tl.sum(cur_b.to(tl.float32) * x, axis=1)
+        else:
+            acc_a += cur_a.to(tl.float32) * x
+            if GEGELU:
+                acc_b += cur_b.to(tl.float32) * x
+    if ROW_SUM:
+        y_a = acc_a
+        y_b = acc_b
+    else:
+        y_a = tl.sum(acc_a, axis=1)
+        y_b = tl.sum(acc_b, axis=1)
     if HAS_BIAS:
         y_a += tl.load(B + r_a, mask=ok, other=0.0).to(tl.float32)
     y_a = y_a.to(Y.dtype.element_ty)  # where the plain linear rounds
     if GEGELU:
-        y_b = tl.sum(acc_b, axis=1)
         if HAS_BIAS:
             y_b += tl.load(B + r_b, mask=ok, other=0.0).to(tl.float32)
         y_b = y_b.to(Y.dtype.element_ty)
@@ -154,13 +203,17 @@ def gemv(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int = 4,
+    prefetch: bool | None = None,
+    row_sum: bool | None = None,
+    pdl: bool | None = None,
 ):
     """`linear(x, weight, bias)` for one row -> [1, N]; with `gegelu_limit`,
     `gegelu(linear(...), limit)` over the interleaved (gate, linear) columns (Phi-3-Small's
     up_proj) -> [1, N // 2]. With `norm`, the input is first `layer_norm(x + residual)` (x alone
     when residual is None), as `layers.add_norm` computes it, and the call returns
     `(y, x + residual)` (`(y, x)` without a residual). block_n / block_k / num_warps override the
-    heuristic (benchmarks)."""
+    heuristic or TUNED_TILES, and prefetch / row_sum / pdl pick the kernel's variants (benchmarks;
+    see the kernel; pdl defaults to GEMV_PDL where `fused.pdl_capable`)."""
     x = _row(x, "x")
     n, k = weight.shape
     if x.shape[0] != k or weight.stride(1) != 1 or x.dtype != weight.dtype or x.device != weight.device:
@@ -191,11 +244,18 @@ def gemv(
     y = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if res is not None else x  # [K]
     if n_out:
+        tuned = TUNED_TILES.get((n_out, k, gegelu_limit is not None, norm is not None)) if x.is_cuda else None
+        if tuned is not None and block_n is None and block_k is None:
+            block_n, block_k, num_warps, t_prefetch, t_row_sum = tuned
+            prefetch = t_prefetch if prefetch is None else prefetch
+            row_sum = t_row_sum if row_sum is None else row_sum
         if block_n is None:
             block_n = block_n_for(n_out, PROGRAMS_PER_SM * _sm_count(x.device))
         if block_k is None:  # TILE_ELEMS of W per iteration (both row sets of a GeGeLU program together)
             rows_read = 2 * block_n if gegelu_limit is not None else block_n
             block_k = min(triton.next_power_of_2(k), max(16, TILE_ELEMS // rows_read))
+        if pdl is None:
+            pdl = GEMV_PDL and x.is_cuda and pdl_capable(x.device)
         grid = (triton.cdiv(n_out, block_n),)
         dummy = x  # pointers a constexpr-disabled branch never reads
         _gemv_kernel[grid](
@@ -203,8 +263,10 @@ def gemv(
             float(gegelu_limit) if gegelu_limit is not None else 0.0,
             res if res is not None else dummy, lnw if lnw is not None else dummy,
             lnb if lnb is not None else dummy, res_out, float(eps),
-            K=k, HAS_BIAS=bias is not None, GEGELU=gegelu_limit is not None, NORM=norm is not None,
-            HAS_RES=res is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+            K=k, KP=triton.next_power_of_2(k), HAS_BIAS=bias is not None, GEGELU=gegelu_limit is not None, NORM=norm is not None,
+            HAS_RES=res is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+            PREFETCH=bool(prefetch), ROW_SUM=bool(row_sum), PDL=bool(pdl), num_warps=num_warps,
+            launch_pdl=bool(pdl),
         )  # fmt: skip
     elif res is not None:
         res_out.copy_(x + res)
