@@ -20,7 +20,9 @@ weights, bf16, 8K prompts:
   (`ModelOptions.triton_gemv`: the residual adds and LayerNorms inside the QKV, up_proj and
   lm_head GEMVs, GeGeLU inside up_proj's; the tiles of `gemv.TUNED_TILES`), launched with PDL
   (`gemv.GEMV_PDL`), on the [out, in] twin (the GEMV reads weight rows);
-- `triton_gemv_nopdl`: the same without the GEMVs' PDL.
+- `triton_gemv_nopdl`: the same without the GEMVs' PDL;
+- `triton_gemv_norope`: `triton_gemv` with the rotary and K/V write in their own kernel again
+  instead of inside the QKV GEMV (`phi3small.GEMV_ROPE`).
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -47,6 +49,7 @@ MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl, triton
     "decode_pdl": (True, True, "head", True, True, False, False),
     "triton_gemv": (True, True, "head", False, True, True, True),
     "triton_gemv_nopdl": (True, True, "head", False, True, True, False),
+    "triton_gemv_norope": (True, True, "head", False, True, True, True),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 
@@ -70,6 +73,7 @@ def ab_models(script: str, row_major: bool) -> dict:
 def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     pdl, gemv_o, kv_layout, in_major, decode_pdl, triton_gemv, gemv_pdl = MODES[mode]
     gemv.GEMV_PDL = gemv_pdl  # read when a graph is captured
+    phi3small.GEMV_ROPE = mode != "triton_gemv_norope"
     model = models[in_major]
     phi3small.DECODE_PDL_MAX_ROWS = 32 if decode_pdl else 0  # read at graph capture
     if pdl:

@@ -24,16 +24,18 @@ import triton
 from sparsegen.bench.common import graph_us as _graph_us
 
 CALLS = 24
-SHAPES = (  # name, N (weight rows), K, with bias, GeGeLU, residual add + LayerNorm before it
-    ("qkv", 6144, 4096, True, False, False),
-    ("dense", 4096, 4096, True, False, False),
-    ("up_proj+gegelu", 28672, 4096, True, True, False),
-    ("down_proj", 4096, 14336, True, False, False),
-    ("lm_head", 100352, 4096, False, False, False),
-    ("norm+qkv", 6144, 4096, True, False, True),
-    ("norm+up_proj+gegelu", 28672, 4096, True, True, True),
-    ("norm+lm_head", 100352, 4096, False, False, True),
+SHAPES = (  # name, N (weight rows), K, with bias, GeGeLU, residual add + LayerNorm before it, rotary
+    ("qkv", 6144, 4096, True, False, False, False),
+    ("dense", 4096, 4096, True, False, False, False),
+    ("up_proj+gegelu", 28672, 4096, True, True, False, False),
+    ("down_proj", 4096, 14336, True, False, False, False),
+    ("lm_head", 100352, 4096, False, False, False, False),
+    ("norm+qkv", 6144, 4096, True, False, True, False),
+    ("norm+qkv+rope", 6144, 4096, True, False, True, True),
+    ("norm+up_proj+gegelu", 28672, 4096, True, True, True, False),
+    ("norm+lm_head", 100352, 4096, False, False, True, False),
 )
+HKV, GROUP, HEAD_D = 8, 4, 128  # the 7b attention: qkv rows = HKV * (GROUP + 2) * HEAD_D
 LAYER = ("qkv", "dense", "up_proj+gegelu", "down_proj")  # the four linears of a block
 LAYER_FUSED = ("norm+qkv", "dense", "norm+up_proj+gegelu", "down_proj")  # the model's triton_gemv path
 LIMIT = 20.0
@@ -65,7 +67,7 @@ def main() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
     wanted = set(args.shapes.split(",")) if args.shapes else None
-    for name, n, k, has_bias, geg, norm in SHAPES:
+    for name, n, k, has_bias, geg, norm, rope in SHAPES:
         if wanted is not None and name not in wanted:
             continue
         copies = max(2, min(CALLS, -(-(3 << 29) // (n * k * 2))))  # >= 1.5 GB of weights in all
@@ -76,17 +78,31 @@ def main() -> None:
         lnw = (1 + 0.1 * torch.randn(k, device=dev, generator=gen)).to(dt)
         lnb = (0.1 * torch.randn(k, device=dev, generator=gen)).to(dt)
         nbytes = n * k * 2
+        # rotary: a decode token's cos/sin and a head-major page cache (as the engine's)
+        theta = torch.rand(1, HEAD_D // 2, device=dev, generator=gen).repeat(1, 2) * 6
+        cos, sin = theta.cos(), theta.sin()  # [1, D] float32
+        kc, vc = (torch.zeros(64, HKV, 16, HEAD_D, device=dev, dtype=dt).permute(0, 2, 1, 3) for _ in "kv")
+        slot = torch.tensor([37], device=dev)
 
-        def plain(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb):
+        rot = (cos, sin, kc, vc, slot)
+
+        def plain(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb, rope=rope, rot=rot):
             if norm:  # today's path: the fused add + LayerNorm kernel, then cuBLAS
                 x, _ = fused.add_layer_norm(x, res, lnw, lnb, 1e-5)
             y = torch.nn.functional.linear(x, ws[i % len(ws)], b)
+            if rope:  # then the rotary kernel with the cache write
+                cs, sn, kcache, vcache, sl = rot
+                return fused.rotary_qkv(y.view(1, HKV, GROUP + 2, HEAD_D), cs, sn, (kcache, vcache), sl)[0]
             return fused.gegelu(y, LIMIT) if geg else y
 
-        def ours(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb, pdl=args.pdl, **tile):
+        def ours(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb, rope=rope, rot=rot,
+                 pdl=args.pdl, **tile):  # fmt: skip
+            cs, sn, kcache, vcache, sl = rot
+            rw = gemv.RopeWrite(cs, sn, GROUP, kcache, vcache, sl) if rope else None
             out = gemv.gemv(x, ws[i % len(ws)], b, gegelu_limit=LIMIT if geg else None,
-                            norm=(res, lnw, lnb, 1e-5) if norm else None, pdl=pdl, **tile)  # fmt: skip
-            return out[0] if norm else out
+                            norm=(res, lnw, lnb, 1e-5) if norm else None, rope=rw, pdl=pdl, **tile)  # fmt: skip
+            out = out[0] if norm else out
+            return out.view(1, HKV * GROUP, HEAD_D) if rope else out
 
         err = rel_err(ours(0), plain(0))
         t_plain, t_ours = graph_us(plain), graph_us(ours)
@@ -95,9 +111,10 @@ def main() -> None:
         if args.sweep:
             best = None
             tried = 0
+            row["sweep"] = []
             for bn in (4, 8, 16):
                 for elems in (4096, 8192):  # W elements per program and iteration
-                    bk = elems // (bn * (2 if geg else 1))
+                    bk = elems // (bn * (2 if geg or rope else 1))
                     if not 128 <= bk <= min(4096, triton.next_power_of_2(k)):
                         continue
                     for warps in (4, 8):
@@ -110,6 +127,7 @@ def main() -> None:
                                 print(f"  {name} {tile}: {type(exc).__name__}")
                                 continue
                             tried += 1
+                            row["sweep"].append({**tile, "us": t})
                             if best is None or t < best[0]:
                                 best = (t, tile)
             if best is not None:

@@ -56,6 +56,7 @@ class ModelSource:
             force_dense=self.force_dense,
             attn_impl=self.attn_impl,
             dummy_token_indices=self.dummy_token_indices,
+            triton_gemv=False,  # the GEMV's tiles are tuned for whole 7b layers, not a rank's shards
         )
         if self.model_dir is not None:
             return load_tp_checkpoint(self.model_dir, shard, options, group=group)

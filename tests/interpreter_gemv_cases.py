@@ -148,10 +148,84 @@ def test_bad_inputs_are_input_errors(bad, match):
         g.gemv(x, w, b, norm=(None, None, ln, 1e-5))
 
 
+def _rope_case(layout, dtype, seed, hkv=2, g=2, d=16, k=40, pages=6, page_size=4):
+    gen = torch.Generator().manual_seed(seed)
+    n = hkv * (g + 2) * d
+    x, w, b = _case(n, k, dtype, seed)
+    half = torch.rand(1, d // 2, generator=gen) * 6.0
+    theta = torch.cat((half, half), dim=-1)  # [1, D], as Rotary.cos_sin builds it
+    cos, sin = theta.cos() * 1.1, theta.sin() * 1.1  # an mscale, as LongRoPE's
+    if layout == "head":  # [pages, Hkv, page_size, D] memory seen as [pages, page_size, Hkv, D]
+        kc = torch.full((pages, hkv, page_size, d), float("nan"), dtype=dtype).permute(0, 2, 1, 3)
+        vc = torch.full((pages, hkv, page_size, d), float("nan"), dtype=dtype).permute(0, 2, 1, 3)
+    else:
+        kc = torch.full((pages, page_size, hkv, d), float("nan"), dtype=dtype)
+        vc = torch.full((pages, page_size, hkv, d), float("nan"), dtype=dtype)
+    return x, w, b, cos, sin, kc, vc
+
+
+@pytest.mark.parametrize("layout", ["token", "head"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_gemv_rope_equals_linear_then_rotary_and_cache_write(layout, dtype, with_norm):
+    """rope=: the queries equal Rotary.apply over F.linear's (rotated) query rows, k (rotated) and
+    v land in the NaN-poisoned caches at the one slot and nowhere else."""
+    from sparsegen.models.rope import Rotary
+
+    g_ = _gemv()
+    hkv, g, d = 2, 2, 16
+    x, w, b, cos, sin, kc, vc = _rope_case(layout, dtype, seed=11)
+    slot = torch.tensor([13])  # page 3, offset 1
+    norm = None
+    h = x
+    if with_norm:
+        gen = torch.Generator().manual_seed(2)
+        res = torch.randn(1, x.shape[1], generator=gen).to(dtype)
+        lnw, lnb = (
+            (1 + 0.1 * torch.randn(x.shape[1], generator=gen)).to(dtype),
+            torch.zeros(x.shape[1], dtype=dtype),
+        )
+        norm = (res, lnw, lnb, 1e-5)
+        h = torch.nn.functional.layer_norm(x + res, (x.shape[1],), lnw, lnb, 1e-5)
+    out = g_.gemv(x, w, b, norm=norm, rope=g_.RopeWrite(cos, sin, g, kc, vc, slot))
+    q = out[0] if with_norm else out
+    qkv = torch.nn.functional.linear(h, w, b).view(1, hkv, g + 2, d)
+    want_q = Rotary.apply(qkv[:, :, :g].reshape(1, hkv * g, d), cos, sin)
+    want_k = Rotary.apply(qkv[:, :, g], cos, sin)[0]
+    tol = 1e-5 if dtype == torch.float32 else 3e-3
+    assert q.shape == (1, hkv * g * d) and rel(q.view(1, hkv * g, d), want_q) < tol
+    assert rel(kc[3, 1], want_k) < tol and rel(vc[3, 1], qkv[0, :, g + 1]) < tol
+    written = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    written[3, 1] = True
+    for cache in (kc, vc):
+        assert torch.isnan(cache[~written]).all() and torch.isfinite(cache[written]).all()
+
+
+def test_gemv_rope_bad_inputs_are_input_errors():
+    g_ = _gemv()
+    x, w, b, cos, sin, kc, vc = _rope_case("token", torch.float32, seed=1)
+    slot = torch.tensor([2])
+    rw = g_.RopeWrite
+    cases = [
+        (dict(rope=rw(cos, sin, 2, kc, vc.transpose(1, 2).contiguous().transpose(1, 2), slot)), "equal"),
+        (dict(rope=rw(cos, sin, 3, kc, vc, slot)), "weight rows"),
+        (dict(rope=rw(cos, sin, 2, kc, vc, slot.int())), "slot"),
+        (dict(rope=rw(cos, sin, 2, kc, vc, torch.tensor([1, 2]))), "slot"),
+        (dict(rope=rw(cos[:, :8], sin, 2, kc, vc, slot)), "cos and sin"),
+        (dict(rope=rw(cos, sin, 2, kc.half(), vc.half(), slot)), "caches"),
+        (dict(rope=rw(cos, sin, 2, kc, vc, slot), gegelu_limit=1.0), "not both"),
+    ]
+    for kw, match in cases:
+        with pytest.raises(InputError, match=match):
+            g_.gemv(x, w, b, **kw)
+    assert torch.isnan(kc).all() and torch.isnan(vc).all()  # nothing ran
+
+
 def test_model_and_engine_with_triton_gemv_match_the_plain_model():
     """triton_gemv=True: the batch-1 linear layers (qkv and up_proj with the residual add and
     LayerNorm before them, up_proj with GeGeLU, dense, down_proj, lm_head with the final norm)
-    go through the GEMV; logits and greedy tokens equal the cuBLAS-path model's."""
+    go through the GEMV, at decode steps QKV with the rotary and the cache write; logits and
+    greedy tokens equal the cuBLAS-path model's."""
     from sparsegen.engine import LLMEngine, SamplingParams
     from sparsegen.models import ForwardBatch, random_model
 
@@ -177,10 +251,15 @@ def test_model_and_engine_with_triton_gemv_match_the_plain_model():
     torch.testing.assert_close(got, plain(ids, batch), rtol=1e-5, atol=1e-5)
     prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=3, ignore_eos=True)
-    assert (
-        LLMEngine(fast).generate([prompt], params)[0].output_ids
-        == LLMEngine(plain).generate([prompt], params)[0].output_ids
-    )
+    ropes = []
+    gm.gemv = lambda *a, **kw: ropes.append(kw.get("rope") is not None) or real(*a, **kw)
+    try:
+        got_ids = LLMEngine(fast).generate([prompt], params)[0].output_ids
+    finally:
+        gm.gemv = real
+    assert got_ids == LLMEngine(plain).generate([prompt], params)[0].output_ids
+    # the two decode steps' QKV GEMVs rotated q and k and wrote the cache themselves
+    assert sum(ropes) == 2 * layers
 
 
 def test_tensor_parallel_model_keeps_its_own_layers_under_triton_gemv():

@@ -403,6 +403,27 @@ def test_model_options_and_keywords_build_the_same_model():
         random_model("tiny", {"attn_impl": "reference"})
 
 
+def test_triton_gemv_defaults_to_on_for_a_cuda_device_only():
+    from sparsegen.models import ModelOptions
+    from sparsegen.tp_source import ModelSource
+
+    assert ModelOptions().triton_gemv is None and not ModelOptions().gemv_on  # CPU
+    assert ModelOptions(device="cuda").gemv_on and ModelOptions(device="cuda:1").gemv_on
+    assert not ModelOptions(device="cuda", triton_gemv=False).gemv_on
+    assert ModelOptions(triton_gemv=True).gemv_on
+    # a default chosen on the CPU is not carried to another device: None stays None
+    assert ModelOptions.of(ModelOptions(), device="cuda").gemv_on
+    # built on a CPU by default: down_proj and lm_head in-major for cuBLAS, as before
+    model = random_model("tiny", seed=0)
+    assert not model.gemv and model.lm_head.weight.stride(0) == 1
+    assert all(not b.mlp.gemv and b.mlp.down_proj.weight.stride(0) == 1 for b in model.model.layers)
+    # tensor-parallel ranks keep cuBLAS (the tuned tiles are for whole layers)
+    from sparsegen.models.tensor_parallel import TPShard
+
+    rank = ModelSource(random="tiny").build(TPShard(0, 1), torch.device("cpu"))
+    assert rank.options.triton_gemv is False
+
+
 def test_set_triton_gemv_takes_a_bool_and_switches_every_layer():
     model = random_model("tiny", seed=0)
     with pytest.raises(InputError, match="bool"):

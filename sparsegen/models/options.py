@@ -35,9 +35,13 @@ class ModelOptions:
     force_dense: bool = False  # every layer dense (same weights), for comparison
     attn_impl: str | None = None  # a key of ATTN_IMPLS
     dummy_token_indices: tuple[int, ...] = ()  # ids whose logits are masked, when config.json has none
-    # Batch-1 linear layers through sparsegen's Triton GEMV (bias and up_proj's GeGeLU fused,
-    # `models.gemv`) instead of cuBLAS, on a GPU (or in Triton's interpreter). Off until measured.
-    triton_gemv: bool = False
+    # Batch-1 linear layers through sparsegen's Triton GEMV (`models.gemv`: the residual adds and
+    # LayerNorms inside the QKV, up_proj and lm_head GEMVs, bias and GeGeLU too) instead of
+    # cuBLAS, on a GPU (or in Triton's interpreter). None: on for a CUDA device (`gemv_on`): with
+    # the tiles tuned in session 8 the 7b batch-1 step took 4.50 ms against 4.95 on cuBLAS
+    # (H200, benchmarks/ab_decode_step.py). It also keeps every weight [out, in] (see
+    # `layers.Linear`), which costs batch-32 steps ~0.04 ms.
+    triton_gemv: bool | None = None
     # The batch-1 output projection (self_attn.dense) alone through that GEMV, on a GPU, with the
     # rest on cuBLAS: 11.2 us against cuBLAS's 13.9 (a split-K GEMV plus its reduce kernel) on the
     # H200 (session 5, benchmarks/bench_gemv.py). The other three linears stay faster on cuBLAS.
@@ -56,8 +60,9 @@ class ModelOptions:
         if self.dtype not in DTYPES:
             raise InputError(f"ModelOptions.dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in ("force_dense", "triton_gemv", "gemv_o_proj"):
-            if not isinstance(getattr(self, name), bool):
-                raise InputError(f"ModelOptions.{name} must be a bool, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "triton_gemv" and value is None):
+                raise InputError(f"ModelOptions.{name} must be a bool, got {value!r}")
         if self.attn_impl not in ATTN_IMPLS:
             raise InputError(
                 f"ModelOptions.attn_impl must be one of {tuple(ATTN_IMPLS)}, got {self.attn_impl!r}"
@@ -68,6 +73,11 @@ class ModelOptions:
         ):
             raise InputError(f"ModelOptions.dummy_token_indices must be a tuple of ints, got {ids!r}")
         object.__setattr__(self, "dummy_token_indices", tuple(ids))
+
+    @property
+    def gemv_on(self) -> bool:
+        """`triton_gemv`, with None meaning: on for a CUDA device."""
+        return self.device.type == "cuda" if self.triton_gemv is None else self.triton_gemv
 
     @property
     def attn_impls(self) -> tuple[str | None, str | None]:

@@ -46,6 +46,7 @@ def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
     return ModelSpec(name="phi3small-dense", layers=dense)
 
 
+GEMV_ROPE = True  # the batch-1 QKV GEMV also rotates and writes the cache (Attention.rope_fusable)
 DECODE_PDL_MAX_ROWS = 1  # decode steps up to this batch launch paged decode with PDL (_decode_pdl)
 
 
@@ -66,7 +67,7 @@ class Attention(nn.Module):
         self.layer = layer  # also sets layer_json
         self.prefill_impl, self.decode_impl = options.attn_impls  # for sparsegen.prefill / paged_decode
         self.fused = options.attn_impl != "reference"  # the fused rotary kernel, on a GPU
-        self.gemv = options.triton_gemv
+        self.gemv = options.gemv_on
         self.gemv_o = options.gemv_o_proj  # the output projection alone through the GEMV, on a GPU
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads,
@@ -158,7 +159,28 @@ class Attention(nn.Module):
             else:
                 k_all, v_all = k, v
             out = self._prefill(q, k_all, v_all, batch)
-        return linear(self.dense, out.reshape(t, h * d), self.gemv or (self.gemv_o and out.is_cuda))
+        return self._project(out)
+
+    def rope_fusable(self, batch: ForwardBatch, kv_cache: KVCacheLayer | None) -> bool:
+        """A decode step whose QKV GEMV can also rotate q and k and write k and v into the cache
+        (`gemv.RopeWrite`): fused kernels on, a cache to write, a power-of-two head_dim."""
+        d = self.head_dim
+        return (
+            GEMV_ROPE
+            and self.fused
+            and batch.is_decode
+            and kv_cache is not None
+            and batch.slot_mapping is not None
+            and not d & (d - 1)
+        )
+
+    def decode_rotated(self, q: torch.Tensor, batch: ForwardBatch, kv_cache: KVCacheLayer) -> torch.Tensor:
+        """q: [T, H * D] already rotated, with k and v already in the cache -> [T, hidden]."""
+        return self._project(self._decode(q.view(q.shape[0], self.num_heads, self.head_dim), kv_cache, batch))
+
+    def _project(self, out: torch.Tensor) -> torch.Tensor:  # out: [T, H, D] -> [T, hidden]
+        t = out.shape[0]
+        return linear(self.dense, out.reshape(t, -1), self.gemv or (self.gemv_o and out.is_cuda))
 
 
 class MLP(nn.Module):
@@ -166,10 +188,10 @@ class MLP(nn.Module):
         super().__init__()
         self.limit = config.gegelu_limit
         self.fused = options.attn_impl != "reference"  # the fused GeGeLU kernel, on a GPU
-        self.gemv = options.triton_gemv
+        self.gemv = options.gemv_on
         self.up_proj = Linear(config.hidden_size, 2 * config.ff_intermediate_size, bias=True, **fk)
         self.down_proj = Linear(  # in-major unless built for the Triton GEMV (see Linear)
-            config.ff_intermediate_size, config.hidden_size, bias=True, in_major=not options.triton_gemv, **fk
+            config.ff_intermediate_size, config.hidden_size, bias=True, in_major=not options.gemv_on, **fk
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
@@ -220,14 +242,24 @@ class DecoderLayer(nn.Module):
 
     def _forward_row(self, x, residual, cos, sin, batch, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
         """One row through the Triton GEMV (`ModelOptions.triton_gemv`): each residual add and
-        LayerNorm happen inside the GEMV that reads their output (QKV, then up_proj + GeGeLU)."""
-        from .gemv import gemv
+        LayerNorm happen inside the GEMV that reads their output (QKV, then up_proj + GeGeLU), and
+        at a decode step the rotary and the K/V cache write inside the QKV GEMV as well."""
+        from .gemv import RopeWrite, gemv
 
         attn, mlp = self.self_attn, self.mlp
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, residual = gemv(x, attn.query_key_value.weight, attn.query_key_value.bias,
-                             norm=(residual, ln1.weight, ln1.bias, ln1.eps))  # fmt: skip
-        out = attn.attend(qkv, cos, sin, batch, kv_cache)  # [1, hidden]
+        w, b, norm = (
+            attn.query_key_value.weight,
+            attn.query_key_value.bias,
+            (residual, ln1.weight, ln1.bias, ln1.eps),
+        )
+        if attn.rope_fusable(batch, kv_cache):  # rotary and the K/V write inside the QKV GEMV too
+            rope = RopeWrite(cos, sin, attn.group, kv_cache[0], kv_cache[1], batch.slot_mapping)
+            q, residual = gemv(x, w, b, norm=norm, rope=rope)  # [1, H * D]
+            out = attn.decode_rotated(q, batch, kv_cache)  # [1, hidden]
+        else:
+            qkv, residual = gemv(x, w, b, norm=norm)
+            out = attn.attend(qkv, cos, sin, batch, kv_cache)  # [1, hidden]
         act, residual = gemv(out, mlp.up_proj.weight, mlp.up_proj.bias, gegelu_limit=mlp.limit,
                              norm=(residual, ln2.weight, ln2.bias, ln2.eps))  # fmt: skip
         return linear(mlp.down_proj, act, True), residual
@@ -255,7 +287,7 @@ class Phi3SmallForCausalLM(nn.Module):
         fk = {"device": options.device, "dtype": options.dtype}
         self.model = Phi3SmallModel(config, self.spec, options, fk)
         self.lm_head = Linear(  # in-major unless built for the Triton GEMV (see Linear)
-            config.hidden_size, config.vocab_size, bias=False, in_major=not options.triton_gemv, **fk
+            config.hidden_size, config.vocab_size, bias=False, in_major=not options.gemv_on, **fk
         )
         self.rotary = Rotary(config, options.device)
         dummies = (
@@ -268,7 +300,7 @@ class Phi3SmallForCausalLM(nn.Module):
             "dummy_ids", torch.tensor(dummies, dtype=torch.long, device=options.device), persistent=False
         )
         self.fused = options.attn_impl != "reference"
-        self.gemv = options.triton_gemv  # a plain bool: what the traced forward reads
+        self.gemv = options.gemv_on  # a plain bool: what the traced forward reads
 
     def set_force_dense(self, force_dense: bool) -> None:
         """Switch every layer between its own spec and a dense one (same weights)."""
