@@ -410,6 +410,7 @@ def test_triton_gemv_defaults_to_on_for_a_cuda_device_only():
     assert ModelOptions().triton_gemv is None and not ModelOptions().gemv_on  # CPU
     assert ModelOptions(device="cuda").gemv_on and ModelOptions(device="cuda:1").gemv_on
     assert not ModelOptions(device="cuda", triton_gemv=False).gemv_on
+    assert not ModelOptions(device="cuda", attn_impl="reference").gemv_on  # the oracle stays plain
     assert ModelOptions(triton_gemv=True).gemv_on
     # a default chosen on the CPU is not carried to another device: None stays None
     assert ModelOptions.of(ModelOptions(), device="cuda").gemv_on

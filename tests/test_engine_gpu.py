@@ -269,12 +269,53 @@ def test_triton_gemv_matches_cublas_on_the_7b_shapes(dtype):
         assert rel_err(got, want) < 1e-2, ("norm", n, k)
 
 
+@pytest.mark.parametrize("layout", ["head", "token"])
+def test_gemv_rope_matches_the_rotary_kernel_on_the_7b_qkv(layout):
+    """The QKV GEMV with the rotary and the K/V write fused in (rope=) against the add + LayerNorm
+    kernel, F.linear and the rotary kernel, bf16: q close, k and v in the cache at the one slot
+    and nowhere else (NaN-poisoned pages), with and without PDL."""
+    from sparsegen.models import fused, gemv
+
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    hkv, g, d, k = 8, 4, 128, 4096
+    n = hkv * (g + 2) * d
+    w = (torch.randn(n, k, device=DEV, generator=gen) / k**0.5).to(BF16)
+    b = torch.randn(n, device=DEV, generator=gen).to(BF16)
+    x, res = (torch.randn(1, k, device=DEV, generator=gen).to(BF16) for _ in "xr")
+    lnw = (1 + 0.1 * torch.randn(k, device=DEV, generator=gen)).to(BF16)
+    lnb = (0.1 * torch.randn(k, device=DEV, generator=gen)).to(BF16)
+    theta = torch.rand(1, d // 2, device=DEV, generator=gen).repeat(1, 2) * 6
+    cos, sin = theta.cos(), theta.sin()
+
+    def caches():
+        shape = (40, hkv, 16, d) if layout == "head" else (40, 16, hkv, d)
+        kc, vc = (torch.full(shape, float("nan"), device=DEV, dtype=BF16) for _ in "kv")
+        return (kc.permute(0, 2, 1, 3), vc.permute(0, 2, 1, 3)) if layout == "head" else (kc, vc)
+
+    slot = torch.tensor([16 * 7 + 5], device=DEV)
+    want_kc, want_vc = caches()
+    h, summed = fused.add_layer_norm(x, res, lnw, lnb, 1e-5)
+    qkv = torch.nn.functional.linear(h, w, b).view(1, hkv, g + 2, d)
+    want_q = fused.rotary_qkv(qkv, cos, sin, (want_kc, want_vc), slot)[0]  # [1, H, D]
+    for pdl in (False, True):
+        kc, vc = caches()
+        q, got_sum = gemv.gemv(x, w, b, norm=(res, lnw, lnb, 1e-5), pdl=pdl,
+                               rope=gemv.RopeWrite(cos, sin, g, kc, vc, slot))  # fmt: skip
+        torch.cuda.synchronize()
+        assert torch.equal(got_sum, summed) and q.shape == (1, hkv * g * d)
+        assert rel_err(q.view(1, hkv * g, d), want_q) < 1e-2
+        for got, want in ((kc, want_kc), (vc, want_vc)):
+            assert rel_err(got[7, 5], want[7, 5]) < 1e-2
+            got[7, 5] = float("nan")
+            assert torch.isnan(got).all()  # nothing else written
+
+
 def test_engine_with_triton_gemv_in_graphs_matches_cublas():
     """triton_gemv=True: batch-1 decode steps replayed from graphs through the Triton GEMV; each
     step's logits equal an eager cuBLAS forward of the same batch (bf16 bar), tokens agree."""
     cfg = tiny_config(64)
     model = random_model(cfg, device=DEV, dtype=BF16, seed=5, triton_gemv=True)
-    plain = random_model(cfg, device=DEV, dtype=BF16, seed=5)
+    plain = random_model(cfg, device=DEV, dtype=BF16, seed=5, triton_gemv=False)
     prompts = _prompts([64 * 20 + 7], seed=5)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     engine = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True)

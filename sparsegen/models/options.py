@@ -37,7 +37,8 @@ class ModelOptions:
     dummy_token_indices: tuple[int, ...] = ()  # ids whose logits are masked, when config.json has none
     # Batch-1 linear layers through sparsegen's Triton GEMV (`models.gemv`: the residual adds and
     # LayerNorms inside the QKV, up_proj and lm_head GEMVs, bias and GeGeLU too) instead of
-    # cuBLAS, on a GPU (or in Triton's interpreter). None: on for a CUDA device (`gemv_on`): with
+    # cuBLAS, on a GPU (or in Triton's interpreter). None: on for a CUDA device (`gemv_on`; not for
+    # the reference model): with
     # the tiles tuned in session 8 the 7b batch-1 step took 4.50 ms against 4.95 on cuBLAS
     # (H200, benchmarks/ab_decode_step.py). It also keeps every weight [out, in] (see
     # `layers.Linear`), which costs batch-32 steps ~0.04 ms.
@@ -76,8 +77,11 @@ class ModelOptions:
 
     @property
     def gemv_on(self) -> bool:
-        """`triton_gemv`, with None meaning: on for a CUDA device."""
-        return self.device.type == "cuda" if self.triton_gemv is None else self.triton_gemv
+        """`triton_gemv`, with None meaning: on for a CUDA device, unless the model is the
+        plain-PyTorch reference (attn_impl="reference")."""
+        if self.triton_gemv is None:
+            return self.device.type == "cuda" and self.attn_impl != "reference"
+        return self.triton_gemv
 
     @property
     def attn_impls(self) -> tuple[str | None, str | None]:
