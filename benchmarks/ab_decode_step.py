@@ -22,7 +22,9 @@ weights, bf16, 8K prompts:
   (`gemv.GEMV_PDL`), on the [out, in] twin (the GEMV reads weight rows);
 - `triton_gemv_nopdl`: the same without the GEMVs' PDL;
 - `triton_gemv_norope`: `triton_gemv` with the rotary and K/V write in their own kernel again
-  instead of inside the QKV GEMV (`phi3small.GEMV_ROPE`).
+  instead of inside the QKV GEMV (`phi3small.GEMV_ROPE`);
+- `defaults`: what an engine gets today on a GPU: `triton_gemv` at batch 1, and at batch 32
+  cuBLAS over the [out, in] weights with no decode PDL (`DECODE_PDL_MAX_ROWS` left at 1).
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -50,6 +52,7 @@ MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl, triton
     "triton_gemv": (True, True, "head", False, True, True, True),
     "triton_gemv_nopdl": (True, True, "head", False, True, True, False),
     "triton_gemv_norope": (True, True, "head", False, True, True, True),
+    "defaults": (True, True, "head", False, None, True, True),  # decode pdl None: the module's rule
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 
@@ -75,7 +78,8 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     gemv.GEMV_PDL = gemv_pdl  # read when a graph is captured
     phi3small.GEMV_ROPE = mode != "triton_gemv_norope"
     model = models[in_major]
-    phi3small.DECODE_PDL_MAX_ROWS = 32 if decode_pdl else 0  # read at graph capture
+    rows = DEFAULT_DECODE_PDL_MAX_ROWS if decode_pdl is None else 32 if decode_pdl else 0
+    phi3small.DECODE_PDL_MAX_ROWS = rows  # read at graph capture
     if pdl:
         os.environ.pop("SPARSEGEN_NO_PDL", None)
     else:
