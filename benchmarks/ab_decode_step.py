@@ -24,7 +24,10 @@ weights, bf16, 8K prompts:
 - `triton_gemv_norope`: `triton_gemv` with the rotary and K/V write in their own kernel again
   instead of inside the QKV GEMV (`phi3small.GEMV_ROPE`);
 - `defaults`: what an engine gets today on a GPU: `triton_gemv` at batch 1, and at batch 32
-  cuBLAS over the [out, in] weights with no decode PDL (`DECODE_PDL_MAX_ROWS` left at 1).
+  cuBLAS over the [out, in] weights with no decode PDL (`DECODE_PDL_MAX_ROWS` left at 1);
+- `defaults_notrigger`: `defaults` with the paged-decode template's `merge_trigger` knob off
+  (the separate split merge kernel no longer lets the O GEMV after it start early); every mode
+  renders the decode kernels afresh (`kernels.base.forget`) with its knob.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -40,6 +43,8 @@ import torch
 from profile_decode_step import engine_at, replay_ms, step_ms, sync
 from torch import nn
 
+from sparsegen.kernels import base as kernel_base
+from sparsegen.kernels import decode_template
 from sparsegen.models import gemv, phi3small, random_model
 
 MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl, triton_gemv, gemv pdl)
@@ -53,6 +58,7 @@ MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl, triton
     "triton_gemv_nopdl": (True, True, "head", False, True, True, False),
     "triton_gemv_norope": (True, True, "head", False, True, True, True),
     "defaults": (True, True, "head", False, None, True, True),  # decode pdl None: the module's rule
+    "defaults_notrigger": (True, True, "head", False, None, True, True),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 
@@ -76,6 +82,8 @@ def ab_models(script: str, row_major: bool) -> dict:
 def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     pdl, gemv_o, kv_layout, in_major, decode_pdl, triton_gemv, gemv_pdl = MODES[mode]
     gemv.GEMV_PDL = gemv_pdl  # read when a graph is captured
+    decode_template.DEFAULT_KNOBS["merge_trigger"] = 0 if mode == "defaults_notrigger" else 1
+    kernel_base.forget()  # the next lookup renders the decode kernels with this mode's knob
     phi3small.GEMV_ROPE = mode != "triton_gemv_norope"
     model = models[in_major]
     rows = DEFAULT_DECODE_PDL_MAX_ROWS if decode_pdl is None else 32 if decode_pdl else 0

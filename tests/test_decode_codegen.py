@@ -71,11 +71,12 @@ def test_template_knobs():
     base = dt.render_source(PHI3, "bf16", 16)
     for name, value in dt.DEFAULT_KNOBS.items():
         assert (
-            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE')[name]} {value}"
+            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE', merge_trigger='MERGE_TRIGGER')[name]} {value}"
             in base
         )
-    other = dt.render_source(PHI3, "bf16", 16, pipeline=1, min_blocks=3, q_smem=1)
+    other = dt.render_source(PHI3, "bf16", 16, pipeline=1, min_blocks=3, q_smem=1, merge_trigger=0)
     assert "#define PIPE 1" in other and "#define Q_SMEM 1" in other and "#define MIN_BLOCKS 3" in other
+    assert "#define MERGE_TRIGGER 0" in other
     with pytest.raises(InputError, match="knobs"):
         dt.render_source(PHI3, "bf16", 16, unroll=2)
 

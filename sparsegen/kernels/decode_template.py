@@ -31,7 +31,9 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # 12 warps per SM even though each of those keeps twice the bytes in flight. FUSED_MERGE
 # compiles the in-kernel split merge (decode_merge); 0 gives the kernel as it was before that
 # merge existed, so a benchmark can check that the merge's code costs the other paths nothing.
-DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0, "fused_merge": 1}
+# merge_trigger: the separate merge kernel lets a PDL-launched kernel after it (the batch-1 O
+# GEMV, models.gemv) start at once, so its first weight tile loads during the merge.
+DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0, "fused_merge": 1, "merge_trigger": 1}
 
 
 def heads_per_block(layer: LayerSpec) -> int:
@@ -111,6 +113,7 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "min_blocks": int(knobs["min_blocks"]),
         "q_smem": int(knobs["q_smem"]),
         "fused_merge": int(bool(knobs["fused_merge"])),
+        "merge_trigger": int(bool(knobs["merge_trigger"])),
         "classes": [[_head_constants(h) for h in cls] for cls in classes],
         "class_splits": [list(split_weights(cls)) for cls in classes],
         "far_scale": FAR_SCALE,
