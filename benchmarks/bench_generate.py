@@ -6,7 +6,8 @@
 
 In one run, with the same weights, for sparse attention and for every layer dense (and, with
 `--compile both`, for decode steps with and without torch.compile inside the CUDA graphs; with
-`--gemv both`, with cuBLAS and with the batch-1 Triton GEMV):
+`--gemv both`, with cuBLAS and with the batch-1 Triton GEMV; by default the model's own choice,
+the GEMV on a GPU since session 8):
 - time to first token of one 8K-token and one 32K-token prompt (chunked prefill, 8K chunks),
   each after a warm-up prompt of the same length on the same engine (compiles stay out);
 - decode tokens/s and ms/step at batch 1 and at batch 32, each sequence with an 8K-token
@@ -121,16 +122,18 @@ def main() -> None:
     ap.add_argument("--compile", choices=["off", "on", "both"], default="off",
                     help="decode steps through torch.compile inside the graphs (both: measure each)")  # fmt: skip
     ap.add_argument("--modes", default="sparse,dense", help="comma-separated: sparse, dense")
-    ap.add_argument("--gemv", choices=["off", "on", "both"], default="off",
-                    help="batch-1 linear layers through the Triton GEMV (ModelOptions.triton_gemv)")  # fmt: skip
+    ap.add_argument("--gemv", choices=["default", "off", "on", "both"], default="default",
+                    help="batch-1 linear layers through the Triton GEMV (ModelOptions.triton_gemv; "
+                         "default: the model's own choice, on for a GPU)")  # fmt: skip
     ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per engine (GPU)")
     ap.add_argument(
         "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
     )
     args = ap.parse_args()
     flags = {"off": [False], "on": [True], "both": [False, True]}
+    gemv_flags = {"default": [None], **flags}
     # torch.compile traces the plain linear layers (the GEMV is an eager kernel): no compile+gemv run
-    combos = [(c, g) for g in flags[args.gemv] for c in flags[args.compile] if not (c and g)]
+    combos = [(c, g) for g in gemv_flags[args.gemv] for c in flags[args.compile] if not (c and g)]
     if not combos:
         ap.error("--compile on with --gemv on measures nothing: compiled steps do not use the GEMV")
     steps, warm = (16, 3) if args.quick or args.smoke else (64, 4)
@@ -156,13 +159,15 @@ def main() -> None:
                 json.dump({"size": size, "cuda_graphs": not args.no_cuda_graphs, "weights_gb": weights / 1e9,
                            **rows}, f, indent=2)  # fmt: skip
 
+    default_gemv = model.gemv
     for compiled, gemv in combos:
-        model.set_triton_gemv(gemv)
+        model.set_triton_gemv(default_gemv if gemv is None else gemv)
+        suffix = "" if gemv is None else "+gemv" if gemv else "+cublas"
         for mode in args.modes.split(","):
-            name = f"{mode}{'+compile' if compiled else ''}{'+gemv' if gemv else ''}"
+            name = f"{mode}{'+compile' if compiled else ''}{suffix}"
             rows[name] = run_mode(model, mode, name, compiled, args, (short, long, big_batch, steps, warm))
             save()
-    model.set_triton_gemv(False)
+    model.set_triton_gemv(default_gemv)
     if "sparse" in rows and "dense" in rows:
         s, d = rows["sparse"], rows["dense"]
         print(

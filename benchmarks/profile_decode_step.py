@@ -253,10 +253,11 @@ def main() -> None:
     save()
     timed_engine(model, args, report, "CUDA graphs, sync steps", compiled=False, async_decode=False)
     save()
-    if args.gemv:
+    if args.gemv:  # the Triton GEMV whatever the model's default (on for a GPU since session 8)
+        default_gemv = model.gemv
         model.set_triton_gemv(True)
         timed_engine(model, args, report, "CUDA graphs + Triton GEMV", compiled=False)
-        model.set_triton_gemv(False)
+        model.set_triton_gemv(default_gemv)
         save()
     if args.compile:
         timed_engine(model, args, report, "torch.compile in CUDA graphs", compiled=True)
