@@ -12,7 +12,7 @@ separate norm kernel (65 launches fewer per step). On a GPU the GEMVs launch wit
 dependent launch, so each one's first weight tile is read while the kernel before it ends.
 
 On by default on a GPU (`ModelOptions.triton_gemv`, None = per device) since session 8: one
-layer's four linears with their norms 125.9 us on cuBLAS -> 115.2 us, a 7b batch-1 step 4.95 -> 4.50 ms on the H200
+layer's four linears with their norms 125.9 us on cuBLAS -> 115.2 us, a 7b batch-1 step 4.97 -> 4.39 ms on the H200
 (`benchmarks/bench_gemv.py`, `benchmarks/ab_decode_step.py`). Rounding matches the plain path: the fp32 sum plus bias is
 rounded to the output dtype, and GeGeLU reads those rounded values, as `gegelu(linear(x))` does.
 Runs in Triton's interpreter (fp16/fp32) for the CPU tests. Imported only where it is used: a

@@ -36,12 +36,12 @@ class ModelOptions:
     attn_impl: str | None = None  # a key of ATTN_IMPLS
     dummy_token_indices: tuple[int, ...] = ()  # ids whose logits are masked, when config.json has none
     # Batch-1 linear layers through sparsegen's Triton GEMV (`models.gemv`: the residual adds and
-    # LayerNorms inside the QKV, up_proj and lm_head GEMVs, bias and GeGeLU too) instead of
-    # cuBLAS, on a GPU (or in Triton's interpreter). None: on for a CUDA device (`gemv_on`; not for
-    # the reference model): with
-    # the tiles tuned in session 8 the 7b batch-1 step took 4.50 ms against 4.95 on cuBLAS
-    # (H200, benchmarks/ab_decode_step.py). It also keeps every weight [out, in] (see
-    # `layers.Linear`), which costs batch-32 steps ~0.04 ms.
+    # LayerNorms inside the QKV, up_proj and lm_head GEMVs, GeGeLU inside up_proj's, the rotary
+    # and K/V cache write inside QKV's at a decode step) instead of cuBLAS, on a GPU (or in
+    # Triton's interpreter). None: on for a CUDA device, not for the reference model (`gemv_on`).
+    # H200, session 8 (benchmarks/ab_decode_step.py, one process): a 7b batch-1 step 4.97 ->
+    # 4.39 ms. It keeps every weight [out, in] (see `layers.Linear`), which cost batch-32 steps
+    # 0.005 ms there (0.03-0.05 ms in session 7's measurement of the in-major storage).
     triton_gemv: bool | None = None
     # The batch-1 output projection (self_attn.dense) alone through that GEMV, on a GPU, with the
     # rest on cuBLAS: 11.2 us against cuBLAS's 13.9 (a split-K GEMV plus its reduce kernel) on the
