@@ -15,11 +15,11 @@ rate (decode rows), the matmul at 700 TFLOP/s (8192 rows).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
 import torch.nn.functional as F
+from bench_linear_layout import floor_us, save_rows
 from blaslt import LtLinear
 
 from sparsegen.bench.common import graph_us, measure_ceilings
@@ -28,7 +28,6 @@ from sparsegen.testing import rel_err
 CALLS = 24
 SHAPES = (("qkv", 6144, 4096, False), ("dense", 4096, 4096, False), ("up_proj", 28672, 4096, False),
           ("down_proj", 4096, 14336, True), ("lm_head", 100352, 4096, True))  # fmt: skip
-PREFILL_FLOPS = 700e12
 
 
 def main() -> None:
@@ -82,7 +81,7 @@ def main() -> None:
             us = {key: statistics.median(ts) for key, ts in times.items()}
             lt_us = {key: u for key, u in us.items() if key != "torch"}
             best = min(lt_us, key=lt_us.get)
-            floor = n * k * 2 / bw * 1e6 if m <= 32 else 2 * m * n * k / PREFILL_FLOPS * 1e6
+            floor = floor_us(m, n, k, bw)
             out_rows.append({"name": name, "rows": m, "in_major": in_major, "floor_us": floor, "us": us,
                              "rel_err": {f"lt{a}": e for a, e in errs.items()}, "algos": len(lt.algos)})  # fmt: skip
             print(
@@ -93,8 +92,7 @@ def main() -> None:
             )
             del w, lt
             torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump({"copy_rate_Bps": bw, "rows": out_rows}, f, indent=1)
+    save_rows(args.out, bw, out_rows)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,16 @@ PREFILL_FLOPS = 700e12  # a round matmul rate for the 8192-row floor column
 BACKENDS = ("cublas", "cublaslt")
 
 
+def floor_us(m: int, n: int, k: int, bw: float) -> float:
+    """The weight read at the copy rate `bw` (B/s) for decode rows, the matmul at PREFILL_FLOPS above."""
+    return n * k * 2 / bw * 1e6 if m <= 32 else 2 * m * n * k / PREFILL_FLOPS * 1e6
+
+
+def save_rows(path: str, bw: float, rows: list) -> None:
+    with open(path, "w") as f:
+        json.dump({"copy_rate_Bps": bw, "rows": rows}, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="linear_layout.json")
@@ -66,15 +76,14 @@ def main() -> None:
                         times.setdefault(key, []).append(graph_us(fn, calls=CALLS))
                         errs[key] = rel_err(fn(0).float(), ref)
             torch.backends.cuda.preferred_blas_library("cublas")
-            floor = n * k * 2 / bw * 1e6 if m <= 32 else 2 * m * n * k / PREFILL_FLOPS * 1e6
+            floor = floor_us(m, n, k, bw)
             us = {key: statistics.median(ts) for key, ts in times.items()}
             rows.append({"name": name, "rows": m, "floor_us": floor, "us": us, "rel_err": errs})
             cells = " ".join(f"{key} {u:7.2f}" for key, u in us.items())
             print(f"{name:>9} M={m:<3} floor {floor:7.2f} us | {cells}", flush=True)
         del w, wt
         torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump({"copy_rate_Bps": bw, "rows": rows}, f, indent=1)
+    save_rows(args.out, bw, rows)
 
 
 if __name__ == "__main__":
