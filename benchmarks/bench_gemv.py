@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument(
         "--pdl", action="store_true", help="launch the GEMVs with PDL (consecutive calls overlap)"
     )
+    ap.add_argument("--wide", action="store_true", help="with --sweep: also block_n 2, 2048 / 16384 "
+                    "W elements per iteration and 2 warps")  # fmt: skip
     ap.add_argument("--shapes", default=None, help="comma-separated names from SHAPES (default: all)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -112,12 +114,13 @@ def main() -> None:
             best = None
             tried = 0
             row["sweep"] = []
-            for bn in (4, 8, 16):
-                for elems in (4096, 8192):  # W elements per program and iteration
+            wide = args.wide
+            for bn in (2, 4, 8, 16) if wide else (4, 8, 16):
+                for elems in (2048, 4096, 8192, 16384) if wide else (4096, 8192):  # W elements per iteration
                     bk = elems // (bn * (2 if geg or rope else 1))
                     if not 128 <= bk <= min(4096, triton.next_power_of_2(k)):
                         continue
-                    for warps in (4, 8):
+                    for warps in (2, 4, 8) if wide else (4, 8):
                         for prefetch, row_sum in ((False, False), (True, False), (False, True), (True, True)):
                             tile = {"block_n": bn, "block_k": bk, "num_warps": warps,
                                     "prefetch": prefetch, "row_sum": row_sum}  # fmt: skip
