@@ -27,7 +27,9 @@ weights, bf16, 8K prompts:
   cuBLAS over the [out, in] weights with no decode PDL (`DECODE_PDL_MAX_ROWS` left at 1);
 - `defaults_notrigger`: `defaults` with the paged-decode template's `merge_trigger` knob off
   (the separate split merge kernel no longer lets the O GEMV after it start early); every mode
-  renders the decode kernels afresh (`kernels.base.forget`) with its knob.
+  renders the decode kernels afresh (`kernels.base.forget`) with its knob;
+- `wide_tiles`: `defaults` with the up_proj and O GEMV tiles that session 8's call 9 sweep found
+  faster in a PDL chain (`WIDE_TILES`), not yet the defaults.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -59,8 +61,14 @@ MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl, triton
     "triton_gemv_norope": (True, True, "head", False, True, True, True),
     "defaults": (True, True, "head", False, None, True, True),  # decode pdl None: the module's rule
     "defaults_notrigger": (True, True, "head", False, None, True, True),
+    "wide_tiles": (True, True, "head", False, None, True, True),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
+DEFAULT_TILES = dict(gemv.TUNED_TILES)
+WIDE_TILES = {  # gemv.TUNED_TILES keys -> tiles (block_n, block_k, warps, prefetch, row_sum)
+    (28672, 4096, "gegelu", True): (2, 4096, 4, True, True),  # call 9: 56.64 us against 59.15
+    (4096, 4096, "plain", False): (2, 2048, 4, True, False),  # call 9: 9.10 us against 9.84
+}
 
 
 def ab_models(script: str, row_major: bool) -> dict:
@@ -84,6 +92,8 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     gemv.GEMV_PDL = gemv_pdl  # read when a graph is captured
     decode_template.DEFAULT_KNOBS["merge_trigger"] = 0 if mode == "defaults_notrigger" else 1
     kernel_base.forget()  # the next lookup renders the decode kernels with this mode's knob
+    gemv.TUNED_TILES.clear()  # read when a graph is captured
+    gemv.TUNED_TILES.update({**DEFAULT_TILES, **(WIDE_TILES if mode == "wide_tiles" else {})})
     phi3small.GEMV_ROPE = mode != "triton_gemv_norope"
     model = models[in_major]
     rows = DEFAULT_DECODE_PDL_MAX_ROWS if decode_pdl is None else 32 if decode_pdl else 0

@@ -109,6 +109,30 @@ def test_gemv_with_add_norm_equals_add_norm_then_linear(n, k, dtype, with_res, g
     assert torch.isfinite(got).all() and rel(got, want) < (1e-5 if dtype == torch.float32 else 3e-3)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("row_sum", [False, True])
+@pytest.mark.parametrize(
+    "block_n,block_k", [(2, 64), (4, 16), (8, 128)]
+)  # one K tile, several, larger than K
+def test_every_kernel_variant_equals_the_plain_path(prefetch, row_sum, block_n, block_k):
+    """The W-tile prefetch and per-tile row sums (TUNED_TILES picks them per shape) on every
+    path: plain, GeGeLU, and the residual add + LayerNorm before either."""
+    from sparsegen.models.layers import gegelu
+
+    g = _gemv()
+    x, w, b = _case(38, 64, torch.float32, seed=13)
+    res, lnw, lnb = torch.randn(1, 64), 1 + 0.1 * torch.randn(64), 0.1 * torch.randn(64)
+    h = torch.nn.functional.layer_norm(x + res, (64,), lnw, lnb, 1e-5)
+    tile = dict(block_n=block_n, block_k=block_k, prefetch=prefetch, row_sum=row_sum)
+    lin = torch.nn.functional.linear
+    assert rel(g.gemv(x, w, b, **tile), lin(x, w, b)) < 1e-6
+    assert rel(g.gemv(x, w, b, gegelu_limit=5.0, **tile), gegelu(lin(x, w, b), 5.0)) < 1e-6
+    y, summed = g.gemv(x, w, b, norm=(res, lnw, lnb, 1e-5), **tile)
+    assert rel(y, lin(h, w, b)) < 1e-5 and torch.equal(summed, x + res)
+    y, _ = g.gemv(x, w, b, gegelu_limit=5.0, norm=(res, lnw, lnb, 1e-5), **tile)
+    assert rel(y, gegelu(lin(h, w, b), 5.0)) < 1e-5
+
+
 def test_strided_weight_rows():
     """A weight whose rows are a view with a longer stride (e.g. a slice of columns) is read right."""
     g = _gemv()

@@ -1,21 +1,26 @@
-"""Batch-1 linear layers as a Triton GEMV: `x @ W.T + b` for one row, optionally with GeGeLU fused.
+"""Batch-1 linear layers as a Triton GEMV: `x @ W.T + b` for one row, with what surrounds it fused.
 
 A batch-1 decode step is the weights read once (15.6 GB for 7b). cuBLAS reads the big
 matrices at ~4.0 TB/s but the two 4096-wide ones at ~3.0 TB/s, and it splits K for `dense` and
 `down_proj` with a separate reduce kernel (64 extra launches per step; H200 profile, session 2).
-This kernel reads W once in [BLOCK_N, BLOCK_K] tiles, one program per BLOCK_N outputs (the
-tile per 7b shape measured on the H200: TUNED_TILES), and adds the bias in the same pass; for `up_proj` it also applies GeGeLU to each (gate, linear) pair of outputs, so the
-[2F] intermediate never reaches memory (one launch fewer per layer). With `norm` it also does
-the residual add + LayerNorm that precedes QKV, up_proj and lm_head: each program computes the
-row's statistics itself from the 4096 inputs (16 KB, from cache) instead of waiting for a
-separate norm kernel (65 launches fewer per step). On a GPU the GEMVs launch with programmatic
-dependent launch, so each one's first weight tile is read while the kernel before it ends.
+This kernel reads W once in [BLOCK_N, BLOCK_K] tiles, one program per BLOCK_N outputs (the tile
+per 7b shape measured on the H200: TUNED_TILES), and adds the bias in the same pass. Fused in:
+- `norm`: the residual add + LayerNorm that precedes QKV, up_proj and lm_head; each program
+  computes the row's statistics itself from the 4096 inputs (16 KB with the residual, from
+  cache) instead of waiting for a separate norm kernel (65 launches fewer per step);
+- `gegelu_limit`: up_proj's GeGeLU over each (gate, linear) pair of outputs, so the [2F]
+  intermediate never reaches memory;
+- `rope` (a decode token's QKV): the rotary embedding of q and k and the K/V cache write, so
+  the paged decode kernel follows the GEMV directly.
+On a GPU the GEMVs launch with programmatic dependent launch, so each one's first weight tile
+is read while the kernel before it ends.
 
 On by default on a GPU (`ModelOptions.triton_gemv`, None = per device) since session 8: one
-layer's four linears with their norms 125.9 us on cuBLAS -> 115.2 us, a 7b batch-1 step 4.97 -> 4.39 ms on the H200
-(`benchmarks/bench_gemv.py`, `benchmarks/ab_decode_step.py`). Rounding matches the plain path: the fp32 sum plus bias is
-rounded to the output dtype, and GeGeLU reads those rounded values, as `gegelu(linear(x))` does.
-Runs in Triton's interpreter (fp16/fp32) for the CPU tests. Imported only where it is used: a
+layer's four linears with their norms 125.9 us on cuBLAS -> 115.2 us, a 7b batch-1 step 4.97 ->
+4.39 ms on the H200 (`benchmarks/bench_gemv.py`, `benchmarks/ab_decode_step.py`). Rounding
+matches the plain path: the fp32 sum plus bias is rounded to the output dtype, and GeGeLU and
+the rotary read those rounded values, as `gegelu(linear(x))` and `fused.rotary_qkv` do. Runs
+in Triton's interpreter (fp16/fp32) for the CPU tests. Imported only where it is used: a
 @triton.jit kernel is bound to the interpreter, or not, when it is defined.
 """
 
@@ -35,7 +40,8 @@ PROGRAMS_PER_SM = 8
 # The fastest tile of each 7b shape on an H200 (session 8, `benchmarks/bench_gemv.py --sweep`:
 # one row, CUDA-graph replays over weight copies far above the L2):
 # (weight rows N, K, mode, norm) -> (block_n, block_k, num_warps, prefetch, row_sum); block_n
-# counts outputs, i.e. row pairs in the "gegelu" and "rope" modes.
+# counts outputs, i.e. row pairs in the "gegelu" and "rope" modes. Call 9's wider sweep found
+# faster tiles for up_proj and dense, not yet tried in the engine (docs/performance.md).
 TUNED_TILES = {
     (4096, 4096, "plain", False): (4, 1024, 4, True, True),  # dense (O): 10.9 us, cuBLAS 12.9
     (4096, 14336, "plain", False): (4, 2048, 4, False, False),  # down_proj: 29.3 us, cuBLAS 32.7
@@ -44,7 +50,6 @@ TUNED_TILES = {
     (28672, 4096, "gegelu", True): (8, 256, 4, True, False),  # add + LN + up + GeGeLU: 60.9 us, 65.0 as 3
     (100352, 4096, "plain", True): (16, 512, 4, True, False),  # add + LN + lm_head: 188.5 us, 201.9 as 2
 }
-MODES = ("plain", "gegelu", "rope")
 GEMV_PDL = True  # launch with programmatic dependent launch where fused.pdl_capable (see the kernel)
 
 
