@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -49,19 +50,37 @@ from sparsegen.kernels import base as kernel_base
 from sparsegen.kernels import decode_template
 from sparsegen.models import gemv, phi3small, random_model
 
-MODES = {  # name: (pdl, gemv_o, kv_layout, in-major weights, decode pdl, triton_gemv, gemv pdl)
-    "base": (False, False, "token", False, False, False, False),
-    "pdl": (True, False, "token", False, False, False, False),
-    "pdl+gemv_o": (True, True, "token", False, False, False, False),
-    "head_kv": (True, True, "head", False, False, False, False),
-    "in_major_w": (True, True, "head", True, False, False, False),
-    "decode_pdl": (True, True, "head", True, True, False, False),
-    "triton_gemv": (True, True, "head", False, True, True, True),
-    "triton_gemv_nopdl": (True, True, "head", False, True, True, False),
-    "triton_gemv_norope": (True, True, "head", False, True, True, True),
-    "defaults": (True, True, "head", False, None, True, True),  # decode pdl None: the module's rule
-    "defaults_notrigger": (True, True, "head", False, None, True, True),
-    "wide_tiles": (True, True, "head", False, None, True, True),
+
+@dataclass(frozen=True)
+class Mode:
+    """One engine's switches (see the module docstring)."""
+
+    pdl: bool  # add + LayerNorm with PDL (SPARSEGEN_NO_PDL unset)
+    gemv_o: bool  # ModelOptions.gemv_o_proj
+    kv_layout: str  # EngineConfig.kv_layout
+    in_major: bool  # the model as loaded (down_proj, lm_head [in, out]); False: the [out, in] twin
+    decode_pdl: bool | None  # paged decode with PDL at both batches / at neither; None: the module's rule
+    triton_gemv: bool = False  # every batch-1 linear through the Triton GEMV
+    gemv_pdl: bool = False  # gemv.GEMV_PDL
+    rope: bool = True  # phi3small.GEMV_ROPE
+    merge_trigger: bool = True  # the decode template's merge_trigger knob
+    wide_tiles: bool = False  # WIDE_TILES over gemv.TUNED_TILES
+
+
+_GEMV = dict(pdl=True, gemv_o=True, kv_layout="head", in_major=False, triton_gemv=True, gemv_pdl=True)
+MODES = {
+    "base": Mode(False, False, "token", False, False),
+    "pdl": Mode(True, False, "token", False, False),
+    "pdl+gemv_o": Mode(True, True, "token", False, False),
+    "head_kv": Mode(True, True, "head", False, False),
+    "in_major_w": Mode(True, True, "head", True, False),
+    "decode_pdl": Mode(True, True, "head", True, True),
+    "triton_gemv": Mode(**_GEMV, decode_pdl=True),
+    "triton_gemv_nopdl": Mode(**{**_GEMV, "gemv_pdl": False}, decode_pdl=True),
+    "triton_gemv_norope": Mode(**_GEMV, decode_pdl=True, rope=False),
+    "defaults": Mode(**_GEMV, decode_pdl=None),
+    "defaults_notrigger": Mode(**_GEMV, decode_pdl=None, merge_trigger=False),
+    "wide_tiles": Mode(**_GEMV, decode_pdl=None, wide_tiles=True),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
@@ -88,23 +107,23 @@ def ab_models(script: str, row_major: bool) -> dict:
 
 
 def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
-    pdl, gemv_o, kv_layout, in_major, decode_pdl, triton_gemv, gemv_pdl = MODES[mode]
-    gemv.GEMV_PDL = gemv_pdl  # read when a graph is captured
-    decode_template.DEFAULT_KNOBS["merge_trigger"] = 0 if mode == "defaults_notrigger" else 1
+    m = MODES[mode]
+    gemv.GEMV_PDL = m.gemv_pdl  # this and the rest: read when a graph is captured
+    decode_template.DEFAULT_KNOBS["merge_trigger"] = int(m.merge_trigger)
     kernel_base.forget()  # the next lookup renders the decode kernels with this mode's knob
-    gemv.TUNED_TILES.clear()  # read when a graph is captured
-    gemv.TUNED_TILES.update({**DEFAULT_TILES, **(WIDE_TILES if mode == "wide_tiles" else {})})
-    phi3small.GEMV_ROPE = mode != "triton_gemv_norope"
-    model = models[in_major]
-    rows = DEFAULT_DECODE_PDL_MAX_ROWS if decode_pdl is None else 32 if decode_pdl else 0
-    phi3small.DECODE_PDL_MAX_ROWS = rows  # read at graph capture
-    if pdl:
+    gemv.TUNED_TILES.clear()
+    gemv.TUNED_TILES.update({**DEFAULT_TILES, **(WIDE_TILES if m.wide_tiles else {})})
+    phi3small.GEMV_ROPE = m.rope
+    model = models[m.in_major]
+    rows = DEFAULT_DECODE_PDL_MAX_ROWS if m.decode_pdl is None else 32 if m.decode_pdl else 0
+    phi3small.DECODE_PDL_MAX_ROWS = rows
+    if m.pdl:
         os.environ.pop("SPARSEGEN_NO_PDL", None)
     else:
         os.environ["SPARSEGEN_NO_PDL"] = "1"
-    model.set_triton_gemv(triton_gemv, o_proj=gemv_o)
+    model.set_triton_gemv(m.triton_gemv, o_proj=m.gemv_o)
     args = SimpleNamespace(batch=batch, context=context, steps=steps)
-    engine = engine_at(model, args, graphs=True, kv_layout=kv_layout)
+    engine = engine_at(model, args, graphs=True, kv_layout=m.kv_layout)
     seqs = sorted(engine.scheduler.running, key=lambda s: s.seq_id)
     wall = min(step_ms(engine, steps) for _ in range(3))
     replay = replay_ms(engine)
@@ -126,7 +145,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = args.modes.split(",")
-    models = ab_models("ab_decode_step", any(not MODES[m][3] for m in modes))
+    models = ab_models("ab_decode_step", any(not MODES[m].in_major for m in modes))
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
         base = None

@@ -96,6 +96,7 @@ def _gemv_kernel(
     # so that tile's latency overlaps the previous kernel's tail.
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
+    PAIRED: tl.constexpr = GEGELU or ROPE  # each output reads two weight rows (r_a, r_b)
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output index
     ks = tl.arange(0, BLOCK_K)
@@ -119,7 +120,7 @@ def _gemv_kernel(
         m0 = ok[:, None] & (ks < K)[None, :]
         w_a = tl.load(p_a, mask=m0, other=0.0)
         w_b = w_a
-        if GEGELU or ROPE:
+        if PAIRED:
             w_b = tl.load(p_b, mask=m0, other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()  # X and RES are the previous kernel's outputs
@@ -157,21 +158,21 @@ def _gemv_kernel(
             cur_b = w_b
             m_next = ok[:, None] & (kk + BLOCK_K < K)[None, :]  # all false after the last tile
             w_a = tl.load(p_a + k0 + BLOCK_K, mask=m_next, other=0.0)
-            if GEGELU or ROPE:
+            if PAIRED:
                 w_b = tl.load(p_b + k0 + BLOCK_K, mask=m_next, other=0.0)
         else:
             m = ok[:, None] & k_ok[None, :]
             cur_a = tl.load(p_a + k0, mask=m, other=0.0)
             cur_b = cur_a
-            if GEGELU or ROPE:
+            if PAIRED:
                 cur_b = tl.load(p_b + k0, mask=m, other=0.0)
         if ROW_SUM:
             acc_a += tl.sum(cur_a.to(tl.float32) * x, axis=1)
-            if GEGELU or ROPE:
+            if PAIRED:
                 acc_b += tl.sum(cur_b.to(tl.float32) * x, axis=1)
         else:
             acc_a += cur_a.to(tl.float32) * x
-            if GEGELU or ROPE:
+            if PAIRED:
                 acc_b += cur_b.to(tl.float32) * x
     if ROW_SUM:
         y_a = acc_a
@@ -182,7 +183,7 @@ def _gemv_kernel(
     if HAS_BIAS:
         y_a += tl.load(B + r_a, mask=ok, other=0.0).to(tl.float32)
     y_a = y_a.to(Y.dtype.element_ty)  # where the plain linear rounds
-    if GEGELU or ROPE:
+    if PAIRED:
         if HAS_BIAS:
             y_b += tl.load(B + r_b, mask=ok, other=0.0).to(tl.float32)
         y_b = y_b.to(Y.dtype.element_ty)
