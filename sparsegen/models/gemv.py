@@ -352,6 +352,7 @@ def gemv(
                                  f"{tuple(t.shape)} {t.dtype} on {t.device}")  # fmt: skip
         if lnw is None or lnb is None:
             raise InputError("gemv: norm needs the LayerNorm's weight and bias")
+    n_out = n if mode == "plain" else n // 2  # programs' outputs: rows, or row pairs
     dummy = x  # pointers a constexpr-disabled branch never reads
     cos = sin = kc = vc = slot = dummy
     cache_strides, head_d, group = (1, 0, 0, 0), 1, 1
@@ -362,9 +363,8 @@ def gemv(
         head_d, group = kc.shape[3], rope.group
         y = torch.empty((1, kc.shape[2] * group * head_d), dtype=x.dtype, device=x.device)  # queries
     else:
-        y = torch.empty((1, n if mode == "plain" else n // 2), dtype=x.dtype, device=x.device)
+        y = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if res is not None else x  # [K]
-    n_out = n if mode == "plain" else n // 2  # programs' outputs: rows, or row pairs
     if n_out:
         tile = tile_for(n, k, mode, norm is not None, x.device)
         if block_n is not None or block_k is not None:  # an explicit tile keeps the given warps
