@@ -28,8 +28,8 @@ weights, bf16, 8K prompts:
 - `defaults_notrigger`: `defaults` with the paged-decode template's `merge_trigger` knob off
   (the separate split merge kernel no longer lets the O GEMV after it start early); every mode
   renders the decode kernels afresh (`kernels.base.forget`) with its knob;
-- `wide_tiles`: `defaults` with the up_proj and O GEMV tiles that session 8's call 9 sweep found
-  faster in a PDL chain (`WIDE_TILES`), not yet the defaults.
+- `s8_tiles`: `defaults` with session 8's up_proj and O GEMV tiles (`S8_TILES`), which call 9's
+  sweep of GEMVs chained by PDL replaced (adopted in session 9).
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -64,7 +64,7 @@ class Mode:
     gemv_pdl: bool = False  # gemv.GEMV_PDL
     rope: bool = True  # phi3small.GEMV_ROPE
     merge_trigger: bool = True  # the decode template's merge_trigger knob
-    wide_tiles: bool = False  # WIDE_TILES over gemv.TUNED_TILES
+    s8_tiles: bool = False  # S8_TILES over gemv.TUNED_TILES
 
 
 _GEMV = dict(pdl=True, gemv_o=True, kv_layout="head", in_major=False, triton_gemv=True, gemv_pdl=True)
@@ -80,13 +80,13 @@ MODES = {
     "triton_gemv_norope": Mode(**_GEMV, decode_pdl=True, rope=False),
     "defaults": Mode(**_GEMV, decode_pdl=None),
     "defaults_notrigger": Mode(**_GEMV, decode_pdl=None, merge_trigger=False),
-    "wide_tiles": Mode(**_GEMV, decode_pdl=None, wide_tiles=True),
+    "s8_tiles": Mode(**_GEMV, decode_pdl=None, s8_tiles=True),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
-WIDE_TILES = {  # gemv.TUNED_TILES keys -> tiles (block_n, block_k, warps, prefetch, row_sum)
-    (28672, 4096, "gegelu", True): (2, 4096, 4, True, True),  # call 9: 56.64 us against 59.15
-    (4096, 4096, "plain", False): (2, 2048, 4, True, False),  # call 9: 9.10 us against 9.84
+S8_TILES = {  # gemv.TUNED_TILES keys -> tiles (block_n, block_k, warps, prefetch, row_sum)
+    (28672, 4096, "gegelu", True): (8, 256, 4, True, False),  # call 9: 59.15 us against 56.64
+    (4096, 4096, "plain", False): (4, 1024, 4, True, True),  # call 9: 9.84 us against 9.10
 }
 
 
@@ -112,7 +112,7 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     decode_template.DEFAULT_KNOBS["merge_trigger"] = int(m.merge_trigger)
     kernel_base.forget()  # the next lookup renders the decode kernels with this mode's knob
     gemv.TUNED_TILES.clear()
-    gemv.TUNED_TILES.update({**DEFAULT_TILES, **(WIDE_TILES if m.wide_tiles else {})})
+    gemv.TUNED_TILES.update({**DEFAULT_TILES, **(S8_TILES if m.s8_tiles else {})})
     phi3small.GEMV_ROPE = m.rope
     model = models[m.in_major]
     rows = DEFAULT_DECODE_PDL_MAX_ROWS if m.decode_pdl is None else 32 if m.decode_pdl else 0
