@@ -29,7 +29,9 @@ weights, bf16, 8K prompts:
   (the separate split merge kernel no longer lets the O GEMV after it start early); every mode
   renders the decode kernels afresh (`kernels.base.forget`) with its knob;
 - `s8_tiles`: `defaults` with session 8's up_proj and O GEMV tiles (`S8_TILES`), which call 9's
-  sweep of GEMVs chained by PDL replaced (adopted in session 9).
+  sweep of GEMVs chained by PDL replaced (adopted in session 9);
+- `plain_argmax`: `defaults` with the greedy token from one torch.argmax per step instead of
+  `sampling.greedy_argmax`'s two stages (`sampling.ARGMAX_CHUNK = 0`).
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -46,6 +48,7 @@ import torch
 from profile_decode_step import engine_at, replay_ms, step_ms, sync
 from torch import nn
 
+from sparsegen.engine import sampling
 from sparsegen.kernels import base as kernel_base
 from sparsegen.kernels import decode_template
 from sparsegen.models import gemv, phi3small, random_model
@@ -65,6 +68,7 @@ class Mode:
     rope: bool = True  # phi3small.GEMV_ROPE
     merge_trigger: bool = True  # the decode template's merge_trigger knob
     s8_tiles: bool = False  # S8_TILES over gemv.TUNED_TILES
+    argmax_chunk: int = sampling.ARGMAX_CHUNK  # sampling.ARGMAX_CHUNK (0: torch.argmax)
 
 
 _GEMV = dict(pdl=True, gemv_o=True, kv_layout="head", in_major=False, triton_gemv=True, gemv_pdl=True)
@@ -81,6 +85,7 @@ MODES = {
     "defaults": Mode(**_GEMV, decode_pdl=None),
     "defaults_notrigger": Mode(**_GEMV, decode_pdl=None, merge_trigger=False),
     "s8_tiles": Mode(**_GEMV, decode_pdl=None, s8_tiles=True),
+    "plain_argmax": Mode(**_GEMV, decode_pdl=None, argmax_chunk=0),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
@@ -111,6 +116,7 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     gemv.GEMV_PDL = m.gemv_pdl  # this and the rest: read when a graph is captured
     decode_template.DEFAULT_KNOBS["merge_trigger"] = int(m.merge_trigger)
     kernel_base.forget()  # the next lookup renders the decode kernels with this mode's knob
+    sampling.ARGMAX_CHUNK = m.argmax_chunk
     gemv.TUNED_TILES.clear()
     gemv.TUNED_TILES.update({**DEFAULT_TILES, **(S8_TILES if m.s8_tiles else {})})
     phi3small.GEMV_ROPE = m.rope

@@ -12,6 +12,7 @@ from sparsegen.engine.sampling import (
     apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
+    greedy_argmax,
     sample,
     seeded_exponentials,
 )
@@ -37,6 +38,41 @@ def _ref_top_k_top_p(row: list[float], k: int, p: float) -> set[int]:
         out.append(i)
         mass += math.exp(row[i]) / z
     return set(out)
+
+
+def _ref_argmax(row: list[float]) -> int:
+    """One row, by hand: the first NaN if any, else the first index of the largest value."""
+    for i, t in enumerate(row):
+        if math.isnan(t):
+            return i
+    return max(range(len(row)), key=lambda i: (row[i], -i))
+
+
+@pytest.mark.parametrize("v", [7, 1023, 1024, 1025, 3072, 5000])
+@pytest.mark.parametrize("kind", ["random", "ties", "nan", "all_-inf", "max_in_pad_chunk", "-inf_and_ties"])
+def test_greedy_argmax_matches_a_plain_reference(monkeypatch, v, kind):
+    """The two-stage argmax: first maximal index, NaN as the maximum, -inf rows, ties across
+    chunk borders, a vocabulary that pads its last chunk; and the plain torch.argmax it replaces."""
+    monkeypatch.setattr("sparsegen.engine.sampling.ARGMAX_CHUNK", 1024)
+    x = _rows(v, 4, v)
+    if kind == "ties":
+        x = x.round().clamp(max=2.0)  # many entries equal the maximum, in several chunks
+    elif kind == "nan":
+        x[1, v // 2] = x[1, v - 1] = float("nan")
+        x[2, v - 1] = float("nan")
+    elif kind == "all_-inf":
+        x[:] = -math.inf
+    elif kind == "max_in_pad_chunk":
+        x[:, v - 1] = 100.0  # the maximum is the vocabulary's last entry, next to the padding
+    elif kind == "-inf_and_ties":
+        x[:] = -math.inf
+        x[0, [3, v - 1]] = 1.0
+        x[3, v - 1] = 0.0
+    got = greedy_argmax(x)
+    assert got.dtype == torch.int64 and got.shape == (4,)
+    assert got.tolist() == [_ref_argmax(r) for r in x.tolist()] == x.argmax(dim=-1).tolist()
+    monkeypatch.setattr("sparsegen.engine.sampling.ARGMAX_CHUNK", 0)
+    assert greedy_argmax(x).tolist() == got.tolist()
 
 
 @pytest.mark.parametrize("seed", range(6))
