@@ -28,8 +28,9 @@ weights, bf16, 8K prompts:
 - `defaults_notrigger`: `defaults` with the paged-decode template's `merge_trigger` knob off
   (the separate split merge kernel no longer lets the O GEMV after it start early); every mode
   renders the decode kernels afresh (`kernels.base.forget`) with its knob;
-- `s8_tiles`: `defaults` with session 8's up_proj and O GEMV tiles (`S8_TILES`), which call 9's
-  sweep of GEMVs chained by PDL replaced (adopted in session 9);
+- `s8_tiles`: `defaults` with session 8's up_proj, O, down_proj and lm_head GEMV tiles
+  (`S8_TILES`), which the sweeps of GEMVs chained by PDL (session 8's call 9, session 9's call 6)
+  replaced in session 9;
 - `plain_argmax`: `defaults` with the greedy token from one torch.argmax per step instead of
   `sampling.greedy_argmax`'s two stages (`sampling.ARGMAX_CHUNK = 0`).
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
@@ -92,6 +93,8 @@ DEFAULT_TILES = dict(gemv.TUNED_TILES)
 S8_TILES = {  # gemv.TUNED_TILES keys -> tiles (block_n, block_k, warps, prefetch, row_sum)
     (28672, 4096, "gegelu", True): (8, 256, 4, True, False),  # call 9: 59.15 us against 56.64
     (4096, 4096, "plain", False): (4, 1024, 4, True, True),  # call 9: 9.84 us against 9.10
+    (4096, 14336, "plain", False): (4, 2048, 4, False, False),  # s9 call 6: 28.71 us against 28.41
+    (100352, 4096, "plain", True): (16, 512, 4, True, False),  # s9 call 6: 188.04 us against 182.41
 }
 
 

@@ -38,17 +38,18 @@ from .fused import pdl_capable
 TILE_ELEMS = 4096  # elements of W per program and iteration (8 KB of bf16), untuned shapes
 PROGRAMS_PER_SM = 8
 # The fastest tile of each 7b shape on an H200 (session 8, `benchmarks/bench_gemv.py --sweep`:
-# one row, CUDA-graph replays over weight copies far above the L2; dense and up_proj from call 9's
-# wider sweep of GEMVs chained by PDL, adopted in session 9 after an engine A/B, -0.07 ms a step):
+# one row, CUDA-graph replays over weight copies far above the L2; dense, up_proj, down_proj and
+# lm_head from the wider sweeps of GEMVs chained by PDL of session 8's call 9 and session 9's
+# call 6, adopted in session 9 after engine A/Bs):
 # (weight rows N, K, mode, norm) -> (block_n, block_k, num_warps, prefetch, row_sum); block_n
 # counts outputs, i.e. row pairs in the "gegelu" and "rope" modes.
 TUNED_TILES = {
     (4096, 4096, "plain", False): (2, 2048, 4, True, False),  # dense (O): 9.10 us, cuBLAS 12.9
-    (4096, 14336, "plain", False): (4, 2048, 4, False, False),  # down_proj: 29.3 us, cuBLAS 32.7
+    (4096, 14336, "plain", False): (16, 1024, 8, True, False),  # down_proj: 28.41 us, cuBLAS 31.7
     (6144, 4096, "plain", True): (8, 1024, 4, False, True),  # add + LN + QKV: 16.1 us, 19.2 as 2 kernels
     (6144, 4096, "rope", True): (8, 512, 4, True, False),  # + rotary and K/V write: 16.4 us, 21.1 as 3
     (28672, 4096, "gegelu", True): (2, 4096, 4, True, True),  # add + LN + up + GeGeLU: 56.6 us, 65.0 as 3
-    (100352, 4096, "plain", True): (16, 512, 4, True, False),  # add + LN + lm_head: 188.5 us, 201.9 as 2
+    (100352, 4096, "plain", True): (4, 4096, 4, True, True),  # add + LN + lm_head: 182.4 us, 201.5 as 2
 }
 GEMV_PDL = True  # launch with programmatic dependent launch where fused.pdl_capable (see the kernel)
 
