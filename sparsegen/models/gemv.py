@@ -17,7 +17,8 @@ is read while the kernel before it ends.
 
 On by default on a GPU (`ModelOptions.triton_gemv`, None = per device) since session 8: one
 layer's four linears with their norms 125.9 us on cuBLAS -> 115.2 us, a 7b batch-1 step 4.97 ->
-4.39 ms on the H200 (`benchmarks/bench_gemv.py`, `benchmarks/ab_decode_step.py`). Rounding
+4.39 ms on the H200 (`benchmarks/bench_gemv.py`, `benchmarks/ab_decode_step.py`); session 9's
+wider tiles took the step to 4.24 ms. Rounding
 matches the plain path: the fp32 sum plus bias is rounded to the output dtype, and GeGeLU and
 the rotary read those rounded values, as `gegelu(linear(x))` and `fused.rotary_qkv` do. Runs
 in Triton's interpreter (fp16/fp32) for the CPU tests. Imported only where it is used: a
