@@ -32,7 +32,9 @@ weights, bf16, 8K prompts:
   (`S8_TILES`), which the sweeps of GEMVs chained by PDL (session 8's call 9, session 9's call 6)
   replaced in session 9;
 - `plain_argmax`: `defaults` with the greedy token from one torch.argmax per step instead of
-  `sampling.greedy_argmax`'s two stages (`sampling.ARGMAX_CHUNK = 0`).
+  `sampling.greedy_argmax`'s two stages (`sampling.ARGMAX_CHUNK = 0`);
+- `qk1`: `defaults` with the paged-decode template's QK k-steps in one chain of mma
+  (`qk_accs=1`, the default before session 9) instead of two.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -70,6 +72,7 @@ class Mode:
     merge_trigger: bool = True  # the decode template's merge_trigger knob
     s8_tiles: bool = False  # S8_TILES over gemv.TUNED_TILES
     argmax_chunk: int = sampling.ARGMAX_CHUNK  # sampling.ARGMAX_CHUNK (0: torch.argmax)
+    qk_accs: int = decode_template.DEFAULT_KNOBS["qk_accs"]  # the decode template's qk_accs knob
 
 
 _GEMV = dict(pdl=True, gemv_o=True, kv_layout="head", in_major=False, triton_gemv=True, gemv_pdl=True)
@@ -87,6 +90,7 @@ MODES = {
     "defaults_notrigger": Mode(**_GEMV, decode_pdl=None, merge_trigger=False),
     "s8_tiles": Mode(**_GEMV, decode_pdl=None, s8_tiles=True),
     "plain_argmax": Mode(**_GEMV, decode_pdl=None, argmax_chunk=0),
+    "qk1": Mode(**_GEMV, decode_pdl=None, qk_accs=1),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
@@ -118,6 +122,7 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     m = MODES[mode]
     gemv.GEMV_PDL = m.gemv_pdl  # this and the rest: read when a graph is captured
     decode_template.DEFAULT_KNOBS["merge_trigger"] = int(m.merge_trigger)
+    decode_template.DEFAULT_KNOBS["qk_accs"] = m.qk_accs
     kernel_base.forget()  # the next lookup renders the decode kernels with this mode's knob
     sampling.ARGMAX_CHUNK = m.argmax_chunk
     gemv.TUNED_TILES.clear()

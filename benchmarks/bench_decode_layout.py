@@ -37,6 +37,8 @@ CASES = ((32, 8192), (64, 8192), (1, 8192), (1, 131072))
 VARIANTS = {  # name: decode template knobs; "default" is what get_kernel builds
     "default": {},
     "pipe1": {"pipeline": 1, "min_blocks": 3},  # the next tile's loads before this tile's math
+    "qk1": {"qk_accs": 1},  # the QK k-steps in one chain of mma (the default before session 9)
+    "qk4": {"qk_accs": 4},  # in four (the default: two)
 }
 LAYOUTS = ("token", "head")
 PAGES = (16, 32)

@@ -71,14 +71,18 @@ def test_template_knobs():
     base = dt.render_source(PHI3, "bf16", 16)
     for name, value in dt.DEFAULT_KNOBS.items():
         assert (
-            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE', merge_trigger='MERGE_TRIGGER')[name]} {value}"
+            f"#define {dict(pipeline='PIPE', min_blocks='MIN_BLOCKS', q_smem='Q_SMEM', fused_merge='FUSED_MERGE', merge_trigger='MERGE_TRIGGER', qk_accs='QK_ACCS')[name]} {value}"
             in base
         )
     other = dt.render_source(PHI3, "bf16", 16, pipeline=1, min_blocks=3, q_smem=1, merge_trigger=0)
     assert "#define PIPE 1" in other and "#define Q_SMEM 1" in other and "#define MIN_BLOCKS 3" in other
     assert "#define MERGE_TRIGGER 0" in other
+    assert "#define QK_ACCS 1" in dt.render_source(PHI3, "bf16", 16, qk_accs=1)
     with pytest.raises(InputError, match="knobs"):
         dt.render_source(PHI3, "bf16", 16, unroll=2)
+    for bad in (0, 3, 8, "2"):
+        with pytest.raises(InputError, match="qk_accs"):
+            dt.render_source(PHI3, "bf16", 16, qk_accs=bad)
 
 
 def _ptxas_report(source: str, arch: str) -> str:

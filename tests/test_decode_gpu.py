@@ -175,6 +175,8 @@ VARIANT_KNOBS = [
     {"pipeline": 0, "min_blocks": 5, "q_smem": 1},
     {"pipeline": 1, "min_blocks": 3, "q_smem": 0},
     {"fused_merge": 0},  # no in-kernel merge: every split count goes through the reduce kernel
+    {"qk_accs": 1},  # the QK k-steps in one chain (the default before session 9)
+    {"qk_accs": 4},
 ]
 
 

@@ -33,7 +33,18 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # merge existed, so a benchmark can check that the merge's code costs the other paths nothing.
 # merge_trigger: the separate merge kernel lets a PDL-launched kernel after it (the batch-1 O
 # GEMV, models.gemv) start at once, so its first weight tile loads during the merge.
-DEFAULT_KNOBS = {"pipeline": 0, "min_blocks": 4, "q_smem": 0, "fused_merge": 1, "merge_trigger": 1}
+# qk_accs: the QK product's k-steps go into this many independent accumulators (1, 2 or 4), so
+# each tile's serial chain of QK mma is KSTEPS / qk_accs long; 2 (the default since session 9)
+# measured 3.7 % faster on the dense layer at 32-64 x 8K and up to 1.6 % on the sparse one,
+# 4 spilled and lost (benchmarks/decode_notes.md).
+DEFAULT_KNOBS = {
+    "pipeline": 0,
+    "min_blocks": 4,
+    "q_smem": 0,
+    "fused_merge": 1,
+    "merge_trigger": 1,
+    "qk_accs": 2,
+}
 
 
 def heads_per_block(layer: LayerSpec) -> int:
@@ -85,6 +96,12 @@ def split_weights(heads: tuple[HeadSpec, ...]) -> tuple[int, int]:
     return -(-near // TILE) + 1, far
 
 
+def _qk_accs(value: int) -> int:
+    if isinstance(value, bool) or value not in (1, 2, 4):
+        raise InputError(f"decode template knob qk_accs must be 1, 2 or 4, got {value!r}")
+    return int(value)
+
+
 def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> dict:
     """Everything the template receives: ints, bools and allowed words only."""
     unknown = set(knobs) - set(DEFAULT_KNOBS)
@@ -114,6 +131,7 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "q_smem": int(knobs["q_smem"]),
         "fused_merge": int(bool(knobs["fused_merge"])),
         "merge_trigger": int(bool(knobs["merge_trigger"])),
+        "qk_accs": _qk_accs(knobs["qk_accs"]),
         "classes": [[_head_constants(h) for h in cls] for cls in classes],
         "class_splits": [list(split_weights(cls)) for cls in classes],
         "far_scale": FAR_SCALE,
