@@ -34,9 +34,7 @@ weights, bf16, 8K prompts:
 - `plain_argmax`: `defaults` with the greedy token from one torch.argmax per step instead of
   `sampling.greedy_argmax`'s two stages (`sampling.ARGMAX_CHUNK = 0`);
 - `qk1`: `defaults` with the paged-decode template's QK k-steps in one chain of mma
-  (`qk_accs=1`, the default before session 9) instead of two;
-- `dense_b4`: `defaults` with the all-dense layers' decode kernel built like the others (4
-  blocks per SM, q in registers) instead of `decode_template.DENSE_LAYER_KNOBS`.
+  (`qk_accs=1`, the default before session 9) instead of two.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
 """
@@ -75,7 +73,6 @@ class Mode:
     s8_tiles: bool = False  # S8_TILES over gemv.TUNED_TILES
     argmax_chunk: int = sampling.ARGMAX_CHUNK  # sampling.ARGMAX_CHUNK (0: torch.argmax)
     qk_accs: int = decode_template.DEFAULT_KNOBS["qk_accs"]  # the decode template's qk_accs knob
-    dense_knobs: bool = True  # decode_template.DENSE_LAYER_KNOBS for all-dense layers (else none)
 
 
 _GEMV = dict(pdl=True, gemv_o=True, kv_layout="head", in_major=False, triton_gemv=True, gemv_pdl=True)
@@ -94,11 +91,9 @@ MODES = {
     "s8_tiles": Mode(**_GEMV, decode_pdl=None, s8_tiles=True),
     "plain_argmax": Mode(**_GEMV, decode_pdl=None, argmax_chunk=0),
     "qk1": Mode(**_GEMV, decode_pdl=None, qk_accs=1),
-    "dense_b4": Mode(**_GEMV, decode_pdl=None, dense_knobs=False),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
-DEFAULT_DENSE_KNOBS = dict(decode_template.DENSE_LAYER_KNOBS)
 S8_TILES = {  # gemv.TUNED_TILES keys -> tiles (block_n, block_k, warps, prefetch, row_sum)
     (28672, 4096, "gegelu", True): (8, 256, 4, True, False),  # call 9: 59.15 us against 56.64
     (4096, 4096, "plain", False): (4, 1024, 4, True, True),  # call 9: 9.84 us against 9.10
@@ -128,8 +123,6 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     gemv.GEMV_PDL = m.gemv_pdl  # this and the rest: read when a graph is captured
     decode_template.DEFAULT_KNOBS["merge_trigger"] = int(m.merge_trigger)
     decode_template.DEFAULT_KNOBS["qk_accs"] = m.qk_accs
-    decode_template.DENSE_LAYER_KNOBS.clear()
-    decode_template.DENSE_LAYER_KNOBS.update(DEFAULT_DENSE_KNOBS if m.dense_knobs else {})
     kernel_base.forget()  # the next lookup renders the decode kernels with this mode's knob
     sampling.ARGMAX_CHUNK = m.argmax_chunk
     gemv.TUNED_TILES.clear()

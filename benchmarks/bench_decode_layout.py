@@ -39,9 +39,6 @@ VARIANTS = {  # name: decode template knobs; "default" is what get_kernel builds
     "pipe1": {"pipeline": 1, "min_blocks": 3},  # the next tile's loads before this tile's math
     "qk1": {"qk_accs": 1},  # the QK k-steps in one chain of mma (the default before session 9)
     "qk4": {"qk_accs": 4},  # in four (the default: two)
-    "b4": {"min_blocks": 4, "q_smem": 0},  # every layer's build before DENSE_LAYER_KNOBS
-    "b5q": {"min_blocks": 5, "q_smem": 1},  # 96 registers, q in shared memory (DENSE_LAYER_KNOBS)
-    "b6q": {"min_blocks": 6, "q_smem": 1},  # 80 registers
 }
 LAYOUTS = ("token", "head")
 PAGES = (16, 32)

@@ -85,18 +85,6 @@ def test_template_knobs():
             dt.render_source(PHI3, "bf16", 16, qk_accs=bad)
 
 
-def test_all_dense_layers_take_the_dense_knobs():
-    """DENSE_LAYER_KNOBS apply to a layer whose heads are all dense, and only there; a knob the
-    caller names wins."""
-    dense = sparsegen.get_pattern("phi3small").layers[1]
-    assert all(h.dense for h in dense.heads) and not all(h.dense for h in PHI3.heads)
-    src = dt.render_source(dense, "bf16", 16)
-    for name, macro in (("min_blocks", "MIN_BLOCKS"), ("q_smem", "Q_SMEM")):
-        assert f"#define {macro} {dt.DENSE_LAYER_KNOBS[name]}" in src
-        assert f"#define {macro} {dt.DEFAULT_KNOBS[name]}" in dt.render_source(PHI3, "bf16", 16)
-    assert "#define MIN_BLOCKS 4" in dt.render_source(dense, "bf16", 16, min_blocks=4)
-
-
 def _ptxas_report(source: str, arch: str) -> str:
     import cuda.core as core
 

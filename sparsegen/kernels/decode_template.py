@@ -45,10 +45,6 @@ DEFAULT_KNOBS = {
     "merge_trigger": 1,
     "qk_accs": 2,
 }
-# Over DEFAULT_KNOBS for a layer whose heads are all dense (no pattern logic: q's fragments in
-# shared memory leave 96 registers without spills, so 5 blocks = 20 warps fit on an SM), unless
-# the caller names the knob.
-DENSE_LAYER_KNOBS = {"min_blocks": 5, "q_smem": 1}
 
 
 def heads_per_block(layer: LayerSpec) -> int:
@@ -111,8 +107,7 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
     unknown = set(knobs) - set(DEFAULT_KNOBS)
     if unknown:
         raise InputError(f"unknown decode template knobs {sorted(unknown)}")
-    dense = DENSE_LAYER_KNOBS if all(h.dense for h in layer.heads) else {}
-    knobs = {**DEFAULT_KNOBS, **dense, **knobs}
+    knobs = {**DEFAULT_KNOBS, **knobs}
     ctype = dtypes.resolve(dtype_name, kernel=True).ctype
     hpb = heads_per_block(layer)
     classes: list[tuple[HeadSpec, ...]] = []
