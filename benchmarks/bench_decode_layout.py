@@ -39,6 +39,10 @@ VARIANTS = {  # name: decode template knobs; "default" is what get_kernel builds
     "pipe1": {"pipeline": 1, "min_blocks": 3},  # the next tile's loads before this tile's math
     "qk1": {"qk_accs": 1},  # the QK k-steps in one chain of mma (the default before session 9)
     "qk4": {"qk_accs": 4},  # in four (the default: two)
+    # not yet timed: 5 / 6 blocks per SM with q in shared memory (dense layer: 96 registers and
+    # no spills / 80 registers and 96 B of spills; the sparse layer spills 88 / 600 B)
+    "b5q": {"min_blocks": 5, "q_smem": 1},
+    "b6q": {"min_blocks": 6, "q_smem": 1},
 }
 LAYOUTS = ("token", "head")
 PAGES = (16, 32)
