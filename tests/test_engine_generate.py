@@ -53,6 +53,18 @@ def test_engine_greedy_equals_full_recompute(model, prompts, oracle):
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity  # every page came back
 
 
+@pytest.mark.parametrize("chunk", [16, 100])  # 17 / 3 chunks of the tiny model's 272 logits
+def test_two_stage_greedy_argmax_in_the_engine_equals_full_recompute(
+    monkeypatch, model, prompts, oracle, chunk
+):
+    """The tiny vocabulary is below the default ARGMAX_CHUNK, so the other engine tests take
+    torch.argmax; here the sampler's two-stage argmax picks every greedy token."""
+    monkeypatch.setattr("sparsegen.engine.sampling.ARGMAX_CHUNK", chunk)
+    engine = LLMEngine(model, max_num_batched_tokens=64, max_num_seqs=3, page_size=16)
+    results = engine.generate(prompts, GREEDY)
+    assert [r.output_ids for r in results] == oracle
+
+
 def test_prompts_are_long_enough_for_sparsity_to_matter(prompts, oracle):
     sparse = random_model("tiny", seed=0)
     dense = random_model("tiny", seed=0, force_dense=True)
