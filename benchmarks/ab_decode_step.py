@@ -36,7 +36,8 @@ weights, bf16, 8K prompts:
 - `qk1`: `defaults` with the paged-decode template's QK k-steps in one chain of mma
   (`qk_accs=1`, the default before session 9) instead of two.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
-the greedy tokens equal base's (the switches change no arithmetic but the GEMV's summation order).
+the greedy tokens equal the first mode's (the switches change no arithmetic but the summation
+order of the GEMV, and of the decode's scores under `qk1`).
 """
 
 from __future__ import annotations
