@@ -143,8 +143,38 @@ class CubinModule:
             self._streams[handle] = s
         return s
 
-    def launch(self, name: str, stream_handle: int, grid, block, *args, pdl: bool = False) -> None:
+    def allow_shared_memory(self, name: str, nbytes: int) -> None:
+        """Let kernel `name` take `nbytes` of dynamic shared memory (above 48 KB a launch needs
+        this attribute set first); CompileError if the driver refuses."""
+        from cuda.bindings import driver
+
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        handle = self.kernels[name].handle
+        if isinstance(handle, driver.CUkernel):  # a library kernel: the attribute is per device
+            import torch
+
+            (err,) = driver.cuKernelSetAttribute(attr, int(nbytes), handle, torch.cuda.current_device())
+        else:
+            (err,) = driver.cuFuncSetAttribute(handle, attr, int(nbytes))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise CompileError(f"the driver refused {nbytes} B of dynamic shared memory for {name}: {err}")
+
+    def launch(
+        self,
+        name: str,
+        stream_handle: int,
+        grid,
+        block,
+        *args,
+        pdl: bool = False,
+        cluster=None,
+        shmem: int = 0,
+    ) -> None:
         """`pdl`: launch with programmatic stream serialization (sm_90+): the kernel may start
-        before the one before it on the stream has finished, and must wait for it itself."""
-        config = self._core.LaunchConfig(grid=grid, block=block, programmatic_stream_serialization=pdl)
+        before the one before it on the stream has finished, and must wait for it itself.
+        `cluster`: blocks per thread-block cluster (sm_90+); `grid` then counts clusters.
+        `shmem`: bytes of dynamic shared memory per block."""
+        config = self._core.LaunchConfig(
+            grid=grid, cluster=cluster, block=block, shmem_size=shmem, programmatic_stream_serialization=pdl
+        )
         self._core.launch(self.stream(stream_handle), config, self.kernels[name], *args)

@@ -1,0 +1,98 @@
+"""Few-row linear layers of Phi-3-Small 7b: cuBLAS (`F.linear`) against `models.gemm_rows` (GPU).
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_gemm_rows.py [--rows 32] [--sweep] [--out f.json]
+
+For each 7b decode linear (qkv, dense, up_proj, down_proj), bf16, `--rows` rows of x: the time
+of one call inside a CUDA graph of 24 calls, each call on another copy of the weight (copies
+>= 4x the L2, as in a decode step where 32 layers' weights stream through), for cuBLAS and for
+gemm_rows with and without programmatic dependent launch (PDL: each call's first W tiles load
+while the call before it ends, as in the model's chain of kernels). Every build's output is
+checked against the float64 product first (rel err, into a NaN-filled output). `--sweep` also
+times the tiles of SWEEP. Floor = the weight's bytes at this process's copy rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+from sparsegen.bench.common import graph_us, measure_ceilings
+from sparsegen.models import gemm_rows as gr
+from sparsegen.models.gemm_rows import Tile
+
+CALLS = 24
+L2_BYTES = 60 << 20
+SHAPES = (("qkv", 6144, 4096), ("dense", 4096, 4096), ("up_proj", 28672, 4096), ("down_proj", 4096, 14336))
+SWEEP = {  # more tiles per shape: (block_n, block_k, split, stages); all fill 128 of 132 SMs
+    "qkv": (Tile(192, 64, 4, 6), Tile(96, 64, 2, 4), Tile(192, 128, 4, 3), Tile(384, 64, 8, 3)),
+    "dense": (Tile(128, 64, 4, 6), Tile(256, 64, 8, 4), Tile(64, 64, 2, 4), Tile(128, 128, 4, 3)),
+    "up_proj": (Tile(224, 64, 1, 6), Tile(224, 128, 1, 3), Tile(448, 64, 2, 3), Tile(224, 64, 1, 5)),
+    "down_proj": (Tile(128, 64, 4, 6), Tile(256, 64, 8, 4), Tile(64, 64, 2, 4), Tile(128, 128, 4, 3)),
+}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).norm() / b.norm())
+
+
+def run_shape(name, n, k, rows, tiles, copy_tb_s) -> dict:
+    wbytes = n * k * 2
+    ring = max(2, -(-4 * L2_BYTES // wbytes))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(ring)]
+    bs = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    ref = x.double() @ ws[0].double().T + bs[0].double()
+    out = {"shape": name, "n": n, "k": k, "rows": rows, "floor_us": wbytes / (copy_tb_s * 1e12) * 1e6}
+    out["cublas_us"] = graph_us(lambda i: F.linear(x, ws[i % ring], bs[i % ring]), calls=CALLS)
+    out["cublas_err"] = rel_err(F.linear(x, ws[0], bs[0]), ref)
+    out["tiles"] = []
+    for tile in tiles:
+        y = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gr.gemm_rows(x, ws[0], bs[0], tile=tile, out=y)
+        x7 = x[:7]  # fewer rows than the tile: the zero-filled rows must not reach the output
+        y7 = gr.gemm_rows(x7, ws[0], bs[0], tile=tile)
+        row = {"tile": list(tile.__dict__.values()), "err": rel_err(y, ref), "err7": rel_err(y7, ref[:7])}
+        for pdl in (True, False):
+            row["pdl_us" if pdl else "us"] = graph_us(
+                lambda i, pdl=pdl, tile=tile: gr.gemm_rows(x, ws[i % ring], bs[i % ring], tile=tile, pdl=pdl),
+                calls=CALLS,
+            )
+        out["tiles"].append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="32", help="comma-separated row counts")
+    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    ceil = measure_ceilings()
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceil.to_dict()}
+    results["runs"] = []
+    wanted = args.shapes.split(",")
+    for rows in (int(r) for r in args.rows.split(",")):
+        for name, n, k in SHAPES:
+            if name not in wanted:
+                continue
+            tiles = (gr.tile_for(n, k), *(SWEEP[name] if args.sweep else ()))
+            r = run_shape(name, n, k, rows, tiles, ceil.copy_tb_s)
+            results["runs"].append(r)
+            for t in r["tiles"]:
+                print(
+                    f"{rows:3d} rows {name:10s} floor {r['floor_us']:7.2f} us | cuBLAS {r['cublas_us']:7.2f} "
+                    f"(err {r['cublas_err']:.1e}) | tile {t['tile']} PDL {t['pdl_us']:7.2f} plain {t['us']:7.2f} "
+                    f"err {t['err']:.1e} / {t['err7']:.1e}",
+                    flush=True,
+                )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Decode-step linear layers at batch 2..32 as a CUDA kernel: `x @ W.T + b` for up to 32 rows.
+
+At 32 rows a 7b decode step's linear layers still only read their weights once (15.6 GB), but
+cuBLAS's kernels for these shapes lose 3-5 us each to their start and end (H200, session 9:
+qkv 16.6 us against an 11.3 us copy-rate floor, O 12.1 against 7.9). This kernel
+(templates/gemm_rows.cu.jinja) splits K over the blocks of a thread-block cluster so that about
+one block per SM streams its slab of W through a deep cp.async ring, sums the cluster's float32
+partials through distributed shared memory in a fixed order, and requests its first W tiles
+before it waits for the kernel before it (programmatic dependent launch).
+
+    y = gemm_rows(x, weight, bias)   # x: [M <= 32, K], weight: [N, K] -> y: [M, N]
+
+One build per (N, K, dtype, tile, arch), rendered and compiled with NVRTC on first use and kept
+for the process (a few seconds for the four 7b shapes). sm_90 only: clusters and the PDL
+instructions need Hopper.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import codegen, dtypes, env
+from ..errors import InputError
+from ..jit import nvrtc_build as nb
+
+TEMPLATE = "gemm_rows.cu.jinja"
+KERNEL = "sparsegen_gemm_rows"
+MAX_ROWS = 32  # rows of x one launch takes (the tile's MMA N side)
+ARCH = "sm_90"
+
+
+@dataclass(frozen=True)
+class Tile:
+    """block_n: W rows per cluster (32 per warp); block_k: K per ring stage; split: blocks per
+    cluster, each taking K / split; stages: ring depth."""
+
+    block_n: int
+    block_k: int
+    split: int
+    stages: int
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        return self.stages * (self.block_n + MAX_ROWS) * self.block_k * elem_bytes
+
+    def threads(self) -> int:
+        return self.block_n  # one warp per 32 W rows
+
+    def check(self, n: int, k: int) -> None:
+        """InputError unless this tile divides an [n, k] weight and fits one SM."""
+        b, bk, s, st = self.block_n, self.block_k, self.split, self.stages
+        for name, value in (("block_n", b), ("block_k", bk), ("split", s), ("stages", st)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"tile {name} must be a positive int, got {value!r}")
+        if b % 32 or b > 1024 or bk % 64 or s not in (1, 2, 4, 8) or st < 2:
+            raise InputError(f"tile {self} needs block_n % 32 == 0 (<= 1024), block_k % 64 == 0, "
+                             "split in (1, 2, 4, 8), stages >= 2")  # fmt: skip
+        if n % b or k % (s * bk) or b % s:
+            raise InputError(f"tile {self} does not divide a [{n}, {k}] weight")
+        if self.smem_bytes() > SMEM_LIMIT:
+            raise InputError(f"tile {self} needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
+
+
+SMEM_LIMIT = 227 * 1024  # an sm_90 block's dynamic shared memory at most
+# (N, K) of the 7b decode step's linears -> tile. About one block per SM (128 of 132):
+TUNED_TILES = {
+    (6144, 4096): Tile(192, 64, 4, 4),  # qkv: 32 clusters of 4
+    (4096, 4096): Tile(128, 64, 4, 4),  # dense (O)
+    (28672, 4096): Tile(224, 64, 1, 4),  # up_proj: 128 single blocks
+    (4096, 14336): Tile(128, 64, 4, 4),  # down_proj
+}
+
+
+def tile_for(n: int, k: int, sm_count: int = 132) -> Tile:
+    """TUNED_TILES's tile, else the one that fills the SMs' waves best (fewest splits, then the
+    widest block_n): untimed."""
+    tuned = TUNED_TILES.get((n, k))
+    if tuned is not None:
+        return tuned
+    best, best_score = None, None
+    for split in (1, 2, 4, 8):
+        for block_n in range(32, 257, 32):
+            tile = Tile(block_n, 64, split, 4)
+            try:
+                tile.check(n, k)
+            except InputError:
+                continue
+            blocks = n // block_n * split
+            waves = -(-blocks // sm_count)
+            score = (blocks / (waves * sm_count), -split, block_n)
+            if best_score is None or score > best_score:
+                best, best_score = tile, score
+    if best is None:
+        raise InputError(f"no gemm_rows tile divides a [{n}, {k}] weight (N % 32 and K % 64 must be 0)")
+    return best
+
+
+def render_source(n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool) -> str:
+    tile.check(n, k)
+    row = dtypes.resolve(dtype_name, kernel=True)
+    return codegen.render(
+        TEMPLATE, n=n, k=k, dtype=row.name, ctype=row.ctype, block_n=tile.block_n,
+        block_k=tile.block_k, split=tile.split, stages=tile.stages, has_bias=int(has_bias),
+    )  # fmt: skip
+
+
+def compile_cubin(n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, arch: str = ARCH) -> bytes:
+    """The cubin of one build (no GPU needed: NVRTC compiles for `arch`)."""
+    source = render_source(n, k, dtype_name, tile, has_bias)
+    cubin, _log = nb.compile_cubin(source, arch, name=f"gemm_rows_{dtype_name}_n{n}_k{k}.cu")
+    return cubin
+
+
+_MODULES: dict[tuple, nb.CubinModule] = {}  # (n, k, dtype, tile, bias, device index) -> module
+_LOCK = threading.Lock()
+
+
+def _module(
+    n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, device: torch.device
+) -> nb.CubinModule:
+    key = (n, k, dtype_name, tile, has_bias, device.index)
+    mod = _MODULES.get(key)
+    if mod is None:
+        with _LOCK:
+            mod = _MODULES.get(key)
+            if mod is None:
+                with torch.cuda.device(device):
+                    mod = nb.CubinModule(compile_cubin(n, k, dtype_name, tile, has_bias), (KERNEL,))
+                    mod.allow_shared_memory(KERNEL, tile.smem_bytes())
+                _MODULES[key] = mod
+    return mod
+
+
+def supported(device: torch.device) -> bool:
+    """Whether this kernel runs on `device`: a CUDA device of compute capability 9.x."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _check_operand(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 2 or t.stride(1) != 1 or t.stride(0) % 8 or t.data_ptr() % 16:
+        raise InputError(
+            f"gemm_rows: {name} must be 2-D with unit column stride, a row stride that is a multiple "
+            f"of 8 and a 16-byte aligned start; got shape {tuple(t.shape)}, strides {t.stride()}"
+        )
+
+
+def gemm_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    tile: Tile | None = None,
+    pdl: bool | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x @ weight.T (+ bias) for x: [M, K] with 1 <= M <= 32, weight: [N, K] (rows contiguous),
+    bias: [N]; returns [M, N] in x's dtype (into `out`, a contiguous [M, N] tensor, if given).
+    float32 sums, the bias added before the one rounding. `tile` overrides tile_for; `pdl`
+    (default: where `env.supports_pdl`) launches with programmatic dependent launch."""
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise InputError("gemm_rows: x and weight must be tensors")
+    if not x.is_cuda or not supported(x.device):
+        raise InputError(f"gemm_rows runs on sm_90 GPUs only, got a tensor on {x.device}")
+    if weight.device != x.device or weight.dtype != x.dtype:
+        raise InputError(
+            f"gemm_rows: weight ({weight.dtype}, {weight.device}) must match x ({x.dtype}, {x.device})"
+        )
+    row = dtypes.resolve(x.dtype, kernel=True, what="gemm_rows dtype")
+    _check_operand(x, "x")
+    _check_operand(weight, "weight")
+    m, k = x.shape  # x: [M, K]
+    n = weight.shape[0]  # weight: [N, K]
+    if weight.shape[1] != k:
+        raise InputError(f"gemm_rows: weight is {tuple(weight.shape)} but x has {k} columns")
+    if not 1 <= m <= MAX_ROWS:
+        raise InputError(f"gemm_rows takes 1..{MAX_ROWS} rows, got {m}")
+    if bias is not None:
+        if bias.shape != (n,) or bias.dtype != x.dtype or bias.device != x.device or bias.stride(0) != 1:
+            raise InputError(f"gemm_rows: bias must be a contiguous [{n}] {x.dtype} tensor on {x.device}")
+    tile = tile_for(n, k) if tile is None else tile
+    tile.check(n, k)
+    mod = _module(n, k, row.name, tile, bias is not None, x.device)
+    if out is None:
+        y = torch.empty((m, n), dtype=x.dtype, device=x.device)  # y: [M, N]
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
+        raise InputError(f"gemm_rows: out must be a contiguous [{m}, {n}] {x.dtype} tensor on {x.device}")
+    else:
+        y = out
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    pdl = env.supports_pdl(x.device) if pdl is None else bool(pdl)
+    i64 = np.int64
+    args = (
+        np.uint64(x.data_ptr()), i64(x.stride(0)), np.uint64(weight.data_ptr()), i64(weight.stride(0)),
+        np.uint64(0 if bias is None else bias.data_ptr()), np.uint64(y.data_ptr()), i64(y.stride(0)), np.int32(m),
+    )  # fmt: skip
+    mod.launch(KERNEL, stream, (n // tile.block_n,), tile.threads(), *args, pdl=pdl,
+               cluster=(tile.split,) if tile.split > 1 else None, shmem=tile.smem_bytes())  # fmt: skip
+    return y

@@ -1,0 +1,101 @@
+"""GPU tier for `models.gemm_rows` (`pytest -m gpu`, sm_90): the few-row CUDA linear layer
+against the float64 product, on seeded random shapes, rows and tiles, into NaN-filled outputs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sparsegen.errors import InputError
+from sparsegen.models import gemm_rows as gr
+from sparsegen.models.gemm_rows import Tile
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-2  # one bf16 / fp16 rounding of each output (~4e-3), float32 sums
+
+
+def _hopper() -> None:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("gemm_rows needs an sm_90 GPU")
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).norm() / b.norm())
+
+
+def _cases():
+    rng = random.Random(7)
+    out = []
+    for (n, k), tile in gr.TUNED_TILES.items():  # the 7b shapes with their tiles
+        out.append((n, k, tile, rng.choice((2, 17, 32)), torch.bfloat16, True))
+    for _ in range(10):  # small shapes, random tiles that divide them
+        split = rng.choice((1, 2, 4, 8))
+        tile = Tile(32 * rng.randint(1, 4), 64 * rng.randint(1, 2), split, rng.randint(2, 5))
+        n = tile.block_n * rng.randint(1, 6)
+        k = tile.block_k * split * rng.randint(1, 5)
+        out.append(
+            (n, k, tile, rng.randint(1, 32), rng.choice((torch.bfloat16, torch.float16)), rng.random() < 0.7)
+        )
+    return out
+
+
+@pytest.mark.parametrize("n,k,tile,rows,dtype,has_bias", _cases())
+def test_matches_float64(n, k, tile, rows, dtype, has_bias):
+    _hopper()
+    g = torch.Generator(device="cuda").manual_seed(n * 31 + k)
+    w = torch.randn(n, k, device="cuda", dtype=dtype, generator=g) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=dtype, generator=g) if has_bias else None
+    wide = torch.randn(rows, k + 64, device="cuda", dtype=dtype, generator=g)
+    x = wide[:, 32 : 32 + k]  # a row stride above K, 64-byte offset start
+    ref = x.double() @ w.double().T + (b.double() if has_bias else 0)
+    y = torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)
+    gr.gemm_rows(x, w, b, tile=tile, out=y)
+    assert not y.isnan().any()
+    assert _rel(y, ref) < TOL
+    # as close to the float64 product as cuBLAS is (both round each output once)
+    assert _rel(y, ref) < 2 * _rel(F.linear(x, w, b), ref) + 1e-3
+    again = gr.gemm_rows(x, w, b, tile=tile, pdl=False)
+    assert torch.equal(again, y)  # the cluster sums in rank order: bitwise repeatable
+
+
+def test_in_a_cuda_graph_with_pdl():
+    _hopper()
+    n, k = 4096, 4096
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(32, k, device="cuda", dtype=torch.bfloat16)
+    eager = gr.gemm_rows(x, w, b)
+    chain_in = torch.zeros(32, k, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        chain_in.copy_(x)  # the kernel before: its writes must be seen after griddepcontrol.wait
+        y = gr.gemm_rows(chain_in, w, b, pdl=True)
+        y2 = gr.gemm_rows(y, w, b, pdl=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, eager)
+    assert torch.equal(y2, gr.gemm_rows(eager, w, b))
+
+
+def test_bad_inputs_are_refused_before_launch():
+    _hopper()
+    w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="rows"):
+        gr.gemm_rows(torch.randn(33, 512, device="cuda", dtype=torch.bfloat16), w)
+    with pytest.raises(InputError, match="must match"):
+        gr.gemm_rows(x.half(), w)
+    with pytest.raises(InputError, match="columns"):
+        gr.gemm_rows(x, torch.randn(256, 448, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(InputError, match="unit column stride"):
+        gr.gemm_rows(x, w.t().contiguous().t())
+    with pytest.raises(InputError, match="bias"):
+        gr.gemm_rows(x, w, torch.randn(255, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(InputError, match="does not divide"):
+        gr.gemm_rows(x, w, tile=Tile(96, 64, 1, 3))
+    with pytest.raises(InputError, match="out must be"):
+        gr.gemm_rows(x, w, out=torch.empty(4, 255, device="cuda", dtype=torch.bfloat16))
