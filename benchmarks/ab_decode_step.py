@@ -34,7 +34,10 @@ weights, bf16, 8K prompts:
 - `plain_argmax`: `defaults` with the greedy token from one torch.argmax per step instead of
   `sampling.greedy_argmax`'s two stages (`sampling.ARGMAX_CHUNK = 0`);
 - `qk1`: `defaults` with the paged-decode template's QK k-steps in one chain of mma
-  (`qk_accs=1`, the default before session 9) instead of two.
+  (`qk_accs=1`, the default before session 9) instead of two;
+- `cublas_up`: `defaults` with up_proj + GeGeLU at 2..32 rows on cuBLAS and the fused GeGeLU
+  kernel instead of one `models.gemm_rows` kernel (`gemm_rows.ROWS_LAYERS` emptied), as before
+  session 10.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal the first mode's (the switches change no arithmetic but the summation
 order of the GEMV, and of the decode's scores under `qk1`).
@@ -55,7 +58,7 @@ from torch import nn
 from sparsegen.engine import sampling
 from sparsegen.kernels import base as kernel_base
 from sparsegen.kernels import decode_template
-from sparsegen.models import gemv, phi3small, random_model
+from sparsegen.models import gemm_rows, gemv, phi3small, random_model
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class Mode:
     s8_tiles: bool = False  # S8_TILES over gemv.TUNED_TILES
     argmax_chunk: int = sampling.ARGMAX_CHUNK  # sampling.ARGMAX_CHUNK (0: torch.argmax)
     qk_accs: int = decode_template.DEFAULT_KNOBS["qk_accs"]  # the decode template's qk_accs knob
+    rows_gemm: bool = True  # gemm_rows.ROWS_LAYERS as shipped (else empty: cuBLAS)
 
 
 _GEMV = dict(pdl=True, gemv_o=True, kv_layout="head", in_major=False, triton_gemv=True, gemv_pdl=True)
@@ -92,9 +96,11 @@ MODES = {
     "s8_tiles": Mode(**_GEMV, decode_pdl=None, s8_tiles=True),
     "plain_argmax": Mode(**_GEMV, decode_pdl=None, argmax_chunk=0),
     "qk1": Mode(**_GEMV, decode_pdl=None, qk_accs=1),
+    "cublas_up": Mode(**_GEMV, decode_pdl=None, rows_gemm=False),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
+DEFAULT_ROWS_LAYERS = set(gemm_rows.ROWS_LAYERS)
 S8_TILES = {  # gemv.TUNED_TILES keys -> tiles (block_n, block_k, warps, prefetch, row_sum)
     (28672, 4096, "gegelu", True): (8, 256, 4, True, False),  # call 9: 59.15 us against 56.64
     (4096, 4096, "plain", False): (4, 1024, 4, True, True),  # call 9: 9.84 us against 9.10
@@ -129,6 +135,8 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     gemv.TUNED_TILES.clear()
     gemv.TUNED_TILES.update({**DEFAULT_TILES, **(S8_TILES if m.s8_tiles else {})})
     phi3small.GEMV_ROPE = m.rope
+    gemm_rows.ROWS_LAYERS.clear()
+    gemm_rows.ROWS_LAYERS.update(DEFAULT_ROWS_LAYERS if m.rows_gemm else ())
     model = models[m.in_major]
     rows = DEFAULT_DECODE_PDL_MAX_ROWS if m.decode_pdl is None else 32 if m.decode_pdl else 0
     phi3small.DECODE_PDL_MAX_ROWS = rows

@@ -26,12 +26,15 @@ from sparsegen.models.gemm_rows import Tile
 CALLS = 24
 L2_BYTES = 60 << 20
 SHAPES = (("qkv", 6144, 4096), ("dense", 4096, 4096), ("up_proj", 28672, 4096), ("down_proj", 4096, 14336))
+R = dict(x_resident=True)
 SWEEP = {  # more tiles per shape: (block_n, block_k, split, stages); all fill 128 of 132 SMs
-    "qkv": (Tile(192, 64, 4, 6), Tile(96, 64, 2, 4), Tile(192, 128, 4, 3), Tile(384, 64, 8, 3)),
-    "dense": (Tile(128, 64, 4, 6), Tile(256, 64, 8, 4), Tile(64, 64, 2, 4), Tile(128, 128, 4, 3)),
-    "up_proj": (Tile(224, 64, 1, 6), Tile(224, 128, 1, 3), Tile(448, 64, 2, 3), Tile(224, 64, 1, 5)),
-    "down_proj": (Tile(128, 64, 4, 6), Tile(256, 64, 8, 4), Tile(64, 64, 2, 4), Tile(128, 128, 4, 3)),
-}
+    "qkv": (Tile(192, 64, 4, 4), Tile(192, 512, 4, 3, **R), Tile(96, 256, 2, 4, **R), Tile(384, 256, 8, 4, **R),
+            Tile(192, 256, 4, 3, **R)),
+    "dense": (Tile(128, 64, 4, 4), Tile(128, 512, 4, 3, **R), Tile(256, 256, 8, 4, **R), Tile(64, 256, 2, 4, **R),
+              Tile(128, 256, 4, 3, **R)),
+    "up_proj": (Tile(224, 64, 1, 4), Tile(224, 64, 1, 6)),
+    "down_proj": (Tile(128, 64, 4, 4), Tile(256, 256, 8, 4, **R), Tile(256, 128, 8, 4, **R), Tile(256, 64, 8, 6, **R)),
+}  # fmt: skip
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

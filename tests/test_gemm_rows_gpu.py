@@ -31,11 +31,15 @@ def _cases():
     out = []
     for (n, k), tile in gr.TUNED_TILES.items():  # the 7b shapes with their tiles
         out.append((n, k, tile, rng.choice((2, 17, 32)), torch.bfloat16, True))
-    for _ in range(10):  # small shapes, random tiles that divide them
-        split = rng.choice((1, 2, 4, 8))
-        tile = Tile(32 * rng.randint(1, 4), 64 * rng.randint(1, 2), split, rng.randint(2, 5))
+    while len(out) < len(gr.TUNED_TILES) + 16:  # small shapes, random tiles that divide them
+        split, resident = rng.choice((1, 2, 4, 8)), len(out) % 2 == 1
+        tile = Tile(32 * rng.randint(1, 4), 64 * rng.randint(1, 4), split, rng.randint(2, 5), resident)
         n = tile.block_n * rng.randint(1, 6)
         k = tile.block_k * split * rng.randint(1, 5)
+        try:
+            tile.check(n, k)
+        except InputError:  # too much shared memory for this draw
+            continue
         out.append(
             (n, k, tile, rng.randint(1, 32), rng.choice((torch.bfloat16, torch.float16)), rng.random() < 0.7)
         )
@@ -99,3 +103,31 @@ def test_bad_inputs_are_refused_before_launch():
         gr.gemm_rows(x, w, tile=Tile(96, 64, 1, 3))
     with pytest.raises(InputError, match="out must be"):
         gr.gemm_rows(x, w, out=torch.empty(4, 255, device="cuda", dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "tile", [gr.TUNED_TILES[(28672, 4096)], Tile(64, 128, 2, 3), Tile(64, 128, 4, 3, x_resident=True)]
+)
+@pytest.mark.parametrize("rows", [2, 32])
+def test_gegelu_epilogue_matches_the_plain_path(tile, rows):
+    """gegelu_limit: the (gate, linear) pairs of each output row go through GeGeLU in the kernel,
+    after the same rounding the plain `layers.gegelu(F.linear(...))` applies."""
+    _hopper()
+    from sparsegen.models.layers import gegelu
+
+    n, k, limit = (28672, 4096, 20.0) if tile.block_n == 224 else (512, 1024, 1.5)
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.25  # some pairs clamp
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    lin = (x.double() @ w.double().T + b.double()).to(torch.bfloat16)  # one rounding, as F.linear's
+    ref = gegelu(lin.double(), limit)
+    assert (lin.double()[:, 0::2] > limit).any() and (lin.double()[:, 1::2].abs() > limit).any()
+    y = torch.full((rows, n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gr.gemm_rows(x, w, b, tile=tile, gegelu_limit=limit, out=y)
+    assert not y.isnan().any()
+    assert _rel(y, ref) < TOL
+    plain = gegelu(F.linear(x, w, b), limit)
+    assert _rel(y, ref) < 2 * _rel(plain, ref) + 1e-3
+    with pytest.raises(InputError, match="gegelu_limit"):
+        gr.gemm_rows(x, w, b, tile=tile, gegelu_limit=0.0)

@@ -188,10 +188,12 @@ def warm_up_rotary(k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, grou
 def _add_layer_norm_kernel(
     X, RES, W, B, Y, RES_OUT,
     stride_x, stride_res, stride_y, stride_res_out, n, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr,
 ):  # fmt: skip
     # One program per row. X, RES: [rows, n] -> RES_OUT = X + RES (rounded to its dtype, as a plain
     # add rounds), Y = LayerNorm(RES_OUT) * W + B computed in float32 from the rounded sum.
+    if TRIGGER:  # a PDL kernel after this one (gemm_rows) may launch now; it waits for this one
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL:  # launched early: wait for the kernel before to finish
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
@@ -212,10 +214,11 @@ def _add_layer_norm_kernel(
     tl.store(Y + row * stride_y + cols, (diff * rstd * w + b).to(Y.dtype.element_ty), mask=ok)
 
 
-def add_layer_norm(x, residual, weight, bias, eps: float, pdl: bool | None = None):
+def add_layer_norm(x, residual, weight, bias, eps: float, pdl: bool | None = None, trigger: bool = False):
     """x, residual: [T, N] (residual may be None) -> (LayerNorm(x + residual), x + residual), one
     kernel. weight, bias: [N]. The sum is rounded to x's dtype before the norm, as `x + residual`
-    followed by `F.layer_norm` rounds."""
+    followed by `F.layer_norm` rounds. `trigger` (sm_90+): let a kernel launched after it with PDL
+    start at once (it still waits for this one before it reads), as `models.gemm_rows` does."""
     if x.dim() != 2 or x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
         x = x.reshape(-1, x.shape[-1]).contiguous()
         residual = residual.reshape(-1, x.shape[-1]).contiguous() if residual is not None else None
@@ -230,5 +233,6 @@ def add_layer_norm(x, residual, weight, bias, eps: float, pdl: bool | None = Non
             x, residual if residual is not None else x, weight, bias, y, res_out,
             x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0), res_out.stride(0),
             n, float(eps), HAS_RES=residual is not None, BLOCK=block, num_warps=warps, PDL=pdl, launch_pdl=pdl,
+            TRIGGER=bool(trigger) and pdl_capable(x.device),
         )  # fmt: skip
     return y, res_out

@@ -27,7 +27,6 @@ from .. import codegen, dtypes, env
 from ..errors import InputError
 from ..jit import nvrtc_build as nb
 
-TEMPLATE = "gemm_rows.cu.jinja"
 KERNEL = "sparsegen_gemm_rows"
 MAX_ROWS = 32  # rows of x one launch takes (the tile's MMA N side)
 ARCH = "sm_90"
@@ -35,19 +34,34 @@ ARCH = "sm_90"
 
 @dataclass(frozen=True)
 class Tile:
-    """block_n: W rows per cluster (32 per warp); block_k: K per ring stage; split: blocks per
-    cluster, each taking K / split; stages: ring depth."""
+    """block_n: W rows per block; block_k: K per ring stage; split: blocks per cluster, each
+    taking K / split; stages: ring depth. Two kernels:
+    - x_resident=False (templates/gemm_rows.cu.jinja): stages of [block_n, block_k] W + [32,
+      block_k] x, one warp per 32 W rows;
+    - x_resident=True (gemm_rows_resident.cu.jinja): x's [32, K / split] slice stays in shared
+      memory and stages are [32, block_k] of W, 64 columns per warp, 32 W rows at a time."""
 
     block_n: int
     block_k: int
     split: int
     stages: int
+    x_resident: bool = False
 
-    def smem_bytes(self, elem_bytes: int = 2) -> int:
-        return self.stages * (self.block_n + MAX_ROWS) * self.block_k * elem_bytes
+    @property
+    def template(self) -> str:
+        return "gemm_rows_resident.cu.jinja" if self.x_resident else "gemm_rows.cu.jinja"
 
     def threads(self) -> int:
-        return self.block_n  # one warp per 32 W rows
+        return 32 * (self.block_k // 64) if self.x_resident else self.block_n
+
+    def smem_bytes(self, k: int, elem_bytes: int = 2) -> int:
+        b, bk = self.block_n, self.block_k
+        if not self.x_resident:  # the partials reuse the ring (checked below)
+            return self.stages * (b + MAX_ROWS) * bk * elem_bytes
+        x_slice = MAX_ROWS * (k // self.split) * elem_bytes
+        warp_sums = (bk // 64) * 32 * 33 * 4
+        part = MAX_ROWS * (b + (36 - b % 32) % 32) * 4  # the partials, [32][block_n + pad] float32
+        return x_slice + self.stages * 32 * bk * elem_bytes + warp_sums + part
 
     def check(self, n: int, k: int) -> None:
         """InputError unless this tile divides an [n, k] weight and fits one SM."""
@@ -55,23 +69,32 @@ class Tile:
         for name, value in (("block_n", b), ("block_k", bk), ("split", s), ("stages", st)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"tile {name} must be a positive int, got {value!r}")
-        if b % 32 or b > 1024 or bk % 64 or s not in (1, 2, 4, 8) or st < 2:
-            raise InputError(f"tile {self} needs block_n % 32 == 0 (<= 1024), block_k % 64 == 0, "
+        if b % 32 or b > 1024 or bk % 64 or bk > 1024 or s not in (1, 2, 4, 8) or st < 2:
+            raise InputError(f"tile {self} needs block_n % 32 == 0 (<= 1024), block_k % 64 == 0 (<= 1024), "
                              "split in (1, 2, 4, 8), stages >= 2")  # fmt: skip
         if n % b or k % (s * bk) or b % s:
             raise InputError(f"tile {self} does not divide a [{n}, {k}] weight")
-        if self.smem_bytes() > SMEM_LIMIT:
-            raise InputError(f"tile {self} needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
+        part = MAX_ROWS * (b + (36 - b % 32) % 32) * 4
+        if not self.x_resident and part > self.smem_bytes(k):
+            raise InputError(f"tile {self}: the [32, {b}] float32 partials do not fit in its ring")
+        if self.smem_bytes(k) > SMEM_LIMIT:
+            raise InputError(f"tile {self} needs {self.smem_bytes(k)} B of shared memory (> {SMEM_LIMIT})")
 
 
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's dynamic shared memory at most
 # (N, K) of the 7b decode step's linears -> tile. About one block per SM (128 of 132):
 TUNED_TILES = {
-    (6144, 4096): Tile(192, 64, 4, 4),  # qkv: 32 clusters of 4
-    (4096, 4096): Tile(128, 64, 4, 4),  # dense (O)
-    (28672, 4096): Tile(224, 64, 1, 4),  # up_proj: 128 single blocks
-    (4096, 14336): Tile(128, 64, 4, 4),  # down_proj
+    (6144, 4096): Tile(192, 256, 4, 4, x_resident=True),  # qkv: 32 clusters of 4
+    (4096, 4096): Tile(128, 256, 4, 4, x_resident=True),  # dense (O)
+    (28672, 4096): Tile(224, 128, 1, 3),  # up_proj: 128 single blocks
+    (4096, 14336): Tile(256, 256, 8, 3, x_resident=True),  # down_proj: 16 clusters of 8
 }
+
+
+# The weights ([out, in]) that the model runs through gemm_rows at 2..32 rows (`layers.rows_gemm`):
+# up_proj with GeGeLU fused in, the one 7b shape where this kernel beats cuBLAS (H200, session
+# 10, `benchmarks/bench_gemm_rows.py`: 58.2 against 60.1 us at 32 rows). Empty: cuBLAS everywhere.
+ROWS_LAYERS = {(28672, 4096)}
 
 
 def tile_for(n: int, k: int, sm_count: int = 132) -> Tile:
@@ -98,38 +121,40 @@ def tile_for(n: int, k: int, sm_count: int = 132) -> Tile:
     return best
 
 
-def render_source(n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool) -> str:
+def render_source(n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, gegelu: bool = False) -> str:
     tile.check(n, k)
     row = dtypes.resolve(dtype_name, kernel=True)
     return codegen.render(
-        TEMPLATE, n=n, k=k, dtype=row.name, ctype=row.ctype, block_n=tile.block_n,
-        block_k=tile.block_k, split=tile.split, stages=tile.stages, has_bias=int(has_bias),
+        tile.template, n=n, k=k, dtype=row.name, ctype=row.ctype, block_n=tile.block_n,
+        block_k=tile.block_k, split=tile.split, stages=tile.stages, has_bias=int(has_bias), gegelu=int(gegelu),
     )  # fmt: skip
 
 
-def compile_cubin(n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, arch: str = ARCH) -> bytes:
+def compile_cubin(
+    n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, gegelu: bool = False, arch: str = ARCH
+) -> bytes:
     """The cubin of one build (no GPU needed: NVRTC compiles for `arch`)."""
-    source = render_source(n, k, dtype_name, tile, has_bias)
+    source = render_source(n, k, dtype_name, tile, has_bias, gegelu)
     cubin, _log = nb.compile_cubin(source, arch, name=f"gemm_rows_{dtype_name}_n{n}_k{k}.cu")
     return cubin
 
 
-_MODULES: dict[tuple, nb.CubinModule] = {}  # (n, k, dtype, tile, bias, device index) -> module
+_MODULES: dict[tuple, nb.CubinModule] = {}  # (n, k, dtype, tile, bias, gegelu, device index) -> module
 _LOCK = threading.Lock()
 
 
 def _module(
-    n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, device: torch.device
+    n, k, dtype_name: str, tile: Tile, has_bias: bool, gegelu: bool, device: torch.device
 ) -> nb.CubinModule:
-    key = (n, k, dtype_name, tile, has_bias, device.index)
+    key = (n, k, dtype_name, tile, has_bias, gegelu, device.index)
     mod = _MODULES.get(key)
     if mod is None:
         with _LOCK:
             mod = _MODULES.get(key)
             if mod is None:
                 with torch.cuda.device(device):
-                    mod = nb.CubinModule(compile_cubin(n, k, dtype_name, tile, has_bias), (KERNEL,))
-                    mod.allow_shared_memory(KERNEL, tile.smem_bytes())
+                    mod = nb.CubinModule(compile_cubin(n, k, dtype_name, tile, has_bias, gegelu), (KERNEL,))
+                    mod.allow_shared_memory(KERNEL, tile.smem_bytes(k))
                 _MODULES[key] = mod
     return mod
 
@@ -155,11 +180,14 @@ def gemm_rows(
     tile: Tile | None = None,
     pdl: bool | None = None,
     out: torch.Tensor | None = None,
+    gegelu_limit: float | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias) for x: [M, K] with 1 <= M <= 32, weight: [N, K] (rows contiguous),
     bias: [N]; returns [M, N] in x's dtype (into `out`, a contiguous [M, N] tensor, if given).
     float32 sums, the bias added before the one rounding. `tile` overrides tile_for; `pdl`
-    (default: where `env.supports_pdl`) launches with programmatic dependent launch."""
+    (default: where `env.supports_pdl`) launches with programmatic dependent launch. With
+    `gegelu_limit`, up_proj's GeGeLU over the interleaved (gate, linear) output pairs follows in
+    the kernel: [M, N / 2], rounded as `layers.gegelu(F.linear(...))` rounds."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise InputError("gemm_rows: x and weight must be tensors")
     if not x.is_cuda or not supported(x.device):
@@ -180,13 +208,19 @@ def gemm_rows(
     if bias is not None:
         if bias.shape != (n,) or bias.dtype != x.dtype or bias.device != x.device or bias.stride(0) != 1:
             raise InputError(f"gemm_rows: bias must be a contiguous [{n}] {x.dtype} tensor on {x.device}")
+    gegelu = gegelu_limit is not None
+    if gegelu and (
+        isinstance(gegelu_limit, bool) or not isinstance(gegelu_limit, (int, float)) or gegelu_limit <= 0
+    ):
+        raise InputError(f"gemm_rows: gegelu_limit must be a positive number, got {gegelu_limit!r}")
     tile = tile_for(n, k) if tile is None else tile
     tile.check(n, k)
-    mod = _module(n, k, row.name, tile, bias is not None, x.device)
+    n_out = n // 2 if gegelu else n
+    mod = _module(n, k, row.name, tile, bias is not None, gegelu, x.device)
     if out is None:
-        y = torch.empty((m, n), dtype=x.dtype, device=x.device)  # y: [M, N]
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
-        raise InputError(f"gemm_rows: out must be a contiguous [{m}, {n}] {x.dtype} tensor on {x.device}")
+        y = torch.empty((m, n_out), dtype=x.dtype, device=x.device)  # y: [M, N] or [M, N / 2]
+    elif out.shape != (m, n_out) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
+        raise InputError(f"gemm_rows: out must be a contiguous [{m}, {n_out}] {x.dtype} tensor on {x.device}")
     else:
         y = out
     stream = torch.cuda.current_stream(x.device).cuda_stream
@@ -195,7 +229,8 @@ def gemm_rows(
     args = (
         np.uint64(x.data_ptr()), i64(x.stride(0)), np.uint64(weight.data_ptr()), i64(weight.stride(0)),
         np.uint64(0 if bias is None else bias.data_ptr()), np.uint64(y.data_ptr()), i64(y.stride(0)), np.int32(m),
+        np.float32(gegelu_limit if gegelu else 0.0),
     )  # fmt: skip
     mod.launch(KERNEL, stream, (n // tile.block_n,), tile.threads(), *args, pdl=pdl,
-               cluster=(tile.split,) if tile.split > 1 else None, shmem=tile.smem_bytes())  # fmt: skip
+               cluster=(tile.split,) if tile.split > 1 else None, shmem=tile.smem_bytes(k))  # fmt: skip
     return y

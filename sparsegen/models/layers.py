@@ -78,6 +78,19 @@ def gemv_layer(layer: nn.Module, on: bool, x: torch.Tensor) -> bool:
     return isinstance(layer, nn.Linear) and layer.weight.stride(1) == 1 and gemv_row(on, x)
 
 
+def rows_gemm(layer: nn.Module, x: torch.Tensor, fused: bool) -> bool:
+    """Whether `layer(x)` runs as `models.gemm_rows` (the few-row CUDA linear): eagerly on an
+    sm_90 GPU for 2..32 rows of x, a plain nn.Linear whose weight rows are contiguous, a weight
+    shape that `gemm_rows.ROWS_LAYERS` lists, and `fused` (not the plain reference model)."""
+    if not fused or not fast_kernels(x) or not 2 <= x.shape[0] <= 32:
+        return False
+    if not isinstance(layer, nn.Linear) or layer.weight.stride(1) != 1:
+        return False
+    from . import gemm_rows
+
+    return tuple(layer.weight.shape) in gemm_rows.ROWS_LAYERS and gemm_rows.supported(x.device)
+
+
 def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
     """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
     through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself)."""
@@ -89,12 +102,13 @@ def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
 
 
 def add_norm(
-    norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
+    norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool, trigger: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual); with no residual yet, (norm(x), x). x, residual: [T, hidden].
-    fused: one Triton kernel (GPU) instead of an add and a LayerNorm, same rounding points."""
+    fused: one Triton kernel (GPU) instead of an add and a LayerNorm, same rounding points;
+    trigger: it lets the PDL-launched kernel after it start early (`fused.add_layer_norm`)."""
     if fused and fast_kernels(x):
-        return fused_ops().add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
+        return fused_ops().add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, trigger=trigger)
     if residual is not None:
         x = x + residual
     return norm(x), x

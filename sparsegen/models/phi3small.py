@@ -20,7 +20,18 @@ from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
 from .kv_write import read_kv, write_kv
-from .layers import Embedding, Linear, add_norm, fast_kernels, fused_ops, gegelu, gemv_layer, gemv_row, linear
+from .layers import (
+    Embedding,
+    Linear,
+    add_norm,
+    fast_kernels,
+    fused_ops,
+    gegelu,
+    gemv_layer,
+    gemv_row,
+    linear,
+    rows_gemm,
+)  # fmt: skip
 from .options import ATTN_IMPLS, ModelOptions
 from .rope import Rotary
 
@@ -200,6 +211,11 @@ class MLP(nn.Module):
 
             act = triton_gemv(x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit)  # [1, F]
             return linear(self.down_proj, act, True)
+        if rows_gemm(self.up_proj, x, self.fused):  # 2..32 rows: one kernel, up_proj and GeGeLU
+            from .gemm_rows import gemm_rows
+
+            act = gemm_rows(x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit)  # [T, F]
+            return self.down_proj(act)
         up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
         if self.fused and fast_kernels(x):
             act = fused_ops().gegelu(up, self.limit)  # [T, F]
@@ -237,7 +253,8 @@ class DecoderLayer(nn.Module):
             return self._forward_row(x, residual, cos, sin, batch, kv_cache)
         h, residual = add_norm(self.input_layernorm, x, residual, self.fused)
         attn = self.self_attn(h, cos, sin, batch, kv_cache)
-        h, residual = add_norm(self.post_attention_layernorm, attn, residual, self.fused)
+        trigger = rows_gemm(self.mlp.up_proj, attn, self.fused)  # gemm_rows may start while the norm runs
+        h, residual = add_norm(self.post_attention_layernorm, attn, residual, self.fused, trigger)
         return self.mlp(h), residual
 
     def _forward_row(self, x, residual, cos, sin, batch, kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
