@@ -86,15 +86,20 @@ def main() -> None:
             r = run_shape(name, n, k, rows, tiles, ceil.copy_tb_s)
             results["runs"].append(r)
             for t in r["tiles"]:
-                print(
-                    f"{rows:3d} rows {name:10s} floor {r['floor_us']:7.2f} us | cuBLAS {r['cublas_us']:7.2f} "
-                    f"(err {r['cublas_err']:.1e}) | tile {t['tile']} PDL {t['pdl_us']:7.2f} plain {t['us']:7.2f} "
-                    f"err {t['err']:.1e} / {t['err7']:.1e}",
-                    flush=True,
-                )
+                print(summary_line(r, t), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def summary_line(r: dict, t: dict) -> str:
+    """One tile of one run_shape result, as the table line the bench prints."""
+    head = f"{r['rows']:3d} rows {r['shape']:10s} floor {r['floor_us']:7.2f} us"
+    blas = f"cuBLAS {r['cublas_us']:7.2f} (err {r['cublas_err']:.1e})"
+    ours = (
+        f"tile {t['tile']} PDL {t['pdl_us']:7.2f} plain {t['us']:7.2f} err {t['err']:.1e} / {t['err7']:.1e}"
+    )
+    return f"{head} | {blas} | {ours}"
 
 
 if __name__ == "__main__":
