@@ -37,7 +37,9 @@ weights, bf16, 8K prompts:
   (`qk_accs=1`, the default before session 9) instead of two;
 - `cublas_up`: `defaults` with up_proj + GeGeLU at 2..32 rows on cuBLAS and the fused GeGeLU
   kernel instead of one `models.gemm_rows` kernel (`gemm_rows.ROWS_LAYERS` emptied), as before
-  session 10.
+  session 10;
+- `rows_qkv`, `rows_qkv_o`, `rows_all`: `defaults` with QKV, then also the output projection,
+  then also down_proj through `models.gemm_rows` at 2..32 rows (`gemm_rows.ROWS_LAYERS`).
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal the first mode's (the switches change no arithmetic but the summation
 order of the GEMV, and of the decode's scores under `qk1`).
@@ -77,7 +79,7 @@ class Mode:
     s8_tiles: bool = False  # S8_TILES over gemv.TUNED_TILES
     argmax_chunk: int = sampling.ARGMAX_CHUNK  # sampling.ARGMAX_CHUNK (0: torch.argmax)
     qk_accs: int = decode_template.DEFAULT_KNOBS["qk_accs"]  # the decode template's qk_accs knob
-    rows_gemm: bool = True  # gemm_rows.ROWS_LAYERS as shipped (else empty: cuBLAS)
+    rows_layers: tuple | None = None  # gemm_rows.ROWS_LAYERS: None = as shipped
 
 
 _GEMV = dict(pdl=True, gemv_o=True, kv_layout="head", in_major=False, triton_gemv=True, gemv_pdl=True)
@@ -96,7 +98,12 @@ MODES = {
     "s8_tiles": Mode(**_GEMV, decode_pdl=None, s8_tiles=True),
     "plain_argmax": Mode(**_GEMV, decode_pdl=None, argmax_chunk=0),
     "qk1": Mode(**_GEMV, decode_pdl=None, qk_accs=1),
-    "cublas_up": Mode(**_GEMV, decode_pdl=None, rows_gemm=False),
+    "cublas_up": Mode(**_GEMV, decode_pdl=None, rows_layers=()),
+    "rows_qkv": Mode(**_GEMV, decode_pdl=None, rows_layers=((28672, 4096), (6144, 4096))),
+    "rows_qkv_o": Mode(**_GEMV, decode_pdl=None, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096))),
+    "rows_all": Mode(
+        **_GEMV, decode_pdl=None, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096), (4096, 14336))
+    ),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
@@ -136,7 +143,7 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     gemv.TUNED_TILES.update({**DEFAULT_TILES, **(S8_TILES if m.s8_tiles else {})})
     phi3small.GEMV_ROPE = m.rope
     gemm_rows.ROWS_LAYERS.clear()
-    gemm_rows.ROWS_LAYERS.update(DEFAULT_ROWS_LAYERS if m.rows_gemm else ())
+    gemm_rows.ROWS_LAYERS.update(DEFAULT_ROWS_LAYERS if m.rows_layers is None else m.rows_layers)
     model = models[m.in_major]
     rows = DEFAULT_DECODE_PDL_MAX_ROWS if m.decode_pdl is None else 32 if m.decode_pdl else 0
     phi3small.DECODE_PDL_MAX_ROWS = rows

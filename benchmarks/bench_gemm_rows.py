@@ -37,6 +37,38 @@ SWEEP = {  # more tiles per shape: (block_n, block_k, split, stages); all fill 1
 }  # fmt: skip
 
 
+W16 = dict(rows_per_warp=16)
+DIAG = {  # --diag: tiles per shape, each timed with the math and loads-only (skip_mma), with occupancy
+    "qkv": (Tile(96, 128, 2, 4, **W16), Tile(96, 64, 2, 4, **W16), Tile(192, 64, 4, 4), Tile(192, 64, 4, 3, **W16)),
+    "dense": (Tile(64, 128, 2, 4, **W16), Tile(128, 64, 4, 4, **W16), Tile(128, 128, 4, 2, **W16), Tile(128, 64, 4, 4)),
+    "up_proj": (Tile(224, 128, 1, 3), Tile(224, 128, 1, 3, **W16)),
+    "down_proj": (Tile(64, 128, 2, 4, **W16), Tile(128, 64, 4, 4, **W16), Tile(128, 128, 4, 2, **W16),
+                  Tile(128, 64, 4, 4)),
+}  # fmt: skip
+
+
+def run_diag(name, n, k, rows, copy_tb_s) -> list[dict]:
+    wbytes = n * k * 2
+    ring = max(2, -(-4 * L2_BYTES // wbytes))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for tile, skip in ((t, sk) for t in DIAG[name] for sk in (False, True)):
+        row = {"shape": name, "tile": list(tile.__dict__.values()), "skip_mma": skip}
+        row.update(gr.occupancy(n, k, tile, x.device))
+        for pdl in (True, False):
+            row["pdl_us" if pdl else "us"] = graph_us(
+                lambda i, t=tile, p=pdl, sk=skip: gr.gemm_rows(x, ws[i % ring], tile=t, pdl=p, skip_mma=sk),
+                calls=CALLS,
+            )
+        row["tb_s"] = wbytes / (row["pdl_us"] * 1e-6) / 1e12
+        print(f"diag {name:10s} {row['tile']} skip_mma={skip:d} blocks/SM {row['blocks_per_sm']} clusters "
+              f"{row['clusters']} (max active {row['max_active_clusters']}) | PDL {row['pdl_us']:7.2f} plain "
+              f"{row['us']:7.2f} us ({row['tb_s']:.2f} TB/s; copy {copy_tb_s:.2f})", flush=True)  # fmt: skip
+        out.append(row)
+    return out
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b).norm() / b.norm())
 
@@ -72,12 +104,18 @@ def main() -> None:
     ap.add_argument("--rows", default="32", help="comma-separated row counts")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--diag", action="store_true", help="only the DIAG tiles: occupancy, loads-only timings")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     ceil = measure_ceilings()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceil.to_dict()}
     results["runs"] = []
     wanted = args.shapes.split(",")
+    if args.diag:
+        results["diag"] = [
+            r for name, n, k in SHAPES if name in wanted for r in run_diag(name, n, k, 32, ceil.copy_tb_s)
+        ]
+        wanted = []
     for rows in (int(r) for r in args.rows.split(",")):
         for name, n, k in SHAPES:
             if name not in wanted:

@@ -33,7 +33,8 @@ def _cases():
         out.append((n, k, tile, rng.choice((2, 17, 32)), torch.bfloat16, True))
     while len(out) < len(gr.TUNED_TILES) + 16:  # small shapes, random tiles that divide them
         split, resident = rng.choice((1, 2, 4, 8)), len(out) % 2 == 1
-        tile = Tile(32 * rng.randint(1, 4), 64 * rng.randint(1, 4), split, rng.randint(2, 5), resident)
+        rpw = 32 if resident else rng.choice((16, 32))
+        tile = Tile(32 * rng.randint(1, 4), 64 * rng.randint(1, 4), split, rng.randint(2, 5), resident, rpw)
         n = tile.block_n * rng.randint(1, 6)
         k = tile.block_k * split * rng.randint(1, 5)
         try:

@@ -46,13 +46,14 @@ class Tile:
     split: int
     stages: int
     x_resident: bool = False
+    rows_per_warp: int = 32  # ring kernel only: 32 (two m16 tiles per warp) or 16 (one; twice the warps)
 
     @property
     def template(self) -> str:
         return "gemm_rows_resident.cu.jinja" if self.x_resident else "gemm_rows.cu.jinja"
 
     def threads(self) -> int:
-        return 32 * (self.block_k // 64) if self.x_resident else self.block_n
+        return 32 * (self.block_k // 64) if self.x_resident else 32 * self.block_n // self.rows_per_warp
 
     def smem_bytes(self, k: int, elem_bytes: int = 2) -> int:
         b, bk = self.block_n, self.block_k
@@ -69,6 +70,10 @@ class Tile:
         for name, value in (("block_n", b), ("block_k", bk), ("split", s), ("stages", st)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"tile {name} must be a positive int, got {value!r}")
+        if self.rows_per_warp not in (16, 32) or (self.x_resident and self.rows_per_warp != 32):
+            raise InputError(f"tile {self}: rows_per_warp must be 32, or 16 in the ring kernel")
+        if self.threads() > 1024:
+            raise InputError(f"tile {self} needs {self.threads()} threads per block (> 1024)")
         if b % 32 or b > 1024 or bk % 64 or bk > 1024 or s not in (1, 2, 4, 8) or st < 2:
             raise InputError(f"tile {self} needs block_n % 32 == 0 (<= 1024), block_k % 64 == 0 (<= 1024), "
                              "split in (1, 2, 4, 8), stages >= 2")  # fmt: skip
@@ -82,18 +87,17 @@ class Tile:
 
 
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's dynamic shared memory at most
-# (N, K) of the 7b decode step's linears -> tile. About one block per SM (128 of 132):
+# (N, K) of the 7b decode step's linears -> the fastest tile measured at 32 rows with PDL (H200,
+# session 10, `benchmarks/bench_gemm_rows.py --diag`, call 9; cuBLAS in brackets, calls 2-3):
 TUNED_TILES = {
-    (6144, 4096): Tile(192, 256, 4, 4, x_resident=True),  # qkv: 32 clusters of 4
-    (4096, 4096): Tile(128, 256, 4, 4, x_resident=True),  # dense (O)
-    (28672, 4096): Tile(224, 128, 1, 3),  # up_proj: 128 single blocks
-    (4096, 14336): Tile(256, 256, 8, 3, x_resident=True),  # down_proj: 16 clusters of 8
+    (6144, 4096): Tile(96, 128, 2, 4, rows_per_warp=16),  # qkv: 64 clusters of 2, 17.0 us (18.0)
+    (4096, 4096): Tile(64, 128, 2, 4, rows_per_warp=16),  # dense (O): 64 clusters of 2, 12.9 us (12.2-12.4)
+    (28672, 4096): Tile(224, 128, 1, 3),  # up_proj: 128 single blocks, 57.4 us (60.1-62.3)
+    (4096, 14336): Tile(64, 128, 2, 4, rows_per_warp=16),  # down_proj: 35.2 us (31.0-32.0)
 }
-
-
 # The weights ([out, in]) that the model runs through gemm_rows at 2..32 rows (`layers.rows_gemm`):
-# up_proj with GeGeLU fused in, the one 7b shape where this kernel beats cuBLAS (H200, session
-# 10, `benchmarks/bench_gemm_rows.py`: 58.2 against 60.1 us at 32 rows). Empty: cuBLAS everywhere.
+# up_proj with GeGeLU fused in (`ab_decode_step.py`, session 10 call 5: a 7b batch-32 step 0.05
+# ms faster than cuBLAS + the GeGeLU kernel). Empty: cuBLAS everywhere.
 ROWS_LAYERS = {(28672, 4096)}
 
 
@@ -121,39 +125,59 @@ def tile_for(n: int, k: int, sm_count: int = 132) -> Tile:
     return best
 
 
-def render_source(n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, gegelu: bool = False) -> str:
+def render_source(
+    n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, gegelu: bool = False, skip_mma: bool = False
+) -> str:
+    """`skip_mma` (benchmarks only; wrong results): the ring kernel streams its tiles without
+    the math, to time the loads alone."""
     tile.check(n, k)
     row = dtypes.resolve(dtype_name, kernel=True)
     return codegen.render(
         tile.template, n=n, k=k, dtype=row.name, ctype=row.ctype, block_n=tile.block_n,
         block_k=tile.block_k, split=tile.split, stages=tile.stages, has_bias=int(has_bias), gegelu=int(gegelu),
+        rows_per_warp=tile.rows_per_warp, skip_mma=int(skip_mma),
     )  # fmt: skip
 
 
 def compile_cubin(
-    n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, gegelu: bool = False, arch: str = ARCH
+    n: int,
+    k: int,
+    dtype_name: str,
+    tile: Tile,
+    has_bias: bool,
+    gegelu: bool = False,
+    arch: str = ARCH,
+    skip_mma: bool = False,
 ) -> bytes:
     """The cubin of one build (no GPU needed: NVRTC compiles for `arch`)."""
-    source = render_source(n, k, dtype_name, tile, has_bias, gegelu)
+    source = render_source(n, k, dtype_name, tile, has_bias, gegelu, skip_mma)
     cubin, _log = nb.compile_cubin(source, arch, name=f"gemm_rows_{dtype_name}_n{n}_k{k}.cu")
     return cubin
 
 
-_MODULES: dict[tuple, nb.CubinModule] = {}  # (n, k, dtype, tile, bias, gegelu, device index) -> module
+_MODULES: dict[tuple, nb.CubinModule] = {}  # (n, k, dtype, tile, bias, gegelu, skip_mma, device) -> module
 _LOCK = threading.Lock()
 
 
 def _module(
-    n, k, dtype_name: str, tile: Tile, has_bias: bool, gegelu: bool, device: torch.device
+    n,
+    k,
+    dtype_name: str,
+    tile: Tile,
+    has_bias: bool,
+    gegelu: bool,
+    device: torch.device,
+    skip_mma: bool = False,
 ) -> nb.CubinModule:
-    key = (n, k, dtype_name, tile, has_bias, gegelu, device.index)
+    key = (n, k, dtype_name, tile, has_bias, gegelu, skip_mma, device.index)
     mod = _MODULES.get(key)
     if mod is None:
         with _LOCK:
             mod = _MODULES.get(key)
             if mod is None:
                 with torch.cuda.device(device):
-                    mod = nb.CubinModule(compile_cubin(n, k, dtype_name, tile, has_bias, gegelu), (KERNEL,))
+                    cubin = compile_cubin(n, k, dtype_name, tile, has_bias, gegelu, skip_mma=skip_mma)
+                    mod = nb.CubinModule(cubin, (KERNEL,))
                     mod.allow_shared_memory(KERNEL, tile.smem_bytes(k))
                 _MODULES[key] = mod
     return mod
@@ -181,13 +205,15 @@ def gemm_rows(
     pdl: bool | None = None,
     out: torch.Tensor | None = None,
     gegelu_limit: float | None = None,
+    skip_mma: bool = False,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias) for x: [M, K] with 1 <= M <= 32, weight: [N, K] (rows contiguous),
     bias: [N]; returns [M, N] in x's dtype (into `out`, a contiguous [M, N] tensor, if given).
     float32 sums, the bias added before the one rounding. `tile` overrides tile_for; `pdl`
     (default: where `env.supports_pdl`) launches with programmatic dependent launch. With
     `gegelu_limit`, up_proj's GeGeLU over the interleaved (gate, linear) output pairs follows in
-    the kernel: [M, N / 2], rounded as `layers.gegelu(F.linear(...))` rounds."""
+    the kernel: [M, N / 2], rounded as `layers.gegelu(F.linear(...))` rounds. `skip_mma`:
+    see render_source (benchmarks only)."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise InputError("gemm_rows: x and weight must be tensors")
     if not x.is_cuda or not supported(x.device):
@@ -216,7 +242,7 @@ def gemm_rows(
     tile = tile_for(n, k) if tile is None else tile
     tile.check(n, k)
     n_out = n // 2 if gegelu else n
-    mod = _module(n, k, row.name, tile, bias is not None, gegelu, x.device)
+    mod = _module(n, k, row.name, tile, bias is not None, gegelu, x.device, bool(skip_mma))
     if out is None:
         y = torch.empty((m, n_out), dtype=x.dtype, device=x.device)  # y: [M, N] or [M, N / 2]
     elif out.shape != (m, n_out) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
@@ -234,3 +260,24 @@ def gemm_rows(
     mod.launch(KERNEL, stream, (n // tile.block_n,), tile.threads(), *args, pdl=pdl,
                cluster=(tile.split,) if tile.split > 1 else None, shmem=tile.smem_bytes(k))  # fmt: skip
     return y
+
+
+def occupancy(n: int, k: int, tile: Tile, device: torch.device) -> dict:
+    """What the driver says of one bf16 build on `device`: blocks per SM, and for a cluster
+    launch how many clusters can run at once (benchmarks: every block fits in one wave when
+    max_active_clusters >= clusters = N / block_n)."""
+    mod = _module(n, k, "bf16", tile, True, False, device)
+    kern = mod.kernels[KERNEL]
+    out = {
+        "blocks_per_sm": kern.occupancy.max_active_blocks_per_multiprocessor(
+            tile.threads(), tile.smem_bytes(k)
+        )
+    }
+    config = nb._core().LaunchConfig(
+        grid=(n // tile.block_n,), cluster=(tile.split,) if tile.split > 1 else None, block=tile.threads(),
+        shmem_size=tile.smem_bytes(k),
+    )  # fmt: skip
+    stream = mod.stream(torch.cuda.current_stream(device).cuda_stream)
+    out["max_active_clusters"] = kern.occupancy.max_active_clusters(config, stream=stream)
+    out["clusters"] = n // tile.block_n
+    return out

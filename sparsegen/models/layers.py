@@ -91,13 +91,18 @@ def rows_gemm(layer: nn.Module, x: torch.Tensor, fused: bool) -> bool:
     return tuple(layer.weight.shape) in gemm_rows.ROWS_LAYERS and gemm_rows.supported(x.device)
 
 
-def linear(layer: nn.Module, x: torch.Tensor, gemv: bool) -> torch.Tensor:
+def linear(layer: nn.Module, x: torch.Tensor, gemv: bool, fused: bool = False) -> torch.Tensor:
     """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
-    through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself)."""
+    through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself); with
+    `fused`, 2..32 rows through `models.gemm_rows` where `rows_gemm` says so."""
     if gemv_layer(layer, gemv, x):
         from .gemv import gemv as triton_gemv
 
         return triton_gemv(x, layer.weight, layer.bias)
+    if rows_gemm(layer, x, fused):
+        from .gemm_rows import gemm_rows
+
+        return gemm_rows(x, layer.weight, layer.bias)
     return layer(x)
 
 

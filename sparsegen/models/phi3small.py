@@ -133,7 +133,7 @@ class Attention(nn.Module):
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
     ) -> torch.Tensor:  # [T, hidden]
-        return self.attend(linear(self.query_key_value, x, self.gemv), cos, sin, batch, kv_cache)
+        return self.attend(linear(self.query_key_value, x, self.gemv, self.fused), cos, sin, batch, kv_cache)
 
     def attend(
         self,
@@ -191,7 +191,7 @@ class Attention(nn.Module):
 
     def _project(self, out: torch.Tensor) -> torch.Tensor:  # out: [T, H, D] -> [T, hidden]
         t = out.shape[0]
-        return linear(self.dense, out.reshape(t, -1), self.gemv or (self.gemv_o and out.is_cuda))
+        return linear(self.dense, out.reshape(t, -1), self.gemv or (self.gemv_o and out.is_cuda), self.fused)
 
 
 class MLP(nn.Module):
@@ -215,13 +215,13 @@ class MLP(nn.Module):
             from .gemm_rows import gemm_rows
 
             act = gemm_rows(x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit)  # [T, F]
-            return self.down_proj(act)
+            return linear(self.down_proj, act, False, self.fused)
         up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
         if self.fused and fast_kernels(x):
             act = fused_ops().gegelu(up, self.limit)  # [T, F]
         else:
             act = gegelu(up, self.limit)
-        return self.down_proj(act)
+        return linear(self.down_proj, act, False, self.fused)
 
 
 class DecoderLayer(nn.Module):
@@ -251,7 +251,8 @@ class DecoderLayer(nn.Module):
         )
         if plain and gemv_row(self.self_attn.gemv, x):
             return self._forward_row(x, residual, cos, sin, batch, kv_cache)
-        h, residual = add_norm(self.input_layernorm, x, residual, self.fused)
+        trigger = rows_gemm(self.self_attn.query_key_value, x, self.fused)  # as below, for QKV
+        h, residual = add_norm(self.input_layernorm, x, residual, self.fused, trigger)
         attn = self.self_attn(h, cos, sin, batch, kv_cache)
         trigger = rows_gemm(self.mlp.up_proj, attn, self.fused)  # gemm_rows may start while the norm runs
         h, residual = add_norm(self.post_attention_layernorm, attn, residual, self.fused, trigger)
