@@ -69,6 +69,54 @@ def run_diag(name, n, k, rows, copy_tb_s) -> list[dict]:
     return out
 
 
+ROPE_TILES = (Tile(128, 64, 4, 4, **W16), Tile(128, 128, 4, 2, **W16), Tile(128, 128, 2, 4, **W16),
+              Tile(256, 64, 4, 3, **W16))  # fmt: skip
+HKV, GROUP, HEAD_D, PAGE = 8, 4, 128, 16
+
+
+def run_rope(rows: int) -> list[dict]:
+    """The decode QKV at `rows` tokens: cuBLAS + fused.rotary_qkv (rotary, K/V cache write)
+    against gemm_rows with rope= for each ROPE_TILES tile, µs per call, head-major caches."""
+    from sparsegen.models import fused
+    from sparsegen.models.rope import RopeWrite
+
+    n, k = HKV * (GROUP + 2) * HEAD_D, 4096
+    ring = max(2, -(-4 * L2_BYTES // (n * k * 2)))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(ring)]
+    bs = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    theta = torch.rand(rows, HEAD_D, device="cuda") * 6.28
+    cos, sin = theta.cos(), theta.sin()
+    pages = 4 * rows
+    kc, vc = (
+        torch.zeros(pages, HKV, PAGE, HEAD_D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        for _ in "kv"
+    )
+    slots = torch.randperm(pages * PAGE, device="cuda")[:rows]
+    rope = RopeWrite(cos, sin, GROUP, kc, vc, slots)
+
+    def plain(i):
+        qkv = torch.nn.functional.linear(x, ws[i % ring], bs[i % ring]).view(rows, HKV, GROUP + 2, HEAD_D)
+        return fused.rotary_qkv(qkv, cos, sin, (kc, vc), slots)[0]
+
+    base = graph_us(plain, calls=CALLS)
+    ref = plain(0).reshape(rows, -1)
+    out = []
+    for tile in ROPE_TILES:
+        q = gr.gemm_rows(x, ws[0], bs[0], tile=tile, rope=rope)
+        row = {
+            "tile": list(tile.__dict__.values()),
+            "cublas_rotary_us": base,
+            "err": rel_err(q, ref.double()),
+        }
+        row["pdl_us"] = graph_us(lambda i, t=tile: gr.gemm_rows(x, ws[i % ring], bs[i % ring], tile=t, rope=rope),
+                                 calls=CALLS)  # fmt: skip
+        print(f"rope {rows} rows tile {row['tile']}: gemm_rows {row['pdl_us']:7.2f} us against cuBLAS + rotary "
+              f"{base:7.2f} us (err {row['err']:.1e})", flush=True)  # fmt: skip
+        out.append(row)
+    return out
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b).norm() / b.norm())
 
@@ -105,12 +153,18 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--diag", action="store_true", help="only the DIAG tiles: occupancy, loads-only timings")
+    ap.add_argument(
+        "--rope", action="store_true", help="only the decode QKV with rotary + K/V write (ROPE_TILES)"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     ceil = measure_ceilings()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceil.to_dict()}
     results["runs"] = []
     wanted = args.shapes.split(",")
+    if args.rope:
+        results["rope"] = run_rope(32)
+        wanted = []
     if args.diag:
         results["diag"] = [
             r for name, n, k in SHAPES if name in wanted for r in run_diag(name, n, k, 32, ceil.copy_tb_s)

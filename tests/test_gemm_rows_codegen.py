@@ -23,16 +23,31 @@ pytest.importorskip("cuda.core")
 def test_tuned_builds_fit_without_spills(shape, gegelu):
     n, k = shape
     tile = gr.TUNED_TILES[shape]
-    report = _ptxas_report(gr.render_source(n, k, "bf16", tile, True, gegelu), "sm_90")
+    report = _ptxas_report(gr.Build(n, k, "bf16", tile, True, gegelu).source(), "sm_90")
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     assert regs * tile.threads() <= 65536, report
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
     assert tile.smem_bytes(k) <= gr.SMEM_LIMIT
 
 
-def test_fp16_and_both_kernels_compile():
-    for tile in (Tile(64, 128, 2, 3), Tile(64, 128, 4, 3, x_resident=True)):
-        assert gr.compile_cubin(512, 1024, "fp16", tile, False, True)[:4] == b"\x7fELF"
+def test_fp16_both_kernels_and_every_epilogue_compile():
+    for tile in (
+        Tile(128, 128, 2, 3),
+        Tile(128, 128, 4, 3, x_resident=True),
+        Tile(128, 64, 4, 4, rows_per_warp=16),
+    ):
+        for gegelu, rope in ((False, None), (True, None), (False, (64, 2))):
+            assert gr.Build(512, 1024, "fp16", tile, False, gegelu, rope).cubin()[:4] == b"\x7fELF"
+
+
+def test_bad_epilogues_are_refused():
+    tile = Tile(64, 64, 1, 2)
+    with pytest.raises(InputError, match="exclusive"):
+        gr.Build(512, 1024, "bf16", tile, gegelu=True, rope=(64, 2)).source()
+    with pytest.raises(InputError, match="power of two dividing block_n"):
+        gr.Build(512, 1024, "bf16", tile, rope=(128, 2)).source()  # a head wider than the tile
+    with pytest.raises(InputError, match="power of two"):
+        gr.Build(576, 1024, "bf16", Tile(96, 64, 1, 2), rope=(48, 2)).source()
 
 
 @pytest.mark.parametrize(

@@ -132,3 +132,54 @@ def test_gegelu_epilogue_matches_the_plain_path(tile, rows):
     assert _rel(y, ref) < 2 * _rel(plain, ref) + 1e-3
     with pytest.raises(InputError, match="gegelu_limit"):
         gr.gemm_rows(x, w, b, tile=tile, gegelu_limit=0.0)
+
+
+@pytest.mark.parametrize(
+    "hkv,group,d,k,tile,rows",
+    [
+        (8, 4, 128, 4096, Tile(128, 64, 4, 4, rows_per_warp=16), 32),
+        (8, 4, 128, 4096, Tile(128, 128, 2, 4, rows_per_warp=16), 5),
+        (2, 2, 64, 512, Tile(128, 64, 2, 3), 17),
+        (2, 2, 64, 512, Tile(128, 128, 1, 2, x_resident=True), 3),
+    ],
+)
+def test_rope_epilogue_matches_rotary_qkv(hkv, group, d, k, tile, rows):
+    """rope=: q rotated as fused.rotary_qkv rotates F.linear's output, k and v written at each
+    token's slot of head-major caches and nowhere else (the rest stays NaN)."""
+    _hopper()
+    from sparsegen.models import fused
+    from sparsegen.models.rope import RopeWrite
+
+    n = hkv * (group + 2) * d
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    theta = torch.rand(rows, d, device="cuda", generator=gen) * 6.28
+    cos, sin = theta.cos(), theta.sin()
+    pages, page_size = 3 * rows, 16
+    slots = torch.randperm(pages * page_size, device="cuda", generator=gen)[:rows]
+
+    def caches():
+        return tuple(
+            torch.full(
+                (pages, hkv, page_size, d), float("nan"), device="cuda", dtype=torch.bfloat16
+            ).transpose(1, 2)
+            for _ in range(2)
+        )
+
+    kc, vc = caches()
+    q = gr.gemm_rows(x, w, b, tile=tile, rope=RopeWrite(cos, sin, group, kc, vc, slots))
+    rk, rv = caches()
+    qkv = F.linear(x, w, b).view(rows, hkv, group + 2, d)
+    rq, _, _ = fused.rotary_qkv(qkv, cos, sin, (rk, rv), slots)
+    assert q.shape == (rows, hkv * group * d)
+    assert not q.isnan().any()
+    assert _rel(q, rq.reshape(rows, -1).double()) < TOL
+    written = torch.zeros(pages * page_size, dtype=torch.bool, device="cuda")
+    written[slots] = True  # slot = page * page_size + offset: the [pages, page_size] view, flattened
+    for got, ref in ((kc, rk), (vc, rv)):
+        got_t, ref_t = got.reshape(pages * page_size, hkv, d), ref.reshape(pages * page_size, hkv, d)
+        assert got_t[~written].isnan().all()  # nothing outside the tokens' slots was written
+        assert not got_t[written].isnan().any()
+        assert _rel(got_t[written], ref_t[written].double()) < TOL

@@ -26,6 +26,7 @@ import torch
 from .. import codegen, dtypes, env
 from ..errors import InputError
 from ..jit import nvrtc_build as nb
+from .rope import RopeWrite
 
 KERNEL = "sparsegen_gemm_rows"
 MAX_ROWS = 32  # rows of x one launch takes (the tile's MMA N side)
@@ -95,16 +96,19 @@ TUNED_TILES = {
     (28672, 4096): Tile(224, 128, 1, 3),  # up_proj: 128 single blocks, 57.4 us (60.1-62.3)
     (4096, 14336): Tile(64, 128, 2, 4, rows_per_warp=16),  # down_proj: 35.2 us (31.0-32.0)
 }
+# The same for the decode QKV with the rotary and K/V write fused in (`rope=`): its tile must hold
+# whole heads (block_n % head_dim == 0). Not yet timed against the other candidates.
+TUNED_ROPE_TILES = {(6144, 4096): Tile(128, 64, 4, 4, rows_per_warp=16)}
 # The weights ([out, in]) that the model runs through gemm_rows at 2..32 rows (`layers.rows_gemm`):
 # up_proj with GeGeLU fused in (`ab_decode_step.py`, session 10 call 5: a 7b batch-32 step 0.05
 # ms faster than cuBLAS + the GeGeLU kernel). Empty: cuBLAS everywhere.
 ROWS_LAYERS = {(28672, 4096)}
 
 
-def tile_for(n: int, k: int, sm_count: int = 132) -> Tile:
+def tile_for(n: int, k: int, head_dim: int = 0, sm_count: int = 132) -> Tile:
     """TUNED_TILES's tile, else the one that fills the SMs' waves best (fewest splits, then the
-    widest block_n): untimed."""
-    tuned = TUNED_TILES.get((n, k))
+    widest block_n; with `head_dim`, for the rotary epilogue: block_n a multiple of it): untimed."""
+    tuned = None if head_dim else TUNED_TILES.get((n, k))
     if tuned is not None:
         return tuned
     best, best_score = None, None
@@ -114,6 +118,8 @@ def tile_for(n: int, k: int, sm_count: int = 132) -> Tile:
             try:
                 tile.check(n, k)
             except InputError:
+                continue
+            if head_dim and block_n % head_dim:
                 continue
             blocks = n // block_n * split
             waves = -(-blocks // sm_count)
@@ -125,60 +131,56 @@ def tile_for(n: int, k: int, sm_count: int = 132) -> Tile:
     return best
 
 
-def render_source(
-    n: int, k: int, dtype_name: str, tile: Tile, has_bias: bool, gegelu: bool = False, skip_mma: bool = False
-) -> str:
-    """`skip_mma` (benchmarks only; wrong results): the ring kernel streams its tiles without
-    the math, to time the loads alone."""
-    tile.check(n, k)
-    row = dtypes.resolve(dtype_name, kernel=True)
-    return codegen.render(
-        tile.template, n=n, k=k, dtype=row.name, ctype=row.ctype, block_n=tile.block_n,
-        block_k=tile.block_k, split=tile.split, stages=tile.stages, has_bias=int(has_bias), gegelu=int(gegelu),
-        rows_per_warp=tile.rows_per_warp, skip_mma=int(skip_mma),
-    )  # fmt: skip
+@dataclass(frozen=True)
+class Build:
+    """Everything that decides one compiled kernel (and the key of its module)."""
+
+    n: int  # W rows
+    k: int  # W columns
+    dtype: str  # "bf16" | "fp16"
+    tile: Tile
+    has_bias: bool = True
+    gegelu: bool = False  # the GeGeLU epilogue: [M, N / 2] out
+    rope: tuple[int, int] | None = None  # (head_dim, group): the decode QKV epilogue (RopeWrite)
+    skip_mma: bool = False  # benchmarks only (wrong results): the ring kernel streams its tiles, no math
+
+    def source(self) -> str:
+        self.tile.check(self.n, self.k)
+        if self.gegelu and self.rope:
+            raise InputError("gemm_rows: GeGeLU and rotary epilogues are exclusive")
+        d, g = self.rope or (2, 1)
+        if self.rope and (d & (d - 1) or self.tile.block_n % d or self.n % ((g + 2) * d)):
+            raise InputError(f"gemm_rows rope: head_dim {d} must be a power of two dividing block_n "
+                             f"({self.tile.block_n}) and N = {self.n} a multiple of (group + 2) * head_dim")  # fmt: skip
+        row = dtypes.resolve(self.dtype, kernel=True)
+        t = self.tile
+        return codegen.render(
+            t.template, n=self.n, k=self.k, dtype=row.name, ctype=row.ctype, block_n=t.block_n, block_k=t.block_k,
+            split=t.split, stages=t.stages, has_bias=int(self.has_bias), gegelu=int(self.gegelu),
+            rope=int(self.rope is not None), head_dim=d, group=g, rows_per_warp=t.rows_per_warp,
+            skip_mma=int(self.skip_mma),
+        )  # fmt: skip
+
+    def cubin(self, arch: str = ARCH) -> bytes:
+        """Compiled with NVRTC for `arch` (no GPU needed)."""
+        name = f"gemm_rows_{self.dtype}_n{self.n}_k{self.k}.cu"
+        return nb.compile_cubin(self.source(), arch, name=name)[0]
 
 
-def compile_cubin(
-    n: int,
-    k: int,
-    dtype_name: str,
-    tile: Tile,
-    has_bias: bool,
-    gegelu: bool = False,
-    arch: str = ARCH,
-    skip_mma: bool = False,
-) -> bytes:
-    """The cubin of one build (no GPU needed: NVRTC compiles for `arch`)."""
-    source = render_source(n, k, dtype_name, tile, has_bias, gegelu, skip_mma)
-    cubin, _log = nb.compile_cubin(source, arch, name=f"gemm_rows_{dtype_name}_n{n}_k{k}.cu")
-    return cubin
-
-
-_MODULES: dict[tuple, nb.CubinModule] = {}  # (n, k, dtype, tile, bias, gegelu, skip_mma, device) -> module
+_MODULES: dict[tuple, nb.CubinModule] = {}  # (Build, device index) -> loaded module
 _LOCK = threading.Lock()
 
 
-def _module(
-    n,
-    k,
-    dtype_name: str,
-    tile: Tile,
-    has_bias: bool,
-    gegelu: bool,
-    device: torch.device,
-    skip_mma: bool = False,
-) -> nb.CubinModule:
-    key = (n, k, dtype_name, tile, has_bias, gegelu, skip_mma, device.index)
+def _module(build: Build, device: torch.device) -> nb.CubinModule:
+    key = (build, device.index)
     mod = _MODULES.get(key)
     if mod is None:
         with _LOCK:
             mod = _MODULES.get(key)
             if mod is None:
                 with torch.cuda.device(device):
-                    cubin = compile_cubin(n, k, dtype_name, tile, has_bias, gegelu, skip_mma=skip_mma)
-                    mod = nb.CubinModule(cubin, (KERNEL,))
-                    mod.allow_shared_memory(KERNEL, tile.smem_bytes(k))
+                    mod = nb.CubinModule(build.cubin(), (KERNEL,))
+                    mod.allow_shared_memory(KERNEL, build.tile.smem_bytes(build.k))
                 _MODULES[key] = mod
     return mod
 
@@ -196,6 +198,39 @@ def _check_operand(t: torch.Tensor, name: str) -> None:
         )
 
 
+def _rope_args(rope: RopeWrite, n: int, x: torch.Tensor) -> tuple:
+    """The checked rotary tables, caches and slots of a RopeWrite for x's M tokens, as kernel
+    arguments after the common ones."""
+    m = x.shape[0]
+    kc, vc = rope.k_cache, rope.v_cache
+    if kc.dim() != 4 or kc.shape != vc.shape or kc.stride() != vc.stride() or kc.stride(3) != 1:
+        raise InputError(f"gemm_rows rope: the caches must be equal [pages, page_size, Hkv, D] with a contiguous "
+                         f"last dim, got {tuple(kc.shape)} {kc.stride()} and {tuple(vc.shape)} {vc.stride()}")  # fmt: skip
+    pages, page_size, hkv, d = kc.shape
+    g = rope.group
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1 or n != hkv * (g + 2) * d:
+        raise InputError(f"gemm_rows rope: {n} weight rows are not Hkv={hkv} x (group={g!r} + 2) x D={d}")
+    if kc.dtype != x.dtype or kc.device != x.device or vc.device != x.device:
+        raise InputError(
+            f"gemm_rows rope: caches {kc.dtype} on {kc.device} do not match x {x.dtype} on {x.device}"
+        )
+    cos, sin = (t.float().contiguous() for t in (rope.cos, rope.sin))
+    if cos.shape != (m, d) or sin.shape != (m, d) or cos.device != x.device or sin.device != x.device:
+        raise InputError(f"gemm_rows rope: cos and sin must be [{m}, {d}] on {x.device}, got "
+                         f"{tuple(rope.cos.shape)} and {tuple(rope.sin.shape)}")  # fmt: skip
+    slots = rope.slot
+    if slots.shape != (m,) or slots.dtype != torch.int64 or slots.device != x.device or slots.stride(0) != 1:
+        raise InputError(f"gemm_rows rope: slot must be a contiguous [{m}] int64 tensor on {x.device}, got "
+                         f"{tuple(slots.shape)} {slots.dtype}")  # fmt: skip
+    i64, ptr = np.int64, np.uint64
+    return (
+        (d, g),
+        (ptr(cos.data_ptr()), ptr(sin.data_ptr()), i64(d), ptr(kc.data_ptr()), ptr(vc.data_ptr()),
+         ptr(slots.data_ptr()), i64(page_size), i64(kc.stride(0)), i64(kc.stride(1)), i64(kc.stride(2))),
+        (cos, sin),  # keep the float32 copies alive until the launch is queued
+    )  # fmt: skip
+
+
 def gemm_rows(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -205,15 +240,19 @@ def gemm_rows(
     pdl: bool | None = None,
     out: torch.Tensor | None = None,
     gegelu_limit: float | None = None,
+    rope: RopeWrite | None = None,
     skip_mma: bool = False,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias) for x: [M, K] with 1 <= M <= 32, weight: [N, K] (rows contiguous),
     bias: [N]; returns [M, N] in x's dtype (into `out`, a contiguous [M, N] tensor, if given).
     float32 sums, the bias added before the one rounding. `tile` overrides tile_for; `pdl`
-    (default: where `env.supports_pdl`) launches with programmatic dependent launch. With
-    `gegelu_limit`, up_proj's GeGeLU over the interleaved (gate, linear) output pairs follows in
-    the kernel: [M, N / 2], rounded as `layers.gegelu(F.linear(...))` rounds. `skip_mma`:
-    see render_source (benchmarks only)."""
+    (default: where `env.supports_pdl`) launches with programmatic dependent launch. Epilogues:
+    - `gegelu_limit`: up_proj's GeGeLU over the interleaved (gate, linear) output pairs:
+      [M, N / 2], rounded as `layers.gegelu(F.linear(...))` rounds;
+    - `rope` (a decode step's QKV, N = Hkv x (G + 2) x D): returns the rotated q [M, Hkv G D]
+      and writes the rotated k and v into the caches at each token's slot, rounded as
+      `fused.rotary_qkv(F.linear(...))` rounds.
+    `skip_mma`: see Build (benchmarks only)."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise InputError("gemm_rows: x and weight must be tensors")
     if not x.is_cuda or not supported(x.device):
@@ -239,12 +278,16 @@ def gemm_rows(
         isinstance(gegelu_limit, bool) or not isinstance(gegelu_limit, (int, float)) or gegelu_limit <= 0
     ):
         raise InputError(f"gemm_rows: gegelu_limit must be a positive number, got {gegelu_limit!r}")
-    tile = tile_for(n, k) if tile is None else tile
-    tile.check(n, k)
-    n_out = n // 2 if gegelu else n
-    mod = _module(n, k, row.name, tile, bias is not None, gegelu, x.device, bool(skip_mma))
+    if rope is not None and not isinstance(rope, RopeWrite):
+        raise InputError(f"gemm_rows: rope must be a RopeWrite, got {type(rope).__name__}")
+    rope_spec, rope_args, _keep = _rope_args(rope, n, x) if rope is not None else (None, _NO_ROPE, ())
+    if tile is None:
+        tile = TUNED_ROPE_TILES.get((n, k)) or tile_for(n, k, rope_spec[0]) if rope_spec else tile_for(n, k)
+    build = Build(n, k, row.name, tile, bias is not None, gegelu, rope_spec, bool(skip_mma))
+    mod = _module(build, x.device)  # InputError for a bad tile or epilogue before anything is allocated
+    n_out = n // 2 if gegelu else n // (rope_spec[1] + 2) * rope_spec[1] if rope_spec else n
     if out is None:
-        y = torch.empty((m, n_out), dtype=x.dtype, device=x.device)  # y: [M, N] or [M, N / 2]
+        y = torch.empty((m, n_out), dtype=x.dtype, device=x.device)  # y: [M, N], [M, N / 2] or q [M, Hkv G D]
     elif out.shape != (m, n_out) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
         raise InputError(f"gemm_rows: out must be a contiguous [{m}, {n_out}] {x.dtype} tensor on {x.device}")
     else:
@@ -255,18 +298,23 @@ def gemm_rows(
     args = (
         np.uint64(x.data_ptr()), i64(x.stride(0)), np.uint64(weight.data_ptr()), i64(weight.stride(0)),
         np.uint64(0 if bias is None else bias.data_ptr()), np.uint64(y.data_ptr()), i64(y.stride(0)), np.int32(m),
-        np.float32(gegelu_limit if gegelu else 0.0),
+        np.float32(gegelu_limit if gegelu else 0.0), *rope_args,
     )  # fmt: skip
     mod.launch(KERNEL, stream, (n // tile.block_n,), tile.threads(), *args, pdl=pdl,
                cluster=(tile.split,) if tile.split > 1 else None, shmem=tile.smem_bytes(k))  # fmt: skip
     return y
 
 
+# A build without the rotary epilogue still takes its arguments: null pointers and zeros.
+_NO_ROPE = (np.uint64(0), np.uint64(0), np.int64(0), np.uint64(0), np.uint64(0), np.uint64(0),
+            np.int64(1), np.int64(0), np.int64(0), np.int64(0))  # fmt: skip
+
+
 def occupancy(n: int, k: int, tile: Tile, device: torch.device) -> dict:
     """What the driver says of one bf16 build on `device`: blocks per SM, and for a cluster
     launch how many clusters can run at once (benchmarks: every block fits in one wave when
     max_active_clusters >= clusters = N / block_n)."""
-    mod = _module(n, k, "bf16", tile, True, False, device)
+    mod = _module(Build(n, k, "bf16", tile), device)
     kern = mod.kernels[KERNEL]
     out = {
         "blocks_per_sm": kern.occupancy.max_active_blocks_per_multiprocessor(

@@ -27,14 +27,13 @@ in Triton's interpreter (fp16/fp32) for the CPU tests. Imported only where it is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from ..errors import InputError
 from .fused import pdl_capable
+from .rope import RopeWrite  # noqa: F401 - part of this module's interface: gemv(..., rope=RopeWrite(...))
 
 TILE_ELEMS = 4096  # elements of W per program and iteration (8 KB of bf16), untuned shapes
 PROGRAMS_PER_SM = 8
@@ -239,19 +238,6 @@ def tile_for(n: int, k: int, mode: str, norm: bool, device: torch.device) -> tup
 def _block_k(block_n: int, k: int, mode: str) -> int:
     rows_read = block_n if mode == "plain" else 2 * block_n  # both row sets of a paired program
     return min(triton.next_power_of_2(k), max(16, TILE_ELEMS // rows_read))
-
-
-@dataclass(frozen=True)
-class RopeWrite:
-    """The QKV GEMV of one decode token with Phi-3-Small's rotary and the K/V cache write fused
-    in (`gemv(..., rope=)`): the rows are Hkv slots of `group` query heads, k and v."""
-
-    cos: torch.Tensor  # [1, D] or [D] float32 (Rotary.cos_sin at the token's position)
-    sin: torch.Tensor  # [1, D] or [D]
-    group: int  # G query heads per KV head
-    k_cache: torch.Tensor  # [num_pages, page_size, Hkv, D], any page layout, last dim contiguous
-    v_cache: torch.Tensor  # [num_pages, page_size, Hkv, D], the same strides
-    slot: torch.Tensor  # [1] int64: page * page_size + offset of the token
 
 
 def _check_rope(rope: RopeWrite, n: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ from .layers import (
     rows_gemm,
 )  # fmt: skip
 from .options import ATTN_IMPLS, ModelOptions
-from .rope import Rotary
+from .rope import RopeWrite, Rotary
 
 __all__ = ["ATTN_IMPLS", "KVCacheLayer", "Phi3SmallForCausalLM", "gegelu", "model_spec"]
 
@@ -133,6 +133,13 @@ class Attention(nn.Module):
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
     ) -> torch.Tensor:  # [T, hidden]
+        if rows_gemm(self.query_key_value, x, self.fused) and self.rope_fusable(batch, kv_cache):
+            # 2..32 decode tokens: one kernel for QKV, the rotary and the K/V cache write (gemm_rows)
+            from .gemm_rows import gemm_rows
+
+            rope = RopeWrite(cos, sin, self.group, kv_cache[0], kv_cache[1], batch.slot_mapping)
+            q = gemm_rows(x, self.query_key_value.weight, self.query_key_value.bias, rope=rope)  # [T, H * D]
+            return self.decode_rotated(q, batch, kv_cache)
         return self.attend(linear(self.query_key_value, x, self.gemv, self.fused), cos, sin, batch, kv_cache)
 
     def attend(
@@ -174,7 +181,7 @@ class Attention(nn.Module):
 
     def rope_fusable(self, batch: ForwardBatch, kv_cache: KVCacheLayer | None) -> bool:
         """A decode step whose QKV GEMV can also rotate q and k and write k and v into the cache
-        (`gemv.RopeWrite`): fused kernels on, a cache to write, a power-of-two head_dim."""
+        (`rope.RopeWrite`): fused kernels on, a cache to write, a power-of-two head_dim."""
         d = self.head_dim
         return (
             GEMV_ROPE
@@ -262,7 +269,7 @@ class DecoderLayer(nn.Module):
         """One row through the Triton GEMV (`ModelOptions.triton_gemv`): each residual add and
         LayerNorm happen inside the GEMV that reads their output (QKV, then up_proj + GeGeLU), and
         at a decode step the rotary and the K/V cache write inside the QKV GEMV as well."""
-        from .gemv import RopeWrite, gemv
+        from .gemv import gemv
 
         attn, mlp = self.self_attn, self.mlp
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm

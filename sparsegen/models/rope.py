@@ -10,6 +10,8 @@ cos/sin are computed from the positions on the fly (cheap, and capturable in a C
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .config import Phi3SmallConfig
@@ -63,3 +65,17 @@ class Rotary(torch.nn.Module):
         half = x.shape[-1] // 2
         rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
         return (xf * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class RopeWrite:
+    """A decode step's QKV projection with Phi-3-Small's rotary and the K/V cache write fused in
+    (`gemv.gemv(..., rope=)` for one token, `gemm_rows.gemm_rows(..., rope=)` for 2..32): the
+    weight's rows are Hkv slots of `group` query heads, k and v."""
+
+    cos: torch.Tensor  # [T, D] (or [D] for one token) float32: Rotary.cos_sin at each token's position
+    sin: torch.Tensor  # [T, D] (or [D])
+    group: int  # G query heads per KV head
+    k_cache: torch.Tensor  # [num_pages, page_size, Hkv, D], any page layout, last dim contiguous
+    v_cache: torch.Tensor  # [num_pages, page_size, Hkv, D], the same strides
+    slot: torch.Tensor  # [T] int64: page * page_size + offset of each token
