@@ -35,11 +35,11 @@ weights, bf16, 8K prompts:
   `sampling.greedy_argmax`'s two stages (`sampling.ARGMAX_CHUNK = 0`);
 - `qk1`: `defaults` with the paged-decode template's QK k-steps in one chain of mma
   (`qk_accs=1`, the default before session 9) instead of two;
-- `cublas_up`: `defaults` with up_proj + GeGeLU at 2..32 rows on cuBLAS and the fused GeGeLU
-  kernel instead of one `models.gemm_rows` kernel (`gemm_rows.ROWS_LAYERS` emptied), as before
-  session 10;
-- `rows_qkv`, `rows_qkv_o`, `rows_all`: `defaults` with QKV, then also the output projection,
-  then also down_proj through `models.gemm_rows` at 2..32 rows (`gemm_rows.ROWS_LAYERS`).
+- `cublas_up`: `defaults` with every linear at 2..32 rows on cuBLAS (`gemm_rows.ROWS_LAYERS`
+  emptied), with the fused GeGeLU and rotary kernels after them, as before session 10;
+- `rows_up`: only up_proj + GeGeLU through `models.gemm_rows` (session 10's default until call 11);
+- `rows_qkv`, `rows_qkv_o`, `rows_all`: up_proj and QKV (today's default; at a decode step with
+  the rotary and K/V write fused in), then also the output projection, then also down_proj.
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal the first mode's (the switches change no arithmetic but the summation
 order of the GEMV, and of the decode's scores under `qk1`).
@@ -99,6 +99,7 @@ MODES = {
     "plain_argmax": Mode(**_GEMV, decode_pdl=None, argmax_chunk=0),
     "qk1": Mode(**_GEMV, decode_pdl=None, qk_accs=1),
     "cublas_up": Mode(**_GEMV, decode_pdl=None, rows_layers=()),
+    "rows_up": Mode(**_GEMV, decode_pdl=None, rows_layers=((28672, 4096),)),
     "rows_qkv": Mode(**_GEMV, decode_pdl=None, rows_layers=((28672, 4096), (6144, 4096))),
     "rows_qkv_o": Mode(**_GEMV, decode_pdl=None, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096))),
     "rows_all": Mode(

@@ -97,12 +97,16 @@ TUNED_TILES = {
     (4096, 14336): Tile(64, 128, 2, 4, rows_per_warp=16),  # down_proj: 35.2 us (31.0-32.0)
 }
 # The same for the decode QKV with the rotary and K/V write fused in (`rope=`): its tile must hold
-# whole heads (block_n % head_dim == 0). Not yet timed against the other candidates.
+# whole heads (block_n % head_dim == 0). Session 10, call 11 (`bench_gemm_rows.py --rope`, 32
+# rows): 19.3 us against 21.5 for cuBLAS + fused.rotary_qkv; (128, 128, 4, 2) 19.7, (256, 64, 4,
+# 3) 21.2, (128, 128, 2, 4) 22.5.
 TUNED_ROPE_TILES = {(6144, 4096): Tile(128, 64, 4, 4, rows_per_warp=16)}
-# The weights ([out, in]) that the model runs through gemm_rows at 2..32 rows (`layers.rows_gemm`):
-# up_proj with GeGeLU fused in (`ab_decode_step.py`, session 10 call 5: a 7b batch-32 step 0.05
-# ms faster than cuBLAS + the GeGeLU kernel). Empty: cuBLAS everywhere.
-ROWS_LAYERS = {(28672, 4096)}
+# The weights ([out, in]) that the model runs through gemm_rows at 2..32 rows (`layers.rows_gemm`),
+# from one-process A/Bs of 7b batch-32 steps (`ab_decode_step.py`, session 10):
+# - up_proj with GeGeLU fused in: 0.05 ms faster than cuBLAS + the GeGeLU kernel (call 5);
+# - QKV, at a decode step with the rotary and K/V write fused in: 0.027 ms more (call 11).
+# The output projection and down_proj lose there (call 10: +0.08 and +0.43 ms). Empty: cuBLAS.
+ROWS_LAYERS = {(28672, 4096), (6144, 4096)}
 
 
 def tile_for(n: int, k: int, head_dim: int = 0, sm_count: int = 132) -> Tile:
