@@ -1,18 +1,22 @@
-"""Decode-step linear layers at batch 2..32 as a CUDA kernel: `x @ W.T + b` for up to 32 rows.
+"""Decode-step linear layers at batch 2..32 as CUDA kernels: `x @ W.T + b` for up to 32 rows.
 
 At 32 rows a 7b decode step's linear layers still only read their weights once (15.6 GB), but
-cuBLAS's kernels for these shapes lose 3-5 us each to their start and end (H200, session 9:
-qkv 16.6 us against an 11.3 us copy-rate floor, O 12.1 against 7.9). This kernel
-(templates/gemm_rows.cu.jinja) splits K over the blocks of a thread-block cluster so that about
-one block per SM streams its slab of W through a deep cp.async ring, sums the cluster's float32
-partials through distributed shared memory in a fixed order, and requests its first W tiles
-before it waits for the kernel before it (programmatic dependent launch).
+cuBLAS's kernels for these shapes lose 3-6 us each to their start and end (H200, session 10:
+qkv 18 us against an 11.8 us copy-rate floor, O 12.2 against 7.9). These kernels (templates
+gemm_rows.cu.jinja and gemm_rows_resident.cu.jinja, helpers in gemm_rows_common.cuh.jinja) split
+K over the blocks of a thread-block cluster so that about one block per SM streams its slab of
+W through a cp.async ring, sum the cluster's float32 partials through distributed shared memory
+in a fixed order, and request their first W tiles before they wait for the kernel before them
+(programmatic dependent launch). Epilogues: the bias; GeGeLU over up_proj's output pairs; a
+decode step's rotary and K/V cache write for QKV (`RopeWrite`).
 
-    y = gemm_rows(x, weight, bias)   # x: [M <= 32, K], weight: [N, K] -> y: [M, N]
+    y = gemm_rows(x, weight, bias)                   # x: [M <= 32, K], weight: [N, K] -> [M, N]
+    act = gemm_rows(x, w_up, b_up, gegelu_limit=20)  # -> [M, N / 2]
+    q = gemm_rows(x, w_qkv, b_qkv, rope=RopeWrite(cos, sin, group, k_cache, v_cache, slots))
 
-One build per (N, K, dtype, tile, arch), rendered and compiled with NVRTC on first use and kept
-for the process (a few seconds for the four 7b shapes). sm_90 only: clusters and the PDL
-instructions need Hopper.
+One build per `Build` (shape, dtype, tile, epilogue), rendered and compiled with NVRTC on first
+use (0.2-0.9 s each on the CPU machine) and kept for the process. sm_90 only: clusters and the
+PDL instructions need Hopper. Which of the model's linears use it: ROWS_LAYERS (`layers.rows_gemm`).
 """
 
 from __future__ import annotations

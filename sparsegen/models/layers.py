@@ -80,11 +80,19 @@ def gemv_layer(layer: nn.Module, on: bool, x: torch.Tensor) -> bool:
 
 def rows_gemm(layer: nn.Module, x: torch.Tensor, fused: bool) -> bool:
     """Whether `layer(x)` runs as `models.gemm_rows` (the few-row CUDA linear): eagerly on an
-    sm_90 GPU for 2..32 rows of x, a plain nn.Linear whose weight rows are contiguous, a weight
-    shape that `gemm_rows.ROWS_LAYERS` lists, and `fused` (not the plain reference model)."""
-    if not fused or not fast_kernels(x) or not 2 <= x.shape[0] <= 32:
+    sm_90 GPU for 2..32 bf16 / fp16 rows of x that the kernel can read, a plain nn.Linear whose
+    weight rows are contiguous, a weight shape that `gemm_rows.ROWS_LAYERS` lists, and `fused`
+    (not the plain reference model)."""
+    if not fused or not fast_kernels(x) or x.dim() != 2 or not 2 <= x.shape[0] <= 32:
         return False
-    if not isinstance(layer, nn.Linear) or layer.weight.stride(1) != 1:
+    if (
+        x.dtype not in (torch.bfloat16, torch.float16)
+        or x.stride(1) != 1
+        or x.stride(0) % 8
+        or x.data_ptr() % 16
+    ):
+        return False  # the kernel's operands (an fp32 model, an odd view: cuBLAS)
+    if not isinstance(layer, nn.Linear) or layer.weight.stride(1) != 1 or layer.weight.dtype != x.dtype:
         return False
     from . import gemm_rows
 
