@@ -27,13 +27,11 @@ CALLS = 24
 L2_BYTES = 60 << 20
 SHAPES = (("qkv", 6144, 4096), ("dense", 4096, 4096), ("up_proj", 28672, 4096), ("down_proj", 4096, 14336))
 R = dict(x_resident=True)
-SWEEP = {  # more tiles per shape: (block_n, block_k, split, stages); all fill 128 of 132 SMs
-    "qkv": (Tile(192, 64, 4, 4), Tile(192, 512, 4, 3, **R), Tile(96, 256, 2, 4, **R), Tile(384, 256, 8, 4, **R),
-            Tile(192, 256, 4, 3, **R)),
-    "dense": (Tile(128, 64, 4, 4), Tile(128, 512, 4, 3, **R), Tile(256, 256, 8, 4, **R), Tile(64, 256, 2, 4, **R),
-              Tile(128, 256, 4, 3, **R)),
-    "up_proj": (Tile(224, 64, 1, 4), Tile(224, 64, 1, 6)),
-    "down_proj": (Tile(128, 64, 4, 4), Tile(256, 256, 8, 4, **R), Tile(256, 128, 8, 4, **R), Tile(256, 64, 8, 6, **R)),
+SWEEP = {  # --sweep: more tiles per shape, (block_n, block_k, split, stages[, x resident][, rows per warp])
+    "qkv": (Tile(96, 256, 2, 4, **R), Tile(192, 256, 4, 4, **R), Tile(192, 64, 4, 4)),
+    "dense": (Tile(64, 256, 2, 4, **R), Tile(128, 256, 4, 4, **R), Tile(128, 64, 4, 4)),
+    "up_proj": (Tile(224, 64, 1, 4),),
+    "down_proj": (Tile(256, 256, 8, 3, **R), Tile(128, 64, 4, 4)),
 }  # fmt: skip
 
 

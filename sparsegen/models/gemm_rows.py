@@ -93,10 +93,11 @@ class Tile:
 
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's dynamic shared memory at most
 # (N, K) of the 7b decode step's linears -> the fastest tile measured at 32 rows with PDL (H200,
-# session 10, `benchmarks/bench_gemm_rows.py --diag`, call 9; cuBLAS in brackets, calls 2-3):
+# session 10, `benchmarks/bench_gemm_rows.py --diag` / `--sweep`, calls 9 and 13; cuBLAS in
+# brackets, calls 2-3 and 13):
 TUNED_TILES = {
     (6144, 4096): Tile(96, 128, 2, 4, rows_per_warp=16),  # qkv: 64 clusters of 2, 17.0 us (18.0)
-    (4096, 4096): Tile(64, 128, 2, 4, rows_per_warp=16),  # dense (O): 64 clusters of 2, 12.9 us (12.2-12.4)
+    (4096, 4096): Tile(64, 256, 2, 4, x_resident=True),  # dense (O): 12.4 us (12.1-12.4), call 13
     (28672, 4096): Tile(224, 128, 1, 3),  # up_proj: 128 single blocks, 57.4 us (60.1-62.3)
     (4096, 14336): Tile(64, 128, 2, 4, rows_per_warp=16),  # down_proj: 35.2 us (31.0-32.0)
 }
