@@ -1,6 +1,8 @@
 """Few-row linear layers of Phi-3-Small 7b: cuBLAS (`F.linear`) against `models.gemm_rows` (GPU).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_gemm_rows.py [--rows 32] [--sweep] [--out f.json]
+    PYTHONPATH=$PWD python3 benchmarks/bench_gemm_rows.py --diag    # occupancy, loads-only times
+    PYTHONPATH=$PWD python3 benchmarks/bench_gemm_rows.py --rope    # decode QKV + rotary + K/V write
 
 For each 7b decode linear (qkv, dense, up_proj, down_proj), bf16, `--rows` rows of x: the time
 of one call inside a CUDA graph of 24 calls, each call on another copy of the weight (copies
@@ -8,7 +10,10 @@ of one call inside a CUDA graph of 24 calls, each call on another copy of the we
 gemm_rows with and without programmatic dependent launch (PDL: each call's first W tiles load
 while the call before it ends, as in the model's chain of kernels). Every build's output is
 checked against the float64 product first (rel err, into a NaN-filled output). `--sweep` also
-times the tiles of SWEEP. Floor = the weight's bytes at this process's copy rate.
+times the tiles of SWEEP. Floor = the weight's bytes at this process's copy rate. `--diag`
+times the DIAG tiles with their math and without it (`Build.skip_mma`) and prints the driver's
+blocks per SM and how many clusters fit at once; `--rope` times the QKV kernel with the rotary
+and K/V cache write against cuBLAS followed by `fused.rotary_qkv` (ROPE_TILES).
 """
 
 from __future__ import annotations
