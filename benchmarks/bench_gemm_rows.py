@@ -50,10 +50,18 @@ DIAG = {  # --diag: tiles per shape, each timed with the math and loads-only (sk
 }  # fmt: skip
 
 
+def weight_ring(n: int, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Copies of a random bf16 [n, k] weight (scaled by 1 / sqrt(k)) and its [n] bias, together
+    at least 4x the L2, so that each call of a graph reads its weight from memory."""
+    ring = max(2, -(-4 * L2_BYTES // (n * k * 2)))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(ring)]
+    return ws, [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
+
+
 def run_diag(name, n, k, rows, copy_tb_s) -> list[dict]:
     wbytes = n * k * 2
-    ring = max(2, -(-4 * L2_BYTES // wbytes))
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
+    ws, _ = weight_ring(n, k)
+    ring = len(ws)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     out = []
     for tile, skip in ((t, sk) for t in DIAG[name] for sk in (False, True)):
@@ -84,9 +92,8 @@ def run_rope(rows: int) -> list[dict]:
     from sparsegen.models.rope import RopeWrite
 
     n, k = HKV * (GROUP + 2) * HEAD_D, 4096
-    ring = max(2, -(-4 * L2_BYTES // (n * k * 2)))
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(ring)]
-    bs = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
+    ws, bs = weight_ring(n, k)
+    ring = len(ws)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     theta = torch.rand(rows, HEAD_D, device="cuda") * 6.28
     cos, sin = theta.cos(), theta.sin()
@@ -126,9 +133,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_shape(name, n, k, rows, tiles, copy_tb_s) -> dict:
     wbytes = n * k * 2
-    ring = max(2, -(-4 * L2_BYTES // wbytes))
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(ring)]
-    bs = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
+    ws, bs = weight_ring(n, k)
+    ring = len(ws)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     ref = x.double() @ ws[0].double().T + bs[0].double()
     out = {"shape": name, "n": n, "k": k, "rows": rows, "floor_us": wbytes / (copy_tb_s * 1e12) * 1e6}

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .. import codegen, dtypes, env
+from ..env import parse_arch
 from ..errors import InputError
 from ..jit import nvrtc_build as nb
 from .rope import RopeWrite
@@ -196,47 +197,42 @@ def _module(build: Build, device: torch.device) -> nb.CubinModule:
 
 def supported(device: torch.device) -> bool:
     """Whether this kernel runs on `device`: a CUDA device of compute capability 9.x."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    arch = env.current_arch(device)  # cached per device
+    return arch is not None and parse_arch(arch) // 10 == 9
+
+
+def operand_ok(t: torch.Tensor) -> bool:
+    """Whether the kernel can read `t` as x or W: 2-D, unit column stride, a row stride that is a
+    multiple of 8 elements and a 16-byte aligned start (its cp.async copies 16 bytes)."""
+    return t.dim() == 2 and t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
 
 
 def _check_operand(t: torch.Tensor, name: str) -> None:
-    if t.dim() != 2 or t.stride(1) != 1 or t.stride(0) % 8 or t.data_ptr() % 16:
+    if not operand_ok(t):
         raise InputError(
             f"gemm_rows: {name} must be 2-D with unit column stride, a row stride that is a multiple "
             f"of 8 and a 16-byte aligned start; got shape {tuple(t.shape)}, strides {t.stride()}"
         )
 
 
+# A build without the rotary epilogue still takes its arguments: null pointers and zeros.
+_NO_ROPE = (np.uint64(0), np.uint64(0), np.int64(0), np.uint64(0), np.uint64(0), np.uint64(0),
+            np.int64(1), np.int64(0), np.int64(0), np.int64(0))  # fmt: skip
+
+
 def _rope_args(rope: RopeWrite, n: int, x: torch.Tensor) -> tuple:
-    """The checked rotary tables, caches and slots of a RopeWrite for x's M tokens, as kernel
-    arguments after the common ones."""
-    m = x.shape[0]
-    kc, vc = rope.k_cache, rope.v_cache
-    if kc.dim() != 4 or kc.shape != vc.shape or kc.stride() != vc.stride() or kc.stride(3) != 1:
-        raise InputError(f"gemm_rows rope: the caches must be equal [pages, page_size, Hkv, D] with a contiguous "
-                         f"last dim, got {tuple(kc.shape)} {kc.stride()} and {tuple(vc.shape)} {vc.stride()}")  # fmt: skip
-    pages, page_size, hkv, d = kc.shape
-    g = rope.group
-    if isinstance(g, bool) or not isinstance(g, int) or g < 1 or n != hkv * (g + 2) * d:
-        raise InputError(f"gemm_rows rope: {n} weight rows are not Hkv={hkv} x (group={g!r} + 2) x D={d}")
-    if kc.dtype != x.dtype or kc.device != x.device or vc.device != x.device:
-        raise InputError(
-            f"gemm_rows rope: caches {kc.dtype} on {kc.device} do not match x {x.dtype} on {x.device}"
-        )
-    cos, sin = (t.float().contiguous() for t in (rope.cos, rope.sin))
-    if cos.shape != (m, d) or sin.shape != (m, d) or cos.device != x.device or sin.device != x.device:
-        raise InputError(f"gemm_rows rope: cos and sin must be [{m}, {d}] on {x.device}, got "
-                         f"{tuple(rope.cos.shape)} and {tuple(rope.sin.shape)}")  # fmt: skip
-    slots = rope.slot
-    if slots.shape != (m,) or slots.dtype != torch.int64 or slots.device != x.device or slots.stride(0) != 1:
-        raise InputError(f"gemm_rows rope: slot must be a contiguous [{m}] int64 tensor on {x.device}, got "
-                         f"{tuple(slots.shape)} {slots.dtype}")  # fmt: skip
+    """The checked rotary tables, caches and slots of a RopeWrite for x's M tokens: ((head_dim,
+    group), the kernel arguments after the common ones, the float32 tables to keep alive until
+    the launch is queued)."""
+    cos, sin = rope.checked(n, x.shape[0], x, "gemm_rows rope")  # [M, D] each
+    kc, vc, slots = rope.k_cache, rope.v_cache, rope.slot
+    d = kc.shape[3]
     i64, ptr = np.int64, np.uint64
     return (
-        (d, g),
+        (d, rope.group),
         (ptr(cos.data_ptr()), ptr(sin.data_ptr()), i64(d), ptr(kc.data_ptr()), ptr(vc.data_ptr()),
-         ptr(slots.data_ptr()), i64(page_size), i64(kc.stride(0)), i64(kc.stride(1)), i64(kc.stride(2))),
-        (cos, sin),  # keep the float32 copies alive until the launch is queued
+         ptr(slots.data_ptr()), i64(kc.shape[1]), i64(kc.stride(0)), i64(kc.stride(1)), i64(kc.stride(2))),
+        (cos, sin),
     )  # fmt: skip
 
 
@@ -312,11 +308,6 @@ def gemm_rows(
     mod.launch(KERNEL, stream, (n // tile.block_n,), tile.threads(), *args, pdl=pdl,
                cluster=(tile.split,) if tile.split > 1 else None, shmem=tile.smem_bytes(k))  # fmt: skip
     return y
-
-
-# A build without the rotary epilogue still takes its arguments: null pointers and zeros.
-_NO_ROPE = (np.uint64(0), np.uint64(0), np.int64(0), np.uint64(0), np.uint64(0), np.uint64(0),
-            np.int64(1), np.int64(0), np.int64(0), np.int64(0))  # fmt: skip
 
 
 def occupancy(n: int, k: int, tile: Tile, device: torch.device) -> dict:

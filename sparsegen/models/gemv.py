@@ -240,31 +240,6 @@ def _block_k(block_n: int, k: int, mode: str) -> int:
     return min(triton.next_power_of_2(k), max(16, TILE_ELEMS // rows_read))
 
 
-def _check_rope(rope: RopeWrite, n: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    kc, vc = rope.k_cache, rope.v_cache
-    if kc.dim() != 4 or kc.shape != vc.shape or kc.stride() != vc.stride() or kc.stride(3) != 1:
-        raise InputError(f"gemv rope: the caches must be equal [pages, page_size, Hkv, D] with a contiguous "
-                         f"last dim, got {tuple(kc.shape)} {kc.stride()} and {tuple(vc.shape)} {vc.stride()}")  # fmt: skip
-    _, _, hkv, d = kc.shape
-    if n != hkv * (rope.group + 2) * d or d % 2 or d & (d - 1):
-        raise InputError(f"gemv rope: {n} weight rows are not Hkv={hkv} x (G={rope.group} + 2) x D={d} "
-                         "with D a power of two")  # fmt: skip
-    if kc.dtype != x.dtype or kc.device != x.device or vc.device != x.device:
-        raise InputError(
-            f"gemv rope: caches {kc.dtype} on {kc.device} do not match x {x.dtype} on {x.device}"
-        )
-    cos, sin = (t.reshape(-1).float().contiguous() for t in (rope.cos, rope.sin))
-    if cos.shape != (d,) or sin.shape != (d,) or cos.device != x.device or sin.device != x.device:
-        raise InputError(f"gemv rope: cos and sin must be [{d}] on {x.device}, got "
-                         f"{tuple(rope.cos.shape)} and {tuple(rope.sin.shape)}")  # fmt: skip
-    slot = rope.slot
-    if slot.shape != (1,) or slot.dtype != torch.int64 or slot.device != x.device:
-        raise InputError(
-            f"gemv rope: slot must be [1] int64 on {x.device}, got {tuple(slot.shape)} {slot.dtype}"
-        )
-    return cos, sin
-
-
 def block_n_for(n_out: int, programs: int) -> int:
     """The largest BLOCK_N in 1..16 (a power of two) that still gives `programs` programs."""
     block = 16
@@ -345,7 +320,7 @@ def gemv(
     cos = sin = kc = vc = slot = dummy
     cache_strides, head_d, group = (1, 0, 0, 0), 1, 1
     if rope is not None:
-        cos, sin = _check_rope(rope, n, x)
+        cos, sin = (t.reshape(-1) for t in rope.checked(n, 1, x, "gemv rope"))  # [D] each
         kc, vc, slot = rope.k_cache, rope.v_cache, rope.slot
         cache_strides = (kc.shape[1], kc.stride(0), kc.stride(1), kc.stride(2))
         head_d, group = kc.shape[3], rope.group

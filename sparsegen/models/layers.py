@@ -85,18 +85,14 @@ def rows_gemm(layer: nn.Module, x: torch.Tensor, fused: bool) -> bool:
     (not the plain reference model)."""
     if not fused or not fast_kernels(x) or x.dim() != 2 or not 2 <= x.shape[0] <= 32:
         return False
-    if (
-        x.dtype not in (torch.bfloat16, torch.float16)
-        or x.stride(1) != 1
-        or x.stride(0) % 8
-        or x.data_ptr() % 16
-    ):
-        return False  # the kernel's operands (an fp32 model, an odd view: cuBLAS)
-    if not isinstance(layer, nn.Linear) or layer.weight.stride(1) != 1 or layer.weight.dtype != x.dtype:
-        return False
+    if not isinstance(layer, nn.Linear) or x.dtype not in (torch.bfloat16, torch.float16):
+        return False  # a tensor-parallel layer, or an fp32 model: cuBLAS
     from . import gemm_rows
 
-    return tuple(layer.weight.shape) in gemm_rows.ROWS_LAYERS and gemm_rows.supported(x.device)
+    w = layer.weight
+    if tuple(w.shape) not in gemm_rows.ROWS_LAYERS or w.dtype != x.dtype:
+        return False
+    return gemm_rows.operand_ok(x) and gemm_rows.operand_ok(w) and gemm_rows.supported(x.device)
 
 
 def linear(layer: nn.Module, x: torch.Tensor, gemv: bool, fused: bool = False) -> torch.Tensor:
