@@ -39,7 +39,9 @@ weights, bf16, 8K prompts:
   emptied), with the fused GeGeLU and rotary kernels after them, as before session 10;
 - `rows_up`: only up_proj + GeGeLU through `models.gemm_rows` (session 10's default until call 11);
 - `rows_qkv`, `rows_qkv_o`, `rows_all`: up_proj and QKV (today's default; at a decode step with
-  the rotary and K/V write fused in), then also the output projection, then also down_proj.
+  the rotary and K/V write fused in), then also the output projection, then also down_proj;
+- `rows_qkv_dpdl`, `rows_qkv_o_dpdl`: `rows_qkv` / `rows_qkv_o` with paged decode launched with
+  PDL at batch 32 too (behind the QKV kernel, which triggers its dependents at its start).
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
 the greedy tokens equal the first mode's (the switches change no arithmetic but the summation
 order of the GEMV, and of the decode's scores under `qk1`).
@@ -104,6 +106,10 @@ MODES = {
     "rows_qkv_o": Mode(**_GEMV, decode_pdl=None, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096))),
     "rows_all": Mode(
         **_GEMV, decode_pdl=None, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096), (4096, 14336))
+    ),
+    "rows_qkv_dpdl": Mode(**_GEMV, decode_pdl=True, rows_layers=((28672, 4096), (6144, 4096))),
+    "rows_qkv_o_dpdl": Mode(
+        **_GEMV, decode_pdl=True, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096))
     ),
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
