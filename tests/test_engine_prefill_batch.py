@@ -1,8 +1,9 @@
 """The prefill batch that `ModelRunner.prepare_prefill` builds with tensor ops equals the one the
 per-token Python lists built before (kept below as the oracle): token ids, positions, slots,
-cu_seqlens, kv_gather, logits rows and the LongRoPE flags, on shuffled page lists, page
-boundaries, prompts that are exact multiples of the page size, chunked prefill continuing a
-sequence, recomputed sequences (prompt plus output tokens), and batches mixing all of them."""
+cu_seqlens, kv_gather, logits rows, the sampled sequences' tables and the LongRoPE flags, on
+shuffled page lists, page boundaries, prompts that are exact multiples of the page size, chunked
+prefill continuing a sequence, recomputed sequences (prompt plus output tokens), and batches
+mixing all of them. Then the model's last layer on just the sampled rows against the whole one."""
 
 from __future__ import annotations
 
@@ -55,8 +56,13 @@ def lists_prefill(runner, chunks):
         cu_k.append(cu_k[-1] + c.stop)
         if c.completes:
             last_rows.append(cu_q[-1] - 1)
+    sampled = [c for c in chunks if c.completes]
+    width = max((len(c.seq.pages) for c in sampled), default=0)
+    tables = [c.seq.pages + [cache.scratch_page] * (width - len(c.seq.pages)) for c in sampled]
     t = torch.tensor
     return t(ids, dtype=torch.long), {
+        "sampled_block_tables": t(tables, dtype=torch.int32).view(len(sampled), width),
+        "sampled_seq_lens": t([c.stop for c in sampled], dtype=torch.int32),
         "positions": t(positions, dtype=torch.long),
         "use_long_rope": t(use_long, dtype=torch.bool) if runner.long_rope_after is not None else None,
         "logits_index": t(last_rows, dtype=torch.long),
@@ -232,6 +238,106 @@ def test_slots_equal_the_per_position_formula_on_random_tables():
             assert got.dtype == torch.long and got.tolist() == want
         with pytest.raises(EngineError, match="need pages 0..2 of the block table, which has 2"):
             cache.slots([4, 5], 0, 2 * ps + 1)
+
+
+def random_chunks(runner, gen: random.Random, first_id: int) -> list[Chunk]:
+    """One to four chunks: fresh prompts or continued ones, completing or not (as above)."""
+    chunks = []
+    for j in range(gen.randint(1, 4)):
+        seq = make_seq(runner, first_id + j, gen.randint(1, 150), gen.choice([0, 0, gen.randint(1, 20)]), gen)
+        start = gen.choice([0, gen.randrange(len(seq))])
+        stop = gen.choice([len(seq), gen.randint(start + 1, len(seq))])
+        chunks.append(Chunk(seq, start, stop))
+    return chunks
+
+
+def fill_cache(runner, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random values in every page (the cached prefixes' keys and values); returns a copy."""
+    gen = torch.Generator().manual_seed(seed)
+    for k, v in runner.cache.layers:
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+    return [(k.clone(), v.clone()) for k, v in runner.cache.layers]
+
+
+def restore_cache(runner, saved) -> None:
+    for (k, v), (k0, v0) in zip(runner.cache.layers, saved, strict=True):
+        k.copy_(k0)
+        v.copy_(v0)
+
+
+@torch.inference_mode()
+def test_the_last_layer_on_the_sampled_rows_equals_the_whole_layer(longrope_model):
+    """A cached prefill runs its last layer's attention, O projection and MLP on the sampled rows
+    only (a decode over the cache just written); logits and every cache write equal the whole
+    last layer's (the same batch without its sampled_* tables), on mixed random batches."""
+    model = longrope_model
+    for page_size in (4, 16):
+        engine = engine_for(model, page_size)
+        runner, gen = engine.runner, random.Random(200 + page_size)
+        for trial in range(12):
+            chunks = random_chunks(runner, gen, 10 * trial)
+            saved = fill_cache(runner, trial)
+            ids, batch = runner.prepare_prefill(chunks)
+            want = model(
+                ids, replace(batch, sampled_block_tables=None, sampled_seq_lens=None), runner.cache.layers
+            )
+            want_cache = [(k.clone(), v.clone()) for k, v in runner.cache.layers]
+            restore_cache(runner, saved)
+            got = model(ids, batch, runner.cache.layers)
+            assert got.shape == want.shape == (sum(c.completes for c in chunks), model.config.vocab_size)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            for (k, v), (k1, v1) in zip(runner.cache.layers, want_cache, strict=True):
+                assert torch.equal(k, k1) and torch.equal(v, v1)
+            for c in chunks:
+                engine.cache.allocator.free(c.seq.pages)
+
+
+@torch.inference_mode()
+def test_the_last_layer_runs_its_mlp_on_the_sampled_rows_only(model):
+    engine = engine_for(model, 16)
+    runner, gen = engine.runner, random.Random(9)
+    seen: dict[int, list[int]] = {}
+    hooks = [
+        block.mlp.register_forward_pre_hook(lambda mod, args, i=i: seen.setdefault(i, []).append(args[0].shape[0]))
+        for i, block in enumerate(model.model.layers)
+    ]  # fmt: skip
+    try:
+        done, part = make_seq(runner, 0, 40, 0, gen), make_seq(runner, 1, 70, 0, gen)
+        last = len(model.model.layers) - 1
+        ids, batch = runner.prepare_prefill([Chunk(done, 0, 40), Chunk(part, 0, 30)])
+        logits = model(ids, batch, runner.cache.layers)
+        assert logits.shape[0] == 1
+        assert all(seen[i] == [70] for i in range(last)) and seen[last] == [1]
+        seen.clear()
+        ids, batch = runner.prepare_prefill([Chunk(part, 30, 50)])  # nothing sampled: K/V only
+        assert model(ids, batch, runner.cache.layers).shape == (0, model.config.vocab_size)
+        assert all(seen[i] == [20] for i in range(last)) and last not in seen
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@torch.inference_mode()
+def test_sampled_tables_that_disagree_with_the_logits_rows_are_refused_before_any_write(model):
+    engine = engine_for(model, 16)
+    runner, gen = engine.runner, random.Random(11)
+    a, b = make_seq(runner, 0, 33, 0, gen), make_seq(runner, 1, 20, 0, gen)
+    ids, batch = runner.prepare_prefill([Chunk(a, 0, 33), Chunk(b, 0, 20)])
+    saved = fill_cache(runner, 0)
+    bad = [
+        (dict(sampled_seq_lens=batch.sampled_seq_lens[:1]), "2 logits rows, 1 sampled_seq_lens and 2"),
+        (dict(sampled_block_tables=batch.sampled_block_tables[:1]), "2 sampled_seq_lens and 1 sampled_block"),
+        (dict(sampled_block_tables=None), r"must be \[R, pages\].*got \[None, \(2,\)\]"),
+        (dict(sampled_seq_lens=batch.sampled_seq_lens.view(2, 1)), r"got \[\(2, 3\), \(2, 1\)\]"),
+        (dict(sampled_block_tables=batch.sampled_block_tables.long()), "must be int32, got torch.int64"),
+        (dict(sampled_seq_lens=batch.sampled_seq_lens.float()), "torch.float32"),
+    ]
+    for fields, match in bad:
+        with pytest.raises(InputError, match=match):
+            model(ids, replace(batch, **fields), runner.cache.layers)
+        for (k, v), (k0, v0) in zip(runner.cache.layers, saved, strict=True):
+            assert torch.equal(k, k0) and torch.equal(v, v0)
 
 
 @pytest.mark.gpu

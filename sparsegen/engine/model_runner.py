@@ -183,6 +183,7 @@ class ModelRunner:
         dev, cache = self.model.device, self.cache
         has_prefix = any(c.start > 0 for c in chunks)
         ids, positions, slots, gather, use_long, last_rows = [], [], [], [], [], []
+        sampled = [c for c in chunks if c.completes]  # their last rows are sampled
         cu_q, cu_k = [0], [0]
         for c in chunks:
             ids.append(token_ids(c.seq, c.start, c.stop))
@@ -203,8 +204,13 @@ class ModelRunner:
         if fields[3] is not None:  # flat slots -> (pages, offsets), the cache's two indices
             fields[3] = np.concatenate([fields[3] // cache.page_size, fields[3] % cache.page_size])
         ids_d, positions_d, slots_d, gather_d, rows_d = packed_to_device([*fields, rows], torch.long, dev)
-        cu = [np.array(cu_q, dtype=np.int32), np.array(cu_k, dtype=np.int32)]
-        cu_seqlens_q, cu_seqlens_k = packed_to_device(cu, torch.int32, dev)
+        width = max((len(c.seq.pages) for c in sampled), default=0)
+        tables = np.full((len(sampled), width), cache.scratch_page, dtype=np.int32)  # [sampled, width]
+        for row, c in enumerate(sampled):
+            tables[row, : len(c.seq.pages)] = c.seq.pages
+        ints = [np.array(cu_q, dtype=np.int32), np.array(cu_k, dtype=np.int32), tables.reshape(-1),
+                np.array([c.stop for c in sampled], dtype=np.int32)]  # fmt: skip
+        cu_seqlens_q, cu_seqlens_k, tables_d, lens_d = packed_to_device(ints, torch.int32, dev)
         long_d = None
         if self.long_rope_after is not None:
             (long_d,) = packed_to_device([np.concatenate(use_long)], torch.bool, dev)
@@ -219,6 +225,8 @@ class ModelRunner:
             max_seqlen_k=max(c.stop for c in chunks),
             kv_gather=None if gather_d is None else gather_d.view(2, -1),  # [2, Tk] or None
             slot_mapping=slots_d,  # [T]
+            sampled_block_tables=tables_d.view(len(sampled), width),  # [sampled, width] int32
+            sampled_seq_lens=lens_d,  # [sampled] int32
         )
         return ids_d, batch  # ids: [T]
 

@@ -31,6 +31,12 @@ class ForwardBatch:
     # decode
     block_tables: torch.Tensor | None = None  # [B, max_pages] int32
     seq_lens: torch.Tensor | None = None  # [B] int32, including the new token
+    # prefill with a cache: the page tables and lengths of the sequences whose logits are wanted
+    # (logits_index's rows, in its order). With them the last layer attends from just those rows,
+    # over the cache its QKV step has just written, and runs its O projection and MLP on just
+    # them (`Phi3SmallForCausalLM.forward`); None: the last layer runs on every row.
+    sampled_block_tables: torch.Tensor | None = None  # [len(logits_index), max_pages] int32
+    sampled_seq_lens: torch.Tensor | None = None  # [len(logits_index)] int32
 
     @classmethod
     def whole_sequences(cls, lengths: list[int], device: torch.device | str = "cpu") -> ForwardBatch:

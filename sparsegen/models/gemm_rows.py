@@ -110,9 +110,11 @@ TUNED_ROPE_TILES = {(6144, 4096): Tile(128, 64, 4, 4, rows_per_warp=16)}
 # The weights ([out, in]) that the model runs through gemm_rows at 2..32 rows (`layers.rows_gemm`),
 # from one-process A/Bs of 7b batch-32 steps (`ab_decode_step.py`, session 10):
 # - up_proj with GeGeLU fused in: 0.05 ms faster than cuBLAS + the GeGeLU kernel (call 5);
-# - QKV, at a decode step with the rotary and K/V write fused in: 0.027 ms more (call 11).
-# The output projection and down_proj lose there (call 10: +0.08 and +0.43 ms). Empty: cuBLAS.
-ROWS_LAYERS = {(28672, 4096), (6144, 4096)}
+# - QKV, at a decode step with the rotary and K/V write fused in: 0.027 ms more (call 11);
+# - the output projection with the x-resident tile: 0.013-0.024 ms more (session 11, call 2:
+#   10.671 / 10.682 -> 10.658 / 10.658 ms; with session 10's ring tile it lost 0.08 ms, call 10).
+# down_proj loses there (session 10, call 10: +0.43 ms). Empty: cuBLAS.
+ROWS_LAYERS = {(28672, 4096), (6144, 4096), (4096, 4096)}
 
 
 def tile_for(n: int, k: int, head_dim: int = 0, sm_count: int = 132) -> Tile:

@@ -72,6 +72,19 @@ def _decode_pdl(q: torch.Tensor) -> bool:
     return q.is_cuda and fused_ops().pdl_allowed(q.device, q.shape[0], DECODE_PDL_MAX_ROWS)
 
 
+def check_sampled(batch: ForwardBatch) -> None:
+    """The sampled_* tables agree with logits_index (shapes and dtypes only: no device read)."""
+    rows, tables, lens = batch.logits_index, batch.sampled_block_tables, batch.sampled_seq_lens
+    if tables is None or lens is None or tables.dim() != 2 or lens.dim() != 1 or rows.dim() != 1:
+        shapes = [None if t is None else tuple(t.shape) for t in (tables, lens)]
+        raise InputError(f"sampled_block_tables must be [R, pages] and sampled_seq_lens [R], got {shapes}")
+    if not rows.shape[0] == lens.shape[0] == tables.shape[0]:
+        raise InputError(f"{rows.shape[0]} logits rows, {lens.shape[0]} sampled_seq_lens and "
+                         f"{tables.shape[0]} sampled_block_tables rows: they must agree")  # fmt: skip
+    if tables.dtype != torch.int32 or lens.dtype != torch.int32:
+        raise InputError(f"sampled_* tables must be int32, got {tables.dtype} and {lens.dtype}")
+
+
 class Attention(nn.Module):
     def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
         super().__init__()
@@ -87,6 +100,7 @@ class Attention(nn.Module):
         )
         self.group = config.group_size
         self.scale = config.attention_scale
+        self.hidden = config.hidden_size
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.query_key_value = Linear(config.hidden_size, qkv_out, bias=True, **fk)
         self.dense = Linear(config.hidden_size, config.hidden_size, bias=True, **fk)
@@ -102,14 +116,16 @@ class Attention(nn.Module):
         # reconstruct a frozen dataclass (the LayerSpec) that crosses into a call it does not inline.
         self.layer_json = layer.to_json()
 
-    def _decode(self, q: torch.Tensor, kv_cache: KVCacheLayer, batch: ForwardBatch) -> torch.Tensor:
-        """q: [B, H, D] over the paged cache -> [B, H, D]."""
+    def _decode(
+        self, q: torch.Tensor, kv_cache: KVCacheLayer, tables: torch.Tensor, lens: torch.Tensor
+    ) -> torch.Tensor:
+        """q: [B, H, D], the last token of each of B sequences, over the paged cache (tables:
+        [B, max_pages] int32, lens: [B] int32) -> [B, H, D]."""
         if torch.compiler.is_compiling():
-            return torch.ops.sparsegen.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables,
-                                                    batch.seq_lens, self.layer_json, self.scale,
-                                                    self.decode_impl, None)  # fmt: skip
-        return ops.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables, batch.seq_lens, self.layer,
-                                scale=self.scale, impl=self.decode_impl, pdl=_decode_pdl(q))  # fmt: skip
+            return torch.ops.sparsegen.paged_decode(q, kv_cache[0], kv_cache[1], tables, lens, self.layer_json,
+                                                    self.scale, self.decode_impl, None)  # fmt: skip
+        return ops.paged_decode(q, kv_cache[0], kv_cache[1], tables, lens, self.layer, scale=self.scale,
+                                impl=self.decode_impl, pdl=_decode_pdl(q))  # fmt: skip
 
     def _prefill(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
@@ -132,7 +148,11 @@ class Attention(nn.Module):
         sin: torch.Tensor,  # [T, D]
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
-    ) -> torch.Tensor:  # [T, hidden]
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # [T, hidden], or [len(rows), hidden]
+        """`rows` ([R] int64, a prefill's logits_index, with batch.sampled_*): QKV, the rotary
+        and the cache write for every token, attention and the output projection for these
+        rows only (each the last token of its sequence, so a decode over the cache just written)."""
         if rows_gemm(self.query_key_value, x, self.fused) and self.rope_fusable(batch, kv_cache):
             # 2..32 decode tokens: one kernel for QKV, the rotary and the K/V cache write (gemm_rows)
             from .gemm_rows import gemm_rows
@@ -140,7 +160,8 @@ class Attention(nn.Module):
             rope = RopeWrite(cos, sin, self.group, kv_cache[0], kv_cache[1], batch.slot_mapping)
             q = gemm_rows(x, self.query_key_value.weight, self.query_key_value.bias, rope=rope)  # [T, H * D]
             return self.decode_rotated(q, batch, kv_cache)
-        return self.attend(linear(self.query_key_value, x, self.gemv, self.fused), cos, sin, batch, kv_cache)
+        qkv = linear(self.query_key_value, x, self.gemv, self.fused)  # [T, (H + 2 Hkv) * D]
+        return self.attend(qkv, cos, sin, batch, kv_cache, rows)
 
     def attend(
         self,
@@ -149,13 +170,18 @@ class Attention(nn.Module):
         sin: torch.Tensor,  # [T, D]
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
-    ) -> torch.Tensor:  # [T, hidden]
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # [T, hidden], or [len(rows), hidden]
         """Everything of the block's attention after the QKV projection: rotary, the cache write,
-        attention, the output projection."""
+        attention, the output projection (`rows`: see forward)."""
         t = qkv.shape[0]
         h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
         qkv = qkv.view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
         write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
+        if rows is not None and (write is None or batch.sampled_block_tables is None):
+            raise InputError(
+                "attention from some rows only needs a KV cache and the batch's sampled_* tables"
+            )
         if (
             self.fused and fast_kernels(qkv) and fused_ops().supports_rotary(qkv)
         ):  # one kernel: rotary, split, cache write
@@ -166,10 +192,14 @@ class Attention(nn.Module):
             v = qkv[:, :, g + 1].contiguous()  # [T, Hkv, D]
             if write is not None:
                 write_kv(write[0], write[1], batch.slot_mapping, k, v)
-        if batch.is_decode:
+        if rows is not None:
+            if rows.shape[0] == 0:  # nothing sampled (a long prompt's earlier chunk): K/V only
+                return qkv.new_empty((0, self.hidden))
+            out = self._decode(q[rows], kv_cache, batch.sampled_block_tables, batch.sampled_seq_lens)
+        elif batch.is_decode:
             if kv_cache is None:
                 raise InputError("a decode step needs a KV cache")
-            out = self._decode(q, kv_cache, batch)
+            out = self._decode(q, kv_cache, batch.block_tables, batch.seq_lens)
         else:
             if batch.kv_gather is not None:
                 k_all = read_kv(kv_cache[0], batch.kv_gather)  # [Tk, Hkv, D]: cached prefix + new
@@ -194,7 +224,8 @@ class Attention(nn.Module):
 
     def decode_rotated(self, q: torch.Tensor, batch: ForwardBatch, kv_cache: KVCacheLayer) -> torch.Tensor:
         """q: [T, H * D] already rotated, with k and v already in the cache -> [T, hidden]."""
-        return self._project(self._decode(q.view(q.shape[0], self.num_heads, self.head_dim), kv_cache, batch))
+        q = q.view(q.shape[0], self.num_heads, self.head_dim)  # [T, H, D]
+        return self._project(self._decode(q, kv_cache, batch.block_tables, batch.seq_lens))
 
     def _project(self, out: torch.Tensor) -> torch.Tensor:  # out: [T, H, D] -> [T, hidden]
         t = out.shape[0]
@@ -252,15 +283,22 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         batch: ForwardBatch,
         kv_cache: KVCacheLayer | None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (this block's MLP output, the stream before it)
+        """`rows` ([R] int64): only these rows leave the block (both outputs [R, hidden]); every
+        token's K/V is still written (Attention.forward)."""
         plain = isinstance(self.self_attn.query_key_value, nn.Linear) and isinstance(
             self.mlp.up_proj, nn.Linear
         )
-        if plain and gemv_row(self.self_attn.gemv, x):
+        if rows is None and plain and gemv_row(self.self_attn.gemv, x):
             return self._forward_row(x, residual, cos, sin, batch, kv_cache)
         trigger = rows_gemm(self.self_attn.query_key_value, x, self.fused)  # as below, for QKV
         h, residual = add_norm(self.input_layernorm, x, residual, self.fused, trigger)
-        attn = self.self_attn(h, cos, sin, batch, kv_cache)
+        attn = self.self_attn(h, cos, sin, batch, kv_cache, rows)
+        if rows is not None:
+            residual = residual[rows]  # [R, hidden]
+            if rows.shape[0] == 0:
+                return attn, residual
         trigger = rows_gemm(self.mlp.up_proj, attn, self.fused)  # gemm_rows may start while the norm runs
         h, residual = add_norm(self.post_attention_layernorm, attn, residual, self.fused, trigger)
         return self.mlp(h), residual
@@ -372,9 +410,23 @@ class Phi3SmallForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids) * cfg.mup_embedding_multiplier  # [T, hidden]
         cos, sin = self.rotary.cos_sin(batch.positions, batch.use_long_rope)  # [T, D]
         residual = None
+        # A prefill that writes a cache needs the last layer's output at the sampled rows only:
+        # that layer attends, projects and runs its MLP on just them (its K/V are all written).
+        prune = (
+            not batch.is_decode
+            and kv_caches is not None
+            and batch.logits_index is not None
+            and batch.sampled_seq_lens is not None
+        )
+        if prune:
+            check_sampled(batch)
+        last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x, residual = layer(x, residual, cos, sin, batch, kv_caches[i] if kv_caches is not None else None)
-        if batch.logits_index is not None:
+            rows = batch.logits_index if prune and i == last else None
+            x, residual = layer(
+                x, residual, cos, sin, batch, kv_caches[i] if kv_caches is not None else None, rows
+            )
+        if batch.logits_index is not None and not prune:
             x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
         final = self.model.final_layernorm
         if gemv_layer(self.lm_head, self.gemv, x):  # final add + LN inside the GEMV
