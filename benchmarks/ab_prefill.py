@@ -5,7 +5,11 @@
 Modes, each in an engine of its own (random 7b weights, bf16, 8K prefill chunks, no decode graphs):
 - `token`: token-major KV pages and every weight [out, in] (the engines of session 6);
 - `head`: head-major KV pages (`EngineConfig.kv_layout`);
-- `head+in_major`: and down_proj / lm_head stored [in, out] (`layers.Linear`): today's defaults.
+- `head+in_major`: and down_proj / lm_head stored [in, out] (`layers.Linear`): session 7's defaults;
+- `whole_last`: `head+in_major` with the last layer run on every row (the prefill batch's
+  `sampled_*` tables dropped), as before session 11;
+- `default`: what an engine does today (`head+in_major`, the last layer's attention, O
+  projection and MLP on the sampled rows only).
 Per length: a warm-up prompt of that length, then the median TTFT of `--prompts` more (as
 `bench_generate.py` measures it: `ttft_s` of a one-token generate).
 """
@@ -15,18 +19,39 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 
 import torch
 from ab_decode_step import ab_models
 
 from sparsegen.engine import LLMEngine, SamplingParams
 
-MODES = {"token": ("token", False), "head": ("head", False), "head+in_major": ("head", True)}
+MODES = {  # name: (kv_layout, in_major, last layer on the sampled rows only)
+    "token": ("token", False, False),
+    "head": ("head", False, False),
+    "head+in_major": ("head", True, False),
+    "whole_last": ("head", True, False),
+    "default": ("head", True, True),
+}
 
 
-def ttft_ms(model, kv_layout: str, length: int, prompts: int) -> float:
+def whole_last_layer(runner) -> None:
+    """Make `runner` build prefill batches without the sampled_* tables (the model then runs its
+    last layer on every row)."""
+    prepare = runner.prepare_prefill
+
+    def without_tables(chunks):
+        ids, batch = prepare(chunks)
+        return ids, replace(batch, sampled_block_tables=None, sampled_seq_lens=None)
+
+    runner.prepare_prefill = without_tables
+
+
+def ttft_ms(model, kv_layout: str, length: int, prompts: int, pruned: bool = True) -> float:
     engine = LLMEngine(model, kv_cache_bytes=6 << 30, max_num_seqs=1, max_num_batched_tokens=8192,
                        use_cuda_graphs=False, kv_layout=kv_layout)  # fmt: skip
+    if not pruned:
+        whole_last_layer(engine.runner)
     gen = torch.Generator().manual_seed(length)
     one = SamplingParams(max_tokens=1, ignore_eos=True)
     times = []
@@ -54,8 +79,8 @@ def main() -> None:
     for length in (int(n) for n in args.lengths.split(",")):
         for rnd in range(args.rounds):
             for mode in modes:
-                layout, in_major = MODES[mode]
-                ms = ttft_ms(models[in_major], layout, length, args.prompts)
+                layout, in_major, pruned = MODES[mode]
+                ms = ttft_ms(models[in_major], layout, length, args.prompts, pruned)
                 rows.append({"length": length, "round": rnd, "mode": mode, "ttft_ms": ms})
                 print(
                     f"{length:>6} round {rnd} {mode:14s} TTFT {ms:7.1f} ms (median of {args.prompts})",

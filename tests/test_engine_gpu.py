@@ -78,6 +78,44 @@ def test_prefill_logits_match_reference_bf16(block_size):
     assert rel_err(dense(ids, batch)[:, keep], want) > 4e-2  # the sparse layers matter here
 
 
+def test_last_layer_on_the_sampled_rows_matches_the_whole_layer_bf16():
+    """The engine's prefill runs its last layer on the sampled rows only (a paged decode over the
+    cache just written); against the same batch with the whole last layer: the logits agree to
+    bf16 rounding and every cache write is bitwise the same. A batch of a continued chunk (its
+    prefix in the cache), a fresh prompt and a chunk that samples nothing."""
+    from sparsegen.engine.sequence import Chunk, Sequence
+
+    model = random_model(tiny_config(64), device=DEV, dtype=BF16, seed=0)
+    engine = LLMEngine(model, kv_cache_bytes=TINY_KV, max_num_seqs=8, use_cuda_graphs=False)
+    runner, ps = engine.runner, engine.cache.page_size
+    seqs = []
+    for i, n in enumerate((1500, 700, 900)):
+        seq = Sequence(i, _prompts([n], seed=i)[0], SamplingParams())
+        seq.pages = engine.cache.allocator.allocate(-(-n // ps))
+        seqs.append(seq)
+    chunks = [Chunk(seqs[0], 1000, 1500), Chunk(seqs[1], 0, 700), Chunk(seqs[2], 0, 400)]
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    for k, v in engine.cache.layers:  # the continued chunk's prefix: any values, the same twice
+        k.copy_(torch.randn(k.shape, generator=gen, device=DEV))
+        v.copy_(torch.randn(v.shape, generator=gen, device=DEV))
+    saved = [(k.clone(), v.clone()) for k, v in engine.cache.layers]
+    with torch.inference_mode():
+        ids, batch = runner.prepare_prefill(chunks)
+        whole = replace(batch, sampled_block_tables=None, sampled_seq_lens=None)
+        want = model(ids, whole, engine.cache.layers)
+        want_cache = [(k.clone(), v.clone()) for k, v in engine.cache.layers]
+        for (k, v), (k0, v0) in zip(engine.cache.layers, saved, strict=True):
+            k.copy_(k0)
+            v.copy_(v0)
+        got = model(ids, batch, engine.cache.layers)
+    keep = _keep(model.config)
+    assert got.shape == want.shape == (2, model.config.vocab_size)
+    assert torch.isfinite(got[:, keep]).all()
+    assert rel_err(got[:, keep], want[:, keep]) < 1e-2
+    for (k, v), (k1, v1) in zip(engine.cache.layers, want_cache, strict=True):
+        assert torch.equal(k, k1) and torch.equal(v, v1)
+
+
 class _Recorder:
     def __init__(self, engine):
         self.rows, forward = [], engine._forward
