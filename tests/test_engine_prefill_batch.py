@@ -332,6 +332,8 @@ def test_sampled_tables_that_disagree_with_the_logits_rows_are_refused_before_an
         (dict(sampled_seq_lens=batch.sampled_seq_lens.view(2, 1)), r"got \[\(2, 3\), \(2, 1\)\]"),
         (dict(sampled_block_tables=batch.sampled_block_tables.long()), "must be int32, got torch.int64"),
         (dict(sampled_seq_lens=batch.sampled_seq_lens.float()), "torch.float32"),
+        (dict(sampled_seq_lens=None), r"got \[\(2, 3\), None\]"),  # one table without the other
+        (dict(slot_mapping=None), "must write the KV cache: slot_mapping is None"),
     ]
     for fields, match in bad:
         with pytest.raises(InputError, match=match):

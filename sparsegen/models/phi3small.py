@@ -73,8 +73,11 @@ def _decode_pdl(q: torch.Tensor) -> bool:
 
 
 def check_sampled(batch: ForwardBatch) -> None:
-    """The sampled_* tables agree with logits_index (shapes and dtypes only: no device read)."""
+    """The sampled_* tables agree with logits_index (shapes and dtypes only: no device read), and
+    the batch writes the cache that the last layer's attention then reads."""
     rows, tables, lens = batch.logits_index, batch.sampled_block_tables, batch.sampled_seq_lens
+    if batch.slot_mapping is None:
+        raise InputError("a prefill with sampled_* tables must write the KV cache: slot_mapping is None")
     if tables is None or lens is None or tables.dim() != 2 or lens.dim() != 1 or rows.dim() != 1:
         shapes = [None if t is None else tuple(t.shape) for t in (tables, lens)]
         raise InputError(f"sampled_block_tables must be [R, pages] and sampled_seq_lens [R], got {shapes}")
@@ -179,9 +182,8 @@ class Attention(nn.Module):
         qkv = qkv.view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
         write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
         if rows is not None and (write is None or batch.sampled_block_tables is None):
-            raise InputError(
-                "attention from some rows only needs a KV cache and the batch's sampled_* tables"
-            )
+            raise InputError("attention from the sampled rows only needs a KV cache written by this batch "
+                             "and batch.sampled_block_tables / sampled_seq_lens")  # fmt: skip
         if (
             self.fused and fast_kernels(qkv) and fused_ops().supports_rotary(qkv)
         ):  # one kernel: rotary, split, cache write
@@ -416,7 +418,7 @@ class Phi3SmallForCausalLM(nn.Module):
             not batch.is_decode
             and kv_caches is not None
             and batch.logits_index is not None
-            and batch.sampled_seq_lens is not None
+            and (batch.sampled_seq_lens is not None or batch.sampled_block_tables is not None)
         )
         if prune:
             check_sampled(batch)
