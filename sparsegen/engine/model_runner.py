@@ -177,8 +177,9 @@ class ModelRunner:
     def prepare_prefill(self, chunks: Seq[Chunk]) -> tuple[torch.Tensor, ForwardBatch]:
         """A prefill step as tensors on the model's device. Built on the host with numpy (nothing
         loops per token in Python, and torch's CPU thread pool is never woken), then moved in
-        non-blocking copies from pinned memory: one for the int64 fields, one for cu_seqlens, one
-        for the LongRoPE flags. The host never waits for the device here, so the next chunk of a
+        non-blocking copies from pinned memory: one for the int64 fields, one for the int32 ones
+        (cu_seqlens, and the page tables and lengths of the sequences whose last row is sampled,
+        which the model's last layer attends from alone), one for the LongRoPE flags. The host never waits for the device here, so the next chunk of a
         long prompt is prepared while the GPU still computes the last one."""
         dev, cache = self.model.device, self.cache
         has_prefix = any(c.start > 0 for c in chunks)
