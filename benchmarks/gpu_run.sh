@@ -3,7 +3,8 @@
 # CLI and the end-to-end generate benchmark; a short table last. From the repo root on the GPU:
 #   bash benchmarks/gpu_run.sh                      # every stage but `tune`
 #   STAGES="tune cli" bash benchmarks/gpu_run.sh    # just these stages (also: tune-decode, profile,
-#                                                   # compare: BASE=<exported tree> [PREV=<tree>])
+#                                                   # compare: BASE=<exported tree> [PREV=<tree>],
+#                                                   # ab: the engine's prefill and b32 decode A/Bs)
 # Logs: $OUT/logs.tar.gz (one file per stage), plus $OUT/summary.txt, bench.json, generate.json.
 set -uo pipefail
 OUT=${OUT:-/tmp/sparsegen-gpu-out}
@@ -87,6 +88,22 @@ if want compare; then
     echo "compare (default variants, base $(cat "$PREV/COMMIT" 2>/dev/null)) rc=$rc" >> "$summary"
     grep -vE '^round ' "$LOGS/compare_prev.log" | tail -n 22 | tee -a "$summary"
   fi
+fi
+
+if want ab; then
+  # One process each: the last layer on every row against the sampled rows only (TTFT), and the
+  # b32 decode step before / after the output projection went through gemm_rows.
+  echo "== engine A/Bs (ab_prefill.py, ab_decode_step.py --batch 32)"
+  (cd benchmarks && timeout "${AB_TIMEOUT:-240}" python3 ab_prefill.py --lengths 8192,32768 \
+    --modes "${AB_PREFILL_MODES:-whole_last,default}" --rounds 2 --prompts 2 --json "$OUT/ab_prefill.json") \
+    > "$LOGS/ab_prefill.log" 2>&1
+  echo "ab_prefill rc=$?" >> "$summary"
+  grep -E 'TTFT' "$LOGS/ab_prefill.log" | tee -a "$summary"
+  (cd benchmarks && timeout "${AB_TIMEOUT:-240}" python3 ab_decode_step.py --batch 32 \
+    --modes "${AB_DECODE_MODES:-rows_qkv,defaults}" --rounds 2 --json "$OUT/ab_decode.json") \
+    > "$LOGS/ab_decode.log" 2>&1
+  echo "ab_decode_step rc=$?" >> "$summary"
+  grep -E '^b[0-9]+ round' "$LOGS/ab_decode.log" | tee -a "$summary"
 fi
 
 if want tests; then
