@@ -40,6 +40,8 @@ weights, bf16, 8K prompts:
 - `rows_up`: only up_proj + GeGeLU through `models.gemm_rows` (session 10's default until call 11);
 - `rows_qkv`, `rows_qkv_o`, `rows_all`: up_proj and QKV (today's default; at a decode step with
   the rotary and K/V write fused in), then also the output projection, then also down_proj;
+- `norm_pdl`: `defaults` with every add + LayerNorm launched with PDL at batch 32 too
+  (`fused.PDL_MAX_ROWS` = 32; it then waits for the kernel before it, which may have triggered);
 - `rows_qkv_dpdl`, `rows_qkv_o_dpdl`: `rows_qkv` / `rows_qkv_o` with paged decode launched with
   PDL at batch 32 too (behind the QKV kernel, which triggers its dependents at its start).
 Wall ms per step (async steps, as the engine runs by default), graph replay alone, and whether
@@ -62,7 +64,7 @@ from torch import nn
 from sparsegen.engine import sampling
 from sparsegen.kernels import base as kernel_base
 from sparsegen.kernels import decode_template
-from sparsegen.models import gemm_rows, gemv, phi3small, random_model
+from sparsegen.models import fused, gemm_rows, gemv, phi3small, random_model
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ class Mode:
     argmax_chunk: int = sampling.ARGMAX_CHUNK  # sampling.ARGMAX_CHUNK (0: torch.argmax)
     qk_accs: int = decode_template.DEFAULT_KNOBS["qk_accs"]  # the decode template's qk_accs knob
     rows_layers: tuple | None = None  # gemm_rows.ROWS_LAYERS: None = as shipped
+    norm_pdl_rows: int | None = (
+        None  # fused.PDL_MAX_ROWS (add + LayerNorm launched with PDL): None = as shipped
+    )
 
 
 _GEMV = dict(pdl=True, gemv_o=True, kv_layout="head", in_major=False, triton_gemv=True, gemv_pdl=True)
@@ -107,6 +112,7 @@ MODES = {
     "rows_all": Mode(
         **_GEMV, decode_pdl=None, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096), (4096, 14336))
     ),
+    "norm_pdl": Mode(**_GEMV, decode_pdl=None, norm_pdl_rows=32),
     "rows_qkv_dpdl": Mode(**_GEMV, decode_pdl=True, rows_layers=((28672, 4096), (6144, 4096))),
     "rows_qkv_o_dpdl": Mode(
         **_GEMV, decode_pdl=True, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096))
@@ -115,6 +121,7 @@ MODES = {
 DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
 DEFAULT_ROWS_LAYERS = set(gemm_rows.ROWS_LAYERS)
+DEFAULT_NORM_PDL_ROWS = fused.PDL_MAX_ROWS
 S8_TILES = {  # gemv.TUNED_TILES keys -> tiles (block_n, block_k, warps, prefetch, row_sum)
     (28672, 4096, "gegelu", True): (8, 256, 4, True, False),  # call 9: 59.15 us against 56.64
     (4096, 4096, "plain", False): (4, 1024, 4, True, True),  # call 9: 9.84 us against 9.10
@@ -149,6 +156,7 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     gemv.TUNED_TILES.clear()
     gemv.TUNED_TILES.update({**DEFAULT_TILES, **(S8_TILES if m.s8_tiles else {})})
     phi3small.GEMV_ROPE = m.rope
+    fused.PDL_MAX_ROWS = DEFAULT_NORM_PDL_ROWS if m.norm_pdl_rows is None else m.norm_pdl_rows
     gemm_rows.ROWS_LAYERS.clear()
     gemm_rows.ROWS_LAYERS.update(DEFAULT_ROWS_LAYERS if m.rows_layers is None else m.rows_layers)
     model = models[m.in_major]
