@@ -241,24 +241,27 @@ def test_fused_add_layer_norm_bf16_matches_plain(n):
     assert rel_err(y, want_y) < 1e-2
 
 
-def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph():
-    """Programmatic dependent launch (the default on sm_90) changes when the norm kernel is
-    launched, never what it computes: right after the GEMM that writes its input, in a CUDA graph
+@pytest.mark.parametrize("rows, gemm", [(1, "cublas"), (32, "cublas"), (32, "gemm_rows")])
+def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph(rows, gemm):
+    """Programmatic dependent launch (the default on sm_90 up to fused.PDL_MAX_ROWS rows) changes
+    when the norm kernel is launched, never what it computes: right after the GEMM that writes its
+    input (cuBLAS, or gemm_rows, which lets its dependents launch at its start), in a CUDA graph
     replayed many times with new inputs, it equals the plain launch bit for bit."""
-    from sparsegen.models import fused
+    from sparsegen.models import fused, gemm_rows
 
-    if not fused.use_pdl(torch.empty(1, device=DEV)):
+    if not fused.use_pdl(torch.empty(rows, 1, device=DEV)):
         pytest.skip("PDL is off here (not sm_90+, or SPARSEGEN_NO_PDL is set)")
     gen = torch.Generator(device=DEV).manual_seed(7)
     w = (torch.randn(4096, 4096, device=DEV, generator=gen) / 64).to(BF16)  # [out, in]
-    x = torch.empty(1, 4096, device=DEV, dtype=BF16)  # [1, in], rewritten before each replay
-    res = torch.randn(1, 4096, device=DEV, generator=gen).to(BF16)
+    x = torch.empty(rows, 4096, device=DEV, dtype=BF16)  # [rows, in], rewritten before each replay
+    res = torch.randn(rows, 4096, device=DEV, generator=gen).to(BF16)
     lnw, lnb = torch.ones(4096, device=DEV, dtype=BF16), torch.zeros(4096, device=DEV, dtype=BF16)
 
     def step(pdl: bool):
-        return fused.add_layer_norm(torch.nn.functional.linear(x, w), res, lnw, lnb, 1e-5, pdl=pdl)
+        y = gemm_rows.gemm_rows(x, w) if gemm == "gemm_rows" else torch.nn.functional.linear(x, w)
+        return fused.add_layer_norm(y, res, lnw, lnb, 1e-5, pdl=pdl)
 
-    x.copy_(torch.randn(1, 4096, device=DEV, generator=gen))
+    x.copy_(torch.randn(rows, 4096, device=DEV, generator=gen))
     step(True), step(False)  # compile both outside the capture
     torch.cuda.synchronize()
     graphs, outs = [], []
@@ -268,7 +271,7 @@ def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph():
             outs.append(step(pdl))
         graphs.append(g)
     for i in range(20):
-        x.copy_(torch.randn(1, 4096, device=DEV, generator=gen) * (1 + i))
+        x.copy_(torch.randn(rows, 4096, device=DEV, generator=gen) * (1 + i))
         for g in graphs:
             g.replay()
         torch.cuda.synchronize()

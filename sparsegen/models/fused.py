@@ -24,7 +24,7 @@ from ..errors import InputError
 # one token per program: at 32 tokens, 16 per program left too few programs (3.0 vs 2.6 us).
 ROTARY_TOKENS = 16
 ROTARY_TILED_FROM = 1024
-PDL_MAX_ROWS = 1  # measured faster at a batch-1 decode step, slower at batch 32 (use_pdl)
+PDL_MAX_ROWS = 32  # add + LayerNorm launched with PDL up to this many rows (use_pdl)
 
 
 def pdl_capable(device: torch.device) -> bool:
@@ -47,7 +47,10 @@ def use_pdl(x: torch.Tensor) -> bool:
     replays): O projection + add/LayerNorm 15.9 -> 14.8 us at batch 1 and 16.6 -> 15.7 us at 32;
     up_proj + GeGeLU unchanged; QKV + rotary slower (19.4 -> 20.0 us), so rotary and GeGeLU launch
     plainly. Whole decode steps (`benchmarks/ab_decode_step.py`, alternating engines): batch 1
-    5.13 -> 5.06 ms, but batch 32 11.12 -> 11.16 ms, hence the row limit (2 to 31 not measured)."""
+    5.13 -> 5.06 ms, but batch 32 11.12 -> 11.16 ms, with every batch-32 linear on cuBLAS then.
+    Session 11 (call 4, mode `norm_pdl`), with QKV, O and up_proj through `gemm_rows` (which
+    triggers its dependents at its start): batch 32 10.839 / 10.867 -> 10.780 / 10.783 ms, hence
+    32 rows (2 to 31 not measured separately; longer prefills launch it plainly)."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     return pdl_allowed(x.device, rows, PDL_MAX_ROWS)
 
