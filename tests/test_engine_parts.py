@@ -59,6 +59,60 @@ def test_width_bucket():
     assert width_bucket(100, 80) == 80
 
 
+def test_gc_paused_turns_the_collector_off_and_restores_it():
+    import gc
+
+    from sparsegen.engine.cuda_graphs import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("inside")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # it was off before: stays off
+    finally:
+        gc.enable()
+
+
+def test_a_capture_runs_the_forward_with_the_collector_off(monkeypatch, model):
+    """DecodeGraphs._capture: the warm-up forward runs with gc on, the captured one with gc off
+    (a collection mid-capture could free an old engine's graphs, which CUDA forbids then); torch's
+    CUDA stream and graph calls are stood in for on this CPU machine."""
+    import contextlib
+    import gc
+
+    engine = LLMEngine(model, page_size=16, num_pages=64, max_num_seqs=2)
+    graphs = DecodeGraphs(model, engine.cache, 2, engine.max_model_len)
+    seen = []
+
+    class FakeGraph:
+        def pool(self):
+            return None
+
+    class FakeStream:
+        def wait_stream(self, other):
+            pass
+
+    def forward(ids, batch, layers):
+        seen.append(gc.isenabled())
+        return torch.zeros(ids.shape[0], 4)
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
+    graphs.forward = forward
+    graphs._capture(1, 64)
+    assert seen == [True, False] and gc.isenabled()
+
+
 class _EagerGraph:
     """Stands in for a CUDA graph on CPU: replay() reruns the captured call on the static buffers."""
 
