@@ -14,7 +14,7 @@ weights, bf16, 8K prompts:
   `in_major`; the modes above run a copy of the model with every weight [out, in], as before
   session 7);
 - `decode_pdl`: and paged decode launched with programmatic dependent launch after the rotary
-  kernel (`phi3small.DECODE_PDL_MAX_ROWS`, which this mode sets to 32 so that both batches use
+  kernel (`attention.DECODE_PDL_MAX_ROWS`, which this mode sets to 32 so that both batches use
   it; 0 in the modes above). Today's defaults are this mode at batch 1 and `in_major_w` at 32;
 - `triton_gemv`: `decode_pdl` with every batch-1 linear through the Triton GEMV
   (`ModelOptions.triton_gemv`: the residual adds and LayerNorms inside the QKV, up_proj and
@@ -22,7 +22,7 @@ weights, bf16, 8K prompts:
   (`gemv.GEMV_PDL`), on the [out, in] twin (the GEMV reads weight rows);
 - `triton_gemv_nopdl`: the same without the GEMVs' PDL;
 - `triton_gemv_norope`: `triton_gemv` with the rotary and K/V write in their own kernel again
-  instead of inside the QKV GEMV (`phi3small.GEMV_ROPE`);
+  instead of inside the QKV GEMV (`attention.GEMV_ROPE`);
 - `defaults`: what an engine gets today on a GPU: `triton_gemv` at batch 1, and at batch 32
   cuBLAS over the [out, in] weights with no decode PDL (`DECODE_PDL_MAX_ROWS` left at 1);
 - `defaults_notrigger`: `defaults` with the paged-decode template's `merge_trigger` knob off
@@ -64,7 +64,7 @@ from torch import nn
 from sparsegen.engine import sampling
 from sparsegen.kernels import base as kernel_base
 from sparsegen.kernels import decode_template
-from sparsegen.models import fused, gemm_rows, gemv, phi3small, random_model
+from sparsegen.models import attention, fused, gemm_rows, gemv, random_model
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Mode:
     decode_pdl: bool | None  # paged decode with PDL at both batches / at neither; None: the module's rule
     triton_gemv: bool = False  # every batch-1 linear through the Triton GEMV
     gemv_pdl: bool = False  # gemv.GEMV_PDL
-    rope: bool = True  # phi3small.GEMV_ROPE
+    rope: bool = True  # attention.GEMV_ROPE
     merge_trigger: bool = True  # the decode template's merge_trigger knob
     s8_tiles: bool = False  # S8_TILES over gemv.TUNED_TILES
     argmax_chunk: int = sampling.ARGMAX_CHUNK  # sampling.ARGMAX_CHUNK (0: torch.argmax)
@@ -118,7 +118,7 @@ MODES = {
         **_GEMV, decode_pdl=True, rows_layers=((28672, 4096), (6144, 4096), (4096, 4096))
     ),
 }
-DEFAULT_DECODE_PDL_MAX_ROWS = phi3small.DECODE_PDL_MAX_ROWS
+DEFAULT_DECODE_PDL_MAX_ROWS = attention.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
 DEFAULT_ROWS_LAYERS = set(gemm_rows.ROWS_LAYERS)
 DEFAULT_NORM_PDL_ROWS = fused.PDL_MAX_ROWS
@@ -155,13 +155,13 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     sampling.ARGMAX_CHUNK = m.argmax_chunk
     gemv.TUNED_TILES.clear()
     gemv.TUNED_TILES.update({**DEFAULT_TILES, **(S8_TILES if m.s8_tiles else {})})
-    phi3small.GEMV_ROPE = m.rope
+    attention.GEMV_ROPE = m.rope
     fused.PDL_MAX_ROWS = DEFAULT_NORM_PDL_ROWS if m.norm_pdl_rows is None else m.norm_pdl_rows
     gemm_rows.ROWS_LAYERS.clear()
     gemm_rows.ROWS_LAYERS.update(DEFAULT_ROWS_LAYERS if m.rows_layers is None else m.rows_layers)
     model = models[m.in_major]
     rows = DEFAULT_DECODE_PDL_MAX_ROWS if m.decode_pdl is None else 32 if m.decode_pdl else 0
-    phi3small.DECODE_PDL_MAX_ROWS = rows
+    attention.DECODE_PDL_MAX_ROWS = rows
     if m.pdl:
         os.environ.pop("SPARSEGEN_NO_PDL", None)
     else:
@@ -203,7 +203,7 @@ def main() -> None:
                 print(f"b{batch} round {rnd} {mode:11s} step {r['step_ms']:.3f} ms  replay {r['replay_ms']:.3f} ms"
                       f"  tokens same as the first mode's: {r['same_tokens_as_first']}", flush=True)  # fmt: skip
     os.environ.pop("SPARSEGEN_NO_PDL", None)
-    phi3small.DECODE_PDL_MAX_ROWS = DEFAULT_DECODE_PDL_MAX_ROWS
+    attention.DECODE_PDL_MAX_ROWS = DEFAULT_DECODE_PDL_MAX_ROWS
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)

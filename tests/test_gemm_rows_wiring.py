@@ -67,6 +67,7 @@ def test_model_routes_qkv_and_up_proj_through_gemm_rows(monkeypatch):
     monkeypatch.setattr("sparsegen.models.gemm_rows.gemm_rows", _stand_in(calls))
     monkeypatch.setattr("sparsegen.models.layers.rows_gemm", rows_gemm)
     monkeypatch.setattr("sparsegen.models.phi3small.rows_gemm", rows_gemm)
+    monkeypatch.setattr("sparsegen.models.attention.rows_gemm", rows_gemm)
     got = [r.output_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, GREEDY)]
     assert got == want
     # decode steps of 2..3 sequences: QKV with the rotary and cache write, up_proj with GeGeLU;

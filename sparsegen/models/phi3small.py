@@ -1,9 +1,10 @@
 """Phi-3-Small (DESIGN §2) as a plain PyTorch module whose attention is sparsegen's.
 
 Module names equal the checkpoint's tensor names (`model.layers.N.self_attn.query_key_value`,
-...), so `state_dict()` *is* the HF layout. Attention goes only through `sparsegen.prefill` /
-`sparsegen.paged_decode`, each layer with its own `LayerSpec`: compiled kernels on a GPU, the
-reference on a CPU. Tokens are flattened: activations are `[T, hidden]` for T tokens of a batch.
+...), so `state_dict()` *is* the HF layout. Attention (`models.attention`) goes only through
+`sparsegen.prefill` / `sparsegen.paged_decode`, each layer with its own `LayerSpec`: compiled
+kernels on a GPU, the reference on a CPU. Tokens are flattened: activations are `[T, hidden]`
+for T tokens of a batch.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .. import ops
 from ..errors import InputError
 from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
+from .attention import Attention, KVCacheLayer
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
-from .kv_write import read_kv, write_kv
 from .layers import (
     Embedding,
     Linear,
@@ -36,8 +36,6 @@ from .options import ATTN_IMPLS, ModelOptions
 from .rope import RopeWrite, Rotary
 
 __all__ = ["ATTN_IMPLS", "KVCacheLayer", "Phi3SmallForCausalLM", "gegelu", "model_spec"]
-
-KVCacheLayer = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_pages, page_size, Hkv, D]
 
 
 def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
@@ -57,21 +55,6 @@ def model_spec(config: Phi3SmallConfig, force_dense: bool = False) -> ModelSpec:
     return ModelSpec(name="phi3small-dense", layers=dense)
 
 
-GEMV_ROPE = True  # the batch-1 QKV GEMV also rotates and writes the cache (Attention.rope_fusable)
-DECODE_PDL_MAX_ROWS = 1  # decode steps up to this batch launch paged decode with PDL (_decode_pdl)
-
-
-def _decode_pdl(q: torch.Tensor) -> bool:
-    """Launch the decode step's paged attention with programmatic dependent launch (sm_90+, up to
-    DECODE_PDL_MAX_ROWS sequences, unless SPARSEGEN_NO_PDL): it may start while the rotary kernel
-    before it runs, which writes q and the new token's K/V but never seq_lens or the block
-    tables (what the kernel reads before it waits; `sparsegen.paged_decode`'s `pdl`).
-    H200, session 7 (`benchmarks/ab_decode_step.py`, alternating engines, 8K context): batch 1
-    5.019 / 5.011 -> 4.957 / 4.956 ms per step, but batch 32 11.05 -> 11.49 / 11.51 ms, hence
-    the row limit (2 to 31 not measured)."""
-    return q.is_cuda and fused_ops().pdl_allowed(q.device, q.shape[0], DECODE_PDL_MAX_ROWS)
-
-
 def check_sampled(batch: ForwardBatch) -> None:
     """The sampled_* tables agree with logits_index (shapes and dtypes only: no device read), and
     the batch writes the cache that the last layer's attention then reads."""
@@ -86,152 +69,6 @@ def check_sampled(batch: ForwardBatch) -> None:
                          f"{tables.shape[0]} sampled_block_tables rows: they must agree")  # fmt: skip
     if tables.dtype != torch.int32 or lens.dtype != torch.int32:
         raise InputError(f"sampled_* tables must be int32, got {tables.dtype} and {lens.dtype}")
-
-
-class Attention(nn.Module):
-    def __init__(self, config: Phi3SmallConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
-        super().__init__()
-        self.layer = layer  # also sets layer_json
-        self.prefill_impl, self.decode_impl = options.attn_impls  # for sparsegen.prefill / paged_decode
-        self.fused = options.attn_impl != "reference"  # the fused rotary kernel, on a GPU
-        self.gemv = options.gemv_on
-        self.gemv_o = options.gemv_o_proj  # the output projection alone through the GEMV, on a GPU
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        self.group = config.group_size
-        self.scale = config.attention_scale
-        self.hidden = config.hidden_size
-        qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        self.query_key_value = Linear(config.hidden_size, qkv_out, bias=True, **fk)
-        self.dense = Linear(config.hidden_size, config.hidden_size, bias=True, **fk)
-
-    @property
-    def layer(self) -> LayerSpec:
-        return self._layer
-
-    @layer.setter
-    def layer(self, layer: LayerSpec) -> None:
-        self._layer = layer
-        # What the registered ops take when traced: a str constant. torch 2.11's dynamo cannot
-        # reconstruct a frozen dataclass (the LayerSpec) that crosses into a call it does not inline.
-        self.layer_json = layer.to_json()
-
-    def _decode(
-        self, q: torch.Tensor, kv_cache: KVCacheLayer, tables: torch.Tensor, lens: torch.Tensor
-    ) -> torch.Tensor:
-        """q: [B, H, D], the last token of each of B sequences, over the paged cache (tables:
-        [B, max_pages] int32, lens: [B] int32) -> [B, H, D]."""
-        if torch.compiler.is_compiling():
-            return torch.ops.sparsegen.paged_decode(q, kv_cache[0], kv_cache[1], tables, lens, self.layer_json,
-                                                    self.scale, self.decode_impl, None)  # fmt: skip
-        return ops.paged_decode(q, kv_cache[0], kv_cache[1], tables, lens, self.layer, scale=self.scale,
-                                impl=self.decode_impl, pdl=_decode_pdl(q))  # fmt: skip
-
-    def _prefill(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
-        """q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]. check=False: the engine built cu_seqlens
-        itself (no host read, no sync); max_seqlen_* are known on the host, so the kernel's grid
-        needs no sync either."""
-        if torch.compiler.is_compiling():
-            return torch.ops.sparsegen.prefill(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer_json,
-                                               self.scale, self.prefill_impl, False, batch.max_seqlen_q,
-                                               batch.max_seqlen_k)  # fmt: skip
-        return ops.prefill(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer, scale=self.scale,
-                           impl=self.prefill_impl, check=False, max_seqlen_q=batch.max_seqlen_q,
-                           max_seqlen_k=batch.max_seqlen_k)  # fmt: skip
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, D]
-        sin: torch.Tensor,  # [T, D]
-        batch: ForwardBatch,
-        kv_cache: KVCacheLayer | None,
-        rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # [T, hidden], or [len(rows), hidden]
-        """`rows` ([R] int64, a prefill's logits_index, with batch.sampled_*): QKV, the rotary
-        and the cache write for every token, attention and the output projection for these
-        rows only (each the last token of its sequence, so a decode over the cache just written)."""
-        if rows_gemm(self.query_key_value, x, self.fused) and self.rope_fusable(batch, kv_cache):
-            # 2..32 decode tokens: one kernel for QKV, the rotary and the K/V cache write (gemm_rows)
-            from .gemm_rows import gemm_rows
-
-            rope = RopeWrite(cos, sin, self.group, kv_cache[0], kv_cache[1], batch.slot_mapping)
-            q = gemm_rows(x, self.query_key_value.weight, self.query_key_value.bias, rope=rope)  # [T, H * D]
-            return self.decode_rotated(q, batch, kv_cache)
-        qkv = linear(self.query_key_value, x, self.gemv, self.fused)  # [T, (H + 2 Hkv) * D]
-        return self.attend(qkv, cos, sin, batch, kv_cache, rows)
-
-    def attend(
-        self,
-        qkv: torch.Tensor,  # [T, (H + 2 Hkv) * D]: the query_key_value projection
-        cos: torch.Tensor,  # [T, D]
-        sin: torch.Tensor,  # [T, D]
-        batch: ForwardBatch,
-        kv_cache: KVCacheLayer | None,
-        rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # [T, hidden], or [len(rows), hidden]
-        """Everything of the block's attention after the QKV projection: rotary, the cache write,
-        attention, the output projection (`rows`: see forward)."""
-        t = qkv.shape[0]
-        h, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.group
-        qkv = qkv.view(t, hkv, g + 2, d)  # per KV group: G queries, then k, then v
-        write = kv_cache if kv_cache is not None and batch.slot_mapping is not None else None
-        if rows is not None and (write is None or batch.sampled_block_tables is None):
-            raise InputError("attention from the sampled rows only needs a KV cache written by this batch "
-                             "and batch.sampled_block_tables / sampled_seq_lens")  # fmt: skip
-        if (
-            self.fused and fast_kernels(qkv) and fused_ops().supports_rotary(qkv)
-        ):  # one kernel: rotary, split, cache write
-            q, k, v = fused_ops().rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
-        else:
-            q = Rotary.apply(qkv[:, :, :g].reshape(t, h, d), cos, sin)  # [T, H, D]
-            k = Rotary.apply(qkv[:, :, g], cos, sin)  # [T, Hkv, D]
-            v = qkv[:, :, g + 1].contiguous()  # [T, Hkv, D]
-            if write is not None:
-                write_kv(write[0], write[1], batch.slot_mapping, k, v)
-        if rows is not None:
-            if rows.shape[0] == 0:  # nothing sampled (a long prompt's earlier chunk): K/V only
-                return qkv.new_empty((0, self.hidden))
-            out = self._decode(q[rows], kv_cache, batch.sampled_block_tables, batch.sampled_seq_lens)
-        elif batch.is_decode:
-            if kv_cache is None:
-                raise InputError("a decode step needs a KV cache")
-            out = self._decode(q, kv_cache, batch.block_tables, batch.seq_lens)
-        else:
-            if batch.kv_gather is not None:
-                k_all = read_kv(kv_cache[0], batch.kv_gather)  # [Tk, Hkv, D]: cached prefix + new
-                v_all = read_kv(kv_cache[1], batch.kv_gather)
-            else:
-                k_all, v_all = k, v
-            out = self._prefill(q, k_all, v_all, batch)
-        return self._project(out)
-
-    def rope_fusable(self, batch: ForwardBatch, kv_cache: KVCacheLayer | None) -> bool:
-        """A decode step whose QKV GEMV can also rotate q and k and write k and v into the cache
-        (`rope.RopeWrite`): fused kernels on, a cache to write, a power-of-two head_dim."""
-        d = self.head_dim
-        return (
-            GEMV_ROPE
-            and self.fused
-            and batch.is_decode
-            and kv_cache is not None
-            and batch.slot_mapping is not None
-            and not d & (d - 1)
-        )
-
-    def decode_rotated(self, q: torch.Tensor, batch: ForwardBatch, kv_cache: KVCacheLayer) -> torch.Tensor:
-        """q: [T, H * D] already rotated, with k and v already in the cache -> [T, hidden]."""
-        q = q.view(q.shape[0], self.num_heads, self.head_dim)  # [T, H, D]
-        return self._project(self._decode(q, kv_cache, batch.block_tables, batch.seq_lens))
-
-    def _project(self, out: torch.Tensor) -> torch.Tensor:  # out: [T, H, D] -> [T, hidden]
-        t = out.shape[0]
-        return linear(self.dense, out.reshape(t, -1), self.gemv or (self.gemv_o and out.is_cuda), self.fused)
 
 
 class MLP(nn.Module):
