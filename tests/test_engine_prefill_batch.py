@@ -99,6 +99,18 @@ def make_seq(runner, seq_id: int, n_prompt: int, n_out: int, gen: random.Random)
     return seq
 
 
+def random_chunks(runner, gen: random.Random, first_id: int) -> list[Chunk]:
+    """One to four chunks on make_seq's sequences: fresh prompts or continued ones, completing or
+    not, some with output tokens."""
+    chunks = []
+    for j in range(gen.randint(1, 4)):
+        seq = make_seq(runner, first_id + j, gen.randint(1, 150), gen.choice([0, 0, gen.randint(1, 20)]), gen)
+        start = gen.choice([0, gen.randrange(len(seq))])
+        stop = gen.choice([len(seq), gen.randint(start + 1, len(seq))])
+        chunks.append(Chunk(seq, start, stop))
+    return chunks
+
+
 def engine_for(model, page_size: int) -> LLMEngine:
     return LLMEngine(model, page_size=page_size, num_pages=400, max_num_seqs=8)
 
@@ -134,18 +146,10 @@ def test_random_mixed_batches_match_the_per_token_lists(longrope_model):
         engine = engine_for(longrope_model, page_size)
         runner, gen = engine.runner, random.Random(100 + page_size)
         for trial in range(40):
-            chunks, seqs = [], []
-            for j in range(gen.randint(1, 4)):
-                n_prompt = gen.randint(1, 150)
-                n_out = gen.choice([0, 0, gen.randint(1, 20)])
-                seq = make_seq(runner, 10 * trial + j, n_prompt, n_out, gen)
-                start = gen.choice([0, gen.randrange(len(seq))])
-                stop = gen.choice([len(seq), gen.randint(start + 1, len(seq))])
-                chunks.append(Chunk(seq, start, stop))
-                seqs.append(seq)
+            chunks = random_chunks(runner, gen, 10 * trial)
             assert_same_batch(runner, chunks)
-            for seq in seqs:
-                engine.cache.allocator.free(seq.pages)
+            for c in chunks:
+                engine.cache.allocator.free(c.seq.pages)
 
 
 def test_without_longrope_there_are_no_flags(model):
@@ -238,17 +242,6 @@ def test_slots_equal_the_per_position_formula_on_random_tables():
             assert got.dtype == torch.long and got.tolist() == want
         with pytest.raises(EngineError, match="need pages 0..2 of the block table, which has 2"):
             cache.slots([4, 5], 0, 2 * ps + 1)
-
-
-def random_chunks(runner, gen: random.Random, first_id: int) -> list[Chunk]:
-    """One to four chunks: fresh prompts or continued ones, completing or not (as above)."""
-    chunks = []
-    for j in range(gen.randint(1, 4)):
-        seq = make_seq(runner, first_id + j, gen.randint(1, 150), gen.choice([0, 0, gen.randint(1, 20)]), gen)
-        start = gen.choice([0, gen.randrange(len(seq))])
-        stop = gen.choice([len(seq), gen.randint(start + 1, len(seq))])
-        chunks.append(Chunk(seq, start, stop))
-    return chunks
 
 
 def fill_cache(runner, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -81,6 +81,16 @@ def token_ids(seq: Sequence, start: int, stop: int) -> np.ndarray:  # [stop - st
     return np.array(part, dtype=np.int64)
 
 
+def padded_tables(pages: list[list[int]], scratch: int, width: int | None = None) -> np.ndarray:
+    """Block tables as one [len(pages), width] int32 array, each row padded with the scratch page
+    to `width` (default: the longest)."""
+    width = max((len(p) for p in pages), default=0) if width is None else width
+    tables = np.full((len(pages), width), scratch, dtype=np.int32)
+    for row, p in enumerate(pages):
+        tables[row, : len(p)] = p
+    return tables
+
+
 @dataclass(frozen=True)
 class DecodeInputs:
     """One decode step, one row per sequence, on the host."""
@@ -103,7 +113,7 @@ class DecodeInputs:
         def t(x, dtype=torch.long):
             return to_device(torch.tensor(x, dtype=dtype), device)
 
-        tables = [p + [self.scratch] * (self.width - len(p)) for p in self.pages]  # [B, width]
+        tables = padded_tables(self.pages, self.scratch, self.width)  # [B, width]
         batch = ForwardBatch(
             is_decode=True,
             positions=t(self.positions),  # [B]
@@ -179,8 +189,9 @@ class ModelRunner:
         loops per token in Python, and torch's CPU thread pool is never woken), then moved in
         non-blocking copies from pinned memory: one for the int64 fields, one for the int32 ones
         (cu_seqlens, and the page tables and lengths of the sequences whose last row is sampled,
-        which the model's last layer attends from alone), one for the LongRoPE flags. The host never waits for the device here, so the next chunk of a
-        long prompt is prepared while the GPU still computes the last one."""
+        which the model's last layer attends from alone), one for the LongRoPE flags. The host
+        never waits for the device here, so the next chunk of a long prompt is prepared while the
+        GPU still computes the last one."""
         dev, cache = self.model.device, self.cache
         has_prefix = any(c.start > 0 for c in chunks)
         ids, positions, slots, gather, use_long, last_rows = [], [], [], [], [], []
@@ -205,10 +216,7 @@ class ModelRunner:
         if fields[3] is not None:  # flat slots -> (pages, offsets), the cache's two indices
             fields[3] = np.concatenate([fields[3] // cache.page_size, fields[3] % cache.page_size])
         ids_d, positions_d, slots_d, gather_d, rows_d = packed_to_device([*fields, rows], torch.long, dev)
-        width = max((len(c.seq.pages) for c in sampled), default=0)
-        tables = np.full((len(sampled), width), cache.scratch_page, dtype=np.int32)  # [sampled, width]
-        for row, c in enumerate(sampled):
-            tables[row, : len(c.seq.pages)] = c.seq.pages
+        tables = padded_tables([c.seq.pages for c in sampled], cache.scratch_page)  # [sampled, width]
         ints = [np.array(cu_q, dtype=np.int32), np.array(cu_k, dtype=np.int32), tables.reshape(-1),
                 np.array([c.stop for c in sampled], dtype=np.int32)]  # fmt: skip
         cu_seqlens_q, cu_seqlens_k, tables_d, lens_d = packed_to_device(ints, torch.int32, dev)
@@ -226,7 +234,7 @@ class ModelRunner:
             max_seqlen_k=max(c.stop for c in chunks),
             kv_gather=None if gather_d is None else gather_d.view(2, -1),  # [2, Tk] or None
             slot_mapping=slots_d,  # [T]
-            sampled_block_tables=tables_d.view(len(sampled), width),  # [sampled, width] int32
+            sampled_block_tables=tables_d.view(tables.shape),  # [sampled, width] int32
             sampled_seq_lens=lens_d,  # [sampled] int32
         )
         return ids_d, batch  # ids: [T]
