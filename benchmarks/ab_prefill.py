@@ -1,8 +1,10 @@
 """A/B of session 7's storage switches on the time to first token, alternating in one process (GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/ab_prefill.py [--lengths 8192,32768] [--rounds 2] [--json OUT]
+    PYTHONPATH=$PWD python3 benchmarks/ab_prefill.py [--lengths 8192,32768] [--rounds 2]
+        [--chunks 8192,32768] [--json OUT]
 
-Modes, each in an engine of its own (random 7b weights, bf16, 8K prefill chunks, no decode graphs):
+Modes, each in an engine of its own (random 7b weights, bf16, no decode graphs), once per prefill
+chunk size of `--chunks` (`max_num_batched_tokens`; default 8K, the engine's):
 - `token`: token-major KV pages and every weight [out, in] (the engines of session 6);
 - `head`: head-major KV pages (`EngineConfig.kv_layout`);
 - `head+in_major`: and down_proj / lm_head stored [in, out] (`layers.Linear`): session 7's defaults;
@@ -47,8 +49,10 @@ def whole_last_layer(runner) -> None:
     runner.prepare_prefill = without_tables
 
 
-def ttft_ms(model, kv_layout: str, length: int, prompts: int, pruned: bool = True) -> float:
-    engine = LLMEngine(model, kv_cache_bytes=6 << 30, max_num_seqs=1, max_num_batched_tokens=8192,
+def ttft_ms(
+    model, kv_layout: str, length: int, prompts: int, pruned: bool = True, chunk: int = 8192
+) -> float:
+    engine = LLMEngine(model, kv_cache_bytes=6 << 30, max_num_seqs=1, max_num_batched_tokens=chunk,
                        use_cuda_graphs=False, kv_layout=kv_layout)  # fmt: skip
     if not pruned:
         whole_last_layer(engine.runner)
@@ -71,6 +75,7 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--chunks", default="8192", help="comma-separated prefill chunk sizes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -79,13 +84,15 @@ def main() -> None:
     for length in (int(n) for n in args.lengths.split(",")):
         for rnd in range(args.rounds):
             for mode in modes:
-                layout, in_major, pruned = MODES[mode]
-                ms = ttft_ms(models[in_major], layout, length, args.prompts, pruned)
-                rows.append({"length": length, "round": rnd, "mode": mode, "ttft_ms": ms})
-                print(
-                    f"{length:>6} round {rnd} {mode:14s} TTFT {ms:7.1f} ms (median of {args.prompts})",
-                    flush=True,
-                )
+                for chunk in (int(c) for c in args.chunks.split(",")):
+                    layout, in_major, pruned = MODES[mode]
+                    ms = ttft_ms(models[in_major], layout, length, args.prompts, pruned, chunk)
+                    rows.append({"length": length, "round": rnd, "mode": mode, "chunk": chunk, "ttft_ms": ms})
+                    print(
+                        f"{length:>6} round {rnd} {mode:14s} chunk {chunk:>6} TTFT {ms:7.1f} ms"
+                        f" (median of {args.prompts})",
+                        flush=True,
+                    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)

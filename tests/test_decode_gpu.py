@@ -15,6 +15,7 @@ from test_decode_codegen import eight_class_hybrid_layer
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec
 from sparsegen.errors import InputError
+from sparsegen.graph_capture import capture
 from sparsegen.presets import blocksparse_heads
 from sparsegen.testing import DecodeProblem, rel_err, sample_layer_spec
 
@@ -119,7 +120,7 @@ def test_cuda_graph_capture_and_replay():
         kernel(q, kc, vc, bt, sl, scale=scale)  # warm-up: module load outside the capture
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         static_out = kernel(q, kc, vc, bt, sl, scale=scale)
     for trial in range(3):
         q.copy_(torch.randn_like(q))
@@ -269,7 +270,7 @@ def test_pdl_launch_waits_for_the_kernel_that_writes_q(splits):
         with torch.cuda.stream(stream):
             torch._foreach_copy_([q_buf, kc[last]], [q_in, k_in])  # warm-up outside the capture
             kernel.launch(q_buf, kc, vc, bt, sl, scale, splits=splits, pdl=pdl)
-            with torch.cuda.graph(graph, stream=stream):
+            with capture(graph, stream=stream):
                 # one kernel writes q and the new token's K, as the rotary kernel does
                 torch._foreach_copy_([q_buf, kc[last]], [q_in, k_in])
                 out = kernel.launch(q_buf, kc, vc, bt, sl, scale, splits=splits, pdl=pdl)
@@ -470,9 +471,9 @@ def test_merge_fused_cuda_graph_replays():
         for s in splits:
             kernel.launch(*args, scale, splits=s, merge="fused")  # module load outside the capture
     torch.cuda.current_stream().wait_stream(side)
-    capture = torch.cuda.Stream()
+    capture_stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=capture):
+    with capture(graph, stream=capture_stream):
         static = [kernel.launch(*args, scale, splits=s, merge="fused") for s in splits]
     gen = torch.Generator(device="cuda").manual_seed(3)
     failures = []
@@ -486,7 +487,7 @@ def test_merge_fused_cuda_graph_replays():
                 failures.append(f"replay {r}, splits {s}")
     assert not failures, failures
     torch.cuda.synchronize()
-    assert not counters.get(q.device, capture.cuda_stream, rows)[:rows].any()
+    assert not counters.get(q.device, capture_stream.cuda_stream, rows)[:rows].any()
 
 
 def test_merge_fused_on_two_streams_at_once():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sparsegen.engine import LLMEngine, SamplingParams
+from sparsegen.graph_capture import capture
 from sparsegen.models import ForwardBatch, named_config, random_model
 
 pytestmark = pytest.mark.gpu
@@ -267,7 +268,7 @@ def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph(row
     graphs, outs = [], []
     for pdl in (True, False):
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with capture(g):
             outs.append(step(pdl))
         graphs.append(g)
     for i in range(20):

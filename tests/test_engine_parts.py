@@ -59,27 +59,6 @@ def test_width_bucket():
     assert width_bucket(100, 80) == 80
 
 
-def test_gc_paused_turns_the_collector_off_and_restores_it():
-    import gc
-
-    from sparsegen.engine.cuda_graphs import gc_paused
-
-    assert gc.isenabled()
-    with gc_paused():
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    with pytest.raises(RuntimeError), gc_paused():
-        raise RuntimeError("inside")
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with gc_paused():
-            pass
-        assert not gc.isenabled()  # it was off before: stays off
-    finally:
-        gc.enable()
-
-
 def test_a_capture_runs_the_forward_with_the_collector_off(monkeypatch, model):
     """DecodeGraphs._capture: the warm-up forward runs with gc on, the captured one with gc off
     (a collection mid-capture could free an old engine's graphs, which CUDA forbids then); torch's

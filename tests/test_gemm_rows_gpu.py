@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from sparsegen.errors import InputError
+from sparsegen.graph_capture import capture
 from sparsegen.models import gemm_rows as gr
 from sparsegen.models.gemm_rows import Tile
 
@@ -76,7 +77,7 @@ def test_in_a_cuda_graph_with_pdl():
     chain_in = torch.zeros(32, k, device="cuda", dtype=torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         chain_in.copy_(x)  # the kernel before: its writes must be seen after griddepcontrol.wait
         y = gr.gemm_rows(chain_in, w, b, pdl=True)
         y2 = gr.gemm_rows(y, w, b, pdl=True)

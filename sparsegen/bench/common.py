@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..graph_capture import capture
+
 
 def median_ms(fn, *, warmup_ms: int = 25, rep_ms: int = 100, min_reps: int = 10) -> float:
     """Median time of fn() in milliseconds, with CUDA events (triton.testing.do_bench), over at
@@ -49,7 +51,7 @@ def graph_us(fn, *, calls: int = 20, replays: int = 10) -> float:
             fn(i)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         for i in range(calls):
             fn(i)
     for _ in range(3):

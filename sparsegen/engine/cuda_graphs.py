@@ -18,13 +18,12 @@ bucket, after one eager warm-up run (which also compiles the kernels) on a side 
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..graph_capture import capture
 from ..models.batch import ForwardBatch
 from ..models.phi3small import Phi3SmallForCausalLM
 from .kv_cache import KVCache, pages_for
@@ -43,23 +42,6 @@ def width_bucket(pages: int, max_pages: int) -> int:
     while width < pages:
         width *= 2
     return min(width, max_pages)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block (back as it was after it).
-
-    A capture allocates many Python objects, which can start a collection in the middle of it;
-    if that frees an unreachable engine's CUDA graphs, their destruction is an operation CUDA
-    forbids while a stream captures, and the capture fails. torch.cuda.graph collects once
-    before capture begins; this keeps a collection from starting during it."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class DecodeGraphs:
@@ -118,7 +100,7 @@ class DecodeGraphs:
             self.forward(self.ids[:b], batch, layers)  # warm-up: compiles kernels, settles allocations
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with gc_paused(), torch.cuda.graph(graph, pool=self.pool):  # gc.collect() still runs at its start
+        with capture(graph, pool=self.pool):  # no garbage collection mid-capture
             logits = self.forward(self.ids[:b], batch, layers)  # [b, vocab]
         self.pool = graph.pool()
         return graph, logits
