@@ -8,7 +8,8 @@ In one run, with the same weights, for sparse attention and for every layer dens
 `--compile both`, for decode steps with and without torch.compile inside the CUDA graphs; with
 `--gemv both`, with cuBLAS and with the batch-1 Triton GEMV; by default the model's own choice,
 the GEMV on a GPU since session 8):
-- time to first token of one 8K-token and one 32K-token prompt (chunked prefill, 8K chunks),
+- time to first token of one 8K-token and one 32K-token prompt (prefill chunks of the engine's
+  default size, or `--chunk` tokens),
   each after a warm-up prompt of the same length on the same engine (compiles stay out);
 - decode tokens/s and ms/step at batch 1 and at batch 32, each sequence with an 8K-token
   prompt. Only decode steps are timed (from the step after every sequence has its first
@@ -24,6 +25,7 @@ import argparse
 import gc
 import json
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -47,14 +49,25 @@ def peak_gib() -> float:
     return torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0
 
 
-def new_engine(model, graphs: bool, compiled: bool, kv_gib: float) -> LLMEngine:
+@dataclass(frozen=True)
+class Setup:
+    """How each measurement's engine is built."""
+
+    graphs: bool  # decode steps replay CUDA graphs
+    compiled: bool  # torch.compile inside them
+    kv_gib: float  # KV cache budget (GPU)
+    chunk: int | None  # prefill tokens per step; None: the engine's default
+
+
+def new_engine(model, setup: Setup) -> LLMEngine:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    kv_bytes = int(kv_gib * GIB) if model.device.type == "cuda" else (64 << 20)
-    return LLMEngine(model, kv_cache_bytes=kv_bytes, max_num_seqs=32, max_num_batched_tokens=8192,
-                     use_cuda_graphs=graphs, compile_model=compiled)  # fmt: skip
+    kv_bytes = int(setup.kv_gib * GIB) if model.device.type == "cuda" else (64 << 20)
+    chunks = {} if setup.chunk is None else {"max_num_batched_tokens": setup.chunk}
+    return LLMEngine(model, kv_cache_bytes=kv_bytes, max_num_seqs=32, use_cuda_graphs=setup.graphs,
+                     compile_model=setup.compiled, **chunks)  # fmt: skip
 
 
 def kv_info(engine: LLMEngine) -> dict:
@@ -62,20 +75,20 @@ def kv_info(engine: LLMEngine) -> dict:
     return {"pages": pages, "tokens": tokens, "gib": engine.runner.kv_cache_bytes / GIB}
 
 
-def ttft(model, length: int, graphs: bool, compiled: bool, kv_gib: float) -> dict:
-    engine = new_engine(model, graphs, compiled, kv_gib)
+def ttft(model, length: int, setup: Setup) -> dict:
+    engine = new_engine(model, setup)
     # Warm-up with another prompt of the same length: the prefill kernels are specialised per
     # length bucket and cuBLAS picks per shape, so a first prompt of a new length also times JIT
     # compiles (a fresh H200 in session 6 measured 544.7 ms for the first 8K prompt, 197 warm).
     engine.generate(prompts(1, length, seed=1), SamplingParams(max_tokens=2, ignore_eos=True))
     sync()
     res = engine.generate(prompts(1, length, seed=2), SamplingParams(max_tokens=1, ignore_eos=True))[0]
-    return {"ttft_s": res.ttft_s, "context": length, "peak_gib": peak_gib(), "kv": kv_info(engine)}
+    return {"ttft_s": res.ttft_s, "context": length, "chunk": engine.config.max_num_batched_tokens,
+            "peak_gib": peak_gib(), "kv": kv_info(engine)}  # fmt: skip
 
 
-def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, graphs: bool, compiled: bool,
-                kv_gib: float) -> dict:  # fmt: skip
-    engine = new_engine(model, graphs, compiled, kv_gib)
+def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, setup: Setup) -> dict:
+    engine = new_engine(model, setup)
     params = SamplingParams(max_tokens=steps + warm_steps + 2, ignore_eos=True)
     seqs = engine.submit(prompts(batch, length, seed=3), params)
     while any(s.t_first_token is None for s in seqs):  # prefill every prompt
@@ -94,13 +107,13 @@ def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, gra
 
 def run_mode(model, mode: str, name: str, compiled: bool, args, sizes) -> dict:
     short, long, big_batch, steps, warm = sizes
-    graphs = not args.no_cuda_graphs
+    setup = Setup(graphs=not args.no_cuda_graphs, compiled=compiled, kv_gib=args.kv_gib, chunk=args.chunk)
     model.set_force_dense(mode == "dense")
     r = {
-        "ttft_8k": ttft(model, short, graphs, compiled, args.kv_gib),
-        "ttft_32k": ttft(model, long, graphs, compiled, args.kv_gib),
-        "decode_b1": decode_rate(model, 1, short, steps, warm, graphs, compiled, args.kv_gib),
-        "decode_b32": decode_rate(model, big_batch, short, steps, warm, graphs, compiled, args.kv_gib),
+        "ttft_8k": ttft(model, short, setup),
+        "ttft_32k": ttft(model, long, setup),
+        "decode_b1": decode_rate(model, 1, short, steps, warm, setup),
+        "decode_b32": decode_rate(model, big_batch, short, steps, warm, setup),
     }
     kv = r["decode_b1"]["kv"]
     print(
@@ -126,6 +139,7 @@ def main() -> None:
                     help="batch-1 linear layers through the Triton GEMV (ModelOptions.triton_gemv; "
                          "default: the model's own choice, on for a GPU)")  # fmt: skip
     ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per engine (GPU)")
+    ap.add_argument("--chunk", type=int, default=None, help="prefill tokens per step (default: the engine's)")
     ap.add_argument(
         "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
     )

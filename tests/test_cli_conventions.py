@@ -127,3 +127,15 @@ def test_missing_extras_name_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "sparsegen.testing", raising=False)
     with pytest.raises(sg.MissingExtraError, match=r"sparsegen\[fuzz\]"):
         import sparsegen.testing  # noqa: F401
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_engine_step_defaults_are_the_engine_configs(command):
+    """--chunk-size and --page-size write EngineConfig's defaults out (so that --help imports no
+    torch): they must not drift from it."""
+    from sparsegen.engine.config import EngineConfig
+
+    params = {p.name: p.default for p in cli.get_command(None, command).params}
+    want = EngineConfig()
+    assert params["chunk_size"] == want.max_num_batched_tokens
+    assert params["page_size"] == want.page_size

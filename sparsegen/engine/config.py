@@ -31,6 +31,15 @@ def check_optional_int(name: str, value: object, low: int, high: int | None = No
     return None if value is None else check_int(name, value, low, high)
 
 
+# Prefill tokens per step by default. The scheduler runs every pending prefill before any decode
+# step, so the chunk size does not bound how long running sequences wait; it bounds a step's
+# activations (~3.7 GiB for the 7b model at 32K tokens, inside model_runner's GPU headroom). On
+# the H200 a 32K-token prompt in one chunk took 976-978 ms to its first token, in 8K chunks
+# 994-997 ms (session 12, benchmarks/ab_prefill.py --chunks): no K/V gather of earlier chunks,
+# one attention launch a layer.
+PREFILL_CHUNK_TOKENS = 32768
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine is sized. `None` means "derive it": `num_pages` from `kv_cache_bytes` (or
@@ -40,7 +49,7 @@ class EngineConfig:
     num_pages: int | None = None  # pages in the cache, one of them kept as scratch (>= 2)
     kv_cache_bytes: int | None = None  # budget for the cache when num_pages is None
     max_num_seqs: int = 32  # sequences running at once
-    max_num_batched_tokens: int = 8192  # prefill tokens per step
+    max_num_batched_tokens: int = PREFILL_CHUNK_TOKENS  # prefill tokens per step
     max_model_len: int | None = None  # prompt + generated tokens per sequence
     use_cuda_graphs: bool = True
     compile_model: bool = False  # decode steps through torch.compile (inductor), inside the graphs

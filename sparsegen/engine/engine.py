@@ -28,7 +28,7 @@ import torch
 from ..errors import EngineError, InputError
 from ..models.phi3small import Phi3SmallForCausalLM
 from .checks import check_params, check_prompt, expand_params
-from .config import KERNEL_PAGE_SIZES, EngineConfig
+from .config import KERNEL_PAGE_SIZES, PREFILL_CHUNK_TOKENS, EngineConfig
 from .inflight import InFlight, overlappable
 from .model_runner import ModelRunner
 from .sampling import SamplingParams, TokenLogprobs, sample_on_device
@@ -89,7 +89,7 @@ class LLMEngine:
         num_pages: int | None = None,
         kv_cache_bytes: int | None = None,
         max_num_seqs: int = 32,
-        max_num_batched_tokens: int = 8192,
+        max_num_batched_tokens: int = PREFILL_CHUNK_TOKENS,
         max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
         compile_model: bool = False,
