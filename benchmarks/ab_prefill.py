@@ -4,7 +4,8 @@
         [--chunks 8192,32768] [--json OUT]
 
 Modes, each in an engine of its own (random 7b weights, bf16, no decode graphs), once per prefill
-chunk size of `--chunks` (`max_num_batched_tokens`; default 8K, the engine's):
+chunk size of `--chunks` (`max_num_batched_tokens`; default 8K, as the earlier A/Bs ran; the
+engine's default is 32K since session 12):
 - `token`: token-major KV pages and every weight [out, in] (the engines of session 6);
 - `head`: head-major KV pages (`EngineConfig.kv_layout`);
 - `head+in_major`: and down_proj / lm_head stored [in, out] (`layers.Linear`): session 7's defaults;
