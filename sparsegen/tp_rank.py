@@ -31,12 +31,16 @@ class RankContext:
 
 def engine_on_rank(model, info, tokenizer, engine_kwargs: dict):
     from .engine import LLMEngine
+    from .engine.config import EngineConfig
     from .engine.model_runner import default_num_pages
 
     kw = dict(engine_kwargs)
     kv_bytes = kw.pop("kv_cache_bytes", None)
     if kw.get("num_pages") is None:  # the scheduler must see the same cache size on every rank
-        mine = default_num_pages(model, kw.get("page_size", 16), kv_bytes)
+        defaults = EngineConfig()
+        page_size = kw.get("page_size", defaults.page_size)
+        tokens = kw.get("max_num_batched_tokens", defaults.max_num_batched_tokens)
+        mine = default_num_pages(model, page_size, kv_bytes, tokens)
         kw["num_pages"] = distributed.min_int(mine, info.device)
     return LLMEngine(model, tokenizer=tokenizer, **kw)
 

@@ -330,6 +330,32 @@ def test_kv_cache_larger_than_memory_fails_from_the_estimate(model, monkeypatch)
         LLMEngine(model, num_pages=1_000_000)
 
 
+def test_a_prefill_step_too_big_for_memory_fails_from_the_estimate(model, monkeypatch):
+    """A KV cache that fits, but not with one prefill step's activations beside it: refused at
+    construction, naming the step's tokens and max_num_batched_tokens; a smaller step fits."""
+    from sparsegen.engine.model_runner import kv_bytes_per_page
+
+    pages = 64
+    kv = pages * kv_bytes_per_page(model, 16)
+    act = memory.prefill_activation_bytes(model.config, model.dtype, 4096)
+    free = int((kv + act // 2) / memory.USABLE_FRACTION)  # KV and half of a 4096-token step
+    monkeypatch.setattr(memory, "cpu_available_bytes", lambda: free)
+    with pytest.raises(MemoryLimitError, match=r"prefill step of 4096 tokens.*max_num_batched_tokens"):
+        LLMEngine(model, num_pages=pages, max_num_batched_tokens=4096, max_model_len=4096)
+    engine = LLMEngine(model, num_pages=pages, max_num_batched_tokens=1024, max_model_len=4096)
+    assert engine.config.max_num_batched_tokens == 1024
+    # the seats bound a step too: one seat of a 1024-token sequence never takes a 4096-token step
+    LLMEngine(model, num_pages=pages, max_num_seqs=1, max_model_len=1024, max_num_batched_tokens=4096)
+
+
+def test_prefill_activation_estimate_is_linear_and_matches_the_7b_measure():
+    cfg = named_config("7b")
+    per_token = memory.prefill_activation_bytes(cfg, torch.bfloat16, 1)
+    assert per_token == 128 << 10  # session 12 measured about 132 KiB a token (bench_generate peaks)
+    assert memory.prefill_activation_bytes(cfg, torch.bfloat16, 32768) == 32768 * per_token
+    assert memory.prefill_activation_bytes(cfg, torch.float32, 10) == 20 * per_token
+
+
 def test_parameter_count_matches_the_module():
     for cfg in (named_config("tiny"),):
         m = random_model(cfg)

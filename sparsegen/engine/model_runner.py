@@ -20,7 +20,7 @@ import torch
 from ..errors import InputError
 from ..log import get_logger
 from ..models.batch import ForwardBatch
-from ..models.memory import check_fits
+from ..models.memory import check_fits, prefill_activation_bytes
 from ..models.phi3small import Phi3SmallForCausalLM
 from .config import EngineConfig
 from .kv_cache import KVCache
@@ -31,7 +31,18 @@ log = get_logger(__name__)
 
 CPU_KV_CACHE_BYTES = 256 << 20
 GPU_MEMORY_FRACTION = 0.9
-GPU_HEADROOM_BYTES = 6 << 30  # activations of a prefill chunk, logits, graphs
+# What a default-sized GPU cache leaves free: a prefill step's activations plus this (logits,
+# CUDA graphs, the allocator's slack), and never less than GPU_MIN_HEADROOM_BYTES.
+GPU_OVERHEAD_BYTES = 2 << 30
+GPU_MIN_HEADROOM_BYTES = 6 << 30
+MEMORY_ADVICE = (
+    "use fewer KV pages (num_pages or kv_cache_bytes) or fewer prefill tokens a step "
+    "(max_num_batched_tokens; --chunk-size on the command line)"
+)
+
+
+def step_activation_bytes(model: Phi3SmallForCausalLM, prefill_tokens: int) -> int:
+    return prefill_activation_bytes(model.config, model.dtype, prefill_tokens)
 
 
 def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int) -> int:
@@ -41,14 +52,18 @@ def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int) -> int:
     )
 
 
-def default_num_pages(model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None) -> int:
+def default_num_pages(
+    model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None, prefill_tokens: int
+) -> int:
     """Pages that `kv_cache_bytes` holds; by default 90 % of the free GPU memory less a headroom
-    for activations (GPU), or 256 MiB (CPU)."""
+    for a prefill step of `prefill_tokens` tokens (GPU), or 256 MiB (CPU)."""
     per_page = kv_bytes_per_page(model, page_size)
     if kv_cache_bytes is None:
         if model.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(model.device)
-            kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - GPU_HEADROOM_BYTES, 2 * per_page)
+            act = step_activation_bytes(model, prefill_tokens)
+            headroom = max(GPU_MIN_HEADROOM_BYTES, act + GPU_OVERHEAD_BYTES)
+            kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - headroom, 2 * per_page)
         else:
             kv_cache_bytes = CPU_KV_CACHE_BYTES
     pages = kv_cache_bytes // per_page
@@ -130,9 +145,16 @@ class ModelRunner:
         self.model = model
         cfg = model.config
         page_size = config.page_size
-        pages = config.num_pages or default_num_pages(model, page_size, config.kv_cache_bytes)
+        # a prefill step holds at most max_num_batched_tokens tokens, and no more than the seats hold
+        tokens = min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len)
+        pages = config.num_pages or default_num_pages(model, page_size, config.kv_cache_bytes, tokens)
         need = pages * kv_bytes_per_page(model, page_size)
-        check_fits(need, model.device, f"a KV cache of {pages} pages of {page_size} tokens")
+        check_fits(
+            need + step_activation_bytes(model, tokens),
+            model.device,
+            f"a KV cache of {pages} pages of {page_size} tokens and a prefill step of {tokens} tokens",
+            MEMORY_ADVICE,
+        )
         self.cache = KVCache(
             num_layers=cfg.num_hidden_layers,
             num_pages=pages,

@@ -38,6 +38,18 @@ def weight_bytes(config: Phi3SmallConfig, dtype: torch.dtype) -> int:
     return parameter_count(config) * torch.empty((), dtype=dtype).element_size()
 
 
+def prefill_activation_bytes(config: Phi3SmallConfig, dtype: torch.dtype, tokens: int) -> int:
+    """About the most that one prefill step of `tokens` tokens holds at once besides the weights
+    and the KV cache: per token, up_proj's output (2 x ff) and its GeGeLU (ff), QKV's output, and
+    four hidden-size tensors (the residual stream, the normed input, attention's output and
+    down_proj's). For the 7b model that is 128 KiB a token; bench_generate's peak GPU memory rose
+    by 3.1 GiB from 8K- to 32K-token chunks (session 12), about 132 KiB a token. A
+    tensor-parallel rank holds less (its shard of the MLP and heads): this overstates it."""
+    h, f = config.hidden_size, config.ff_intermediate_size
+    qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    return tokens * (3 * f + qkv + 4 * h) * torch.empty((), dtype=dtype).element_size()
+
+
 def _read_int(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
@@ -77,8 +89,12 @@ def available_bytes(device: torch.device | str) -> int | None:
     return None
 
 
-def check_fits(need: int, device: torch.device | str, what: str) -> None:
-    """Raise MemoryLimitError if `need` bytes exceed the usable share of `device`'s free memory."""
+DEFAULT_ADVICE = "use a smaller model, a narrower dtype or another device"
+
+
+def check_fits(need: int, device: torch.device | str, what: str, advice: str = DEFAULT_ADVICE) -> None:
+    """Raise MemoryLimitError if `need` bytes exceed the usable share of `device`'s free memory;
+    the message names `what` and ends with `advice`."""
     free = available_bytes(device)
     if free is None:
         return
@@ -86,7 +102,7 @@ def check_fits(need: int, device: torch.device | str, what: str) -> None:
     if need > usable:
         raise MemoryLimitError(
             f"{what} would take about {need / 2**30:.1f} GiB, but {device} has {free / 2**30:.1f} GiB free "
-            f"(at most {usable / 2**30:.1f} GiB usable); use a smaller model, a narrower dtype or another device"
+            f"(at most {usable / 2**30:.1f} GiB usable); {advice}"
         )
 
 
