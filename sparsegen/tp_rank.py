@@ -32,15 +32,15 @@ class RankContext:
 def engine_on_rank(model, info, tokenizer, engine_kwargs: dict):
     from .engine import LLMEngine
     from .engine.config import EngineConfig
-    from .engine.model_runner import default_num_pages
+    from .engine.model_runner import default_num_pages, max_step_tokens
 
     kw = dict(engine_kwargs)
     kv_bytes = kw.pop("kv_cache_bytes", None)
     if kw.get("num_pages") is None:  # the scheduler must see the same cache size on every rank
-        defaults = EngineConfig()
-        page_size = kw.get("page_size", defaults.page_size)
-        tokens = kw.get("max_num_batched_tokens", defaults.max_num_batched_tokens)
-        mine = default_num_pages(model, page_size, kv_bytes, tokens)
+        config = EngineConfig(**kw)  # the engine's own arguments, checked as LLMEngine checks them
+        max_model_len = config.max_model_len or model.config.max_position_embeddings
+        tokens = max_step_tokens(config, max_model_len)
+        mine = default_num_pages(model, config.page_size, kv_bytes, tokens)
         kw["num_pages"] = distributed.min_int(mine, info.device)
     return LLMEngine(model, tokenizer=tokenizer, **kw)
 

@@ -41,6 +41,12 @@ MEMORY_ADVICE = (
 )
 
 
+def max_step_tokens(config: EngineConfig, max_model_len: int) -> int:
+    """The most tokens one prefill step holds: max_num_batched_tokens, and no more than the seats
+    hold."""
+    return min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len)
+
+
 def step_activation_bytes(model: Phi3SmallForCausalLM, prefill_tokens: int) -> int:
     return prefill_activation_bytes(model.config, model.dtype, prefill_tokens)
 
@@ -145,8 +151,7 @@ class ModelRunner:
         self.model = model
         cfg = model.config
         page_size = config.page_size
-        # a prefill step holds at most max_num_batched_tokens tokens, and no more than the seats hold
-        tokens = min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len)
+        tokens = max_step_tokens(config, max_model_len)
         pages = config.num_pages or default_num_pages(model, page_size, config.kv_cache_bytes, tokens)
         need = pages * kv_bytes_per_page(model, page_size)
         check_fits(
