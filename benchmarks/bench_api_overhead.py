@@ -19,8 +19,8 @@ import time
 import torch
 
 import sparsegen
-from sparsegen.bench.common import median_ms
-from sparsegen.bench.prefill import inputs
+from sparsegen.commands.bench.common import median_ms
+from sparsegen.commands.bench.prefill import inputs
 from sparsegen.kernels.prefill import get_prefill_kernel
 
 

@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from sparsegen.bench.common import graph_us
+from sparsegen.commands.bench.common import graph_us
 from sparsegen.engine import sampling
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from bench_linear_layout import floor_us, save_rows
 from blaslt import LtLinear
 
-from sparsegen.bench.common import graph_us, measure_ceilings
+from sparsegen.commands.bench.common import graph_us, measure_ceilings
 from sparsegen.testing import rel_err
 
 CALLS = 24

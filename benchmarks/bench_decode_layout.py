@@ -28,7 +28,7 @@ import statistics
 import torch
 
 import sparsegen
-from sparsegen.bench.common import graph_us, measure_ceilings
+from sparsegen.commands.bench.common import graph_us, measure_ceilings
 from sparsegen.kernels import decode as dec
 from sparsegen.layout import decode_pages
 from sparsegen.testing import rel_err

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from sparsegen.bench.common import graph_us, measure_ceilings
+from sparsegen.commands.bench.common import graph_us, measure_ceilings
 from sparsegen.models import fused
 
 HIDDEN, FF, HKV, G, D = 4096, 14336, 8, 4, 128

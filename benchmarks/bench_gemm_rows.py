@@ -24,7 +24,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from sparsegen.bench.common import graph_us, measure_ceilings
+from sparsegen.commands.bench.common import graph_us, measure_ceilings
 from sparsegen.models import gemm_rows as gr
 from sparsegen.models.gemm_rows import Tile
 

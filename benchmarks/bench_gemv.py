@@ -21,7 +21,7 @@ import json
 import torch
 import triton
 
-from sparsegen.bench.common import graph_us as _graph_us
+from sparsegen.commands.bench.common import graph_us as _graph_us
 
 CALLS = 24
 SHAPES = (  # name, N (weight rows), K, with bias, GeGeLU, residual add + LayerNorm before it, rotary

@@ -20,7 +20,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from sparsegen.bench.common import graph_us, measure_ceilings
+from sparsegen.commands.bench.common import graph_us, measure_ceilings
 from sparsegen.testing import rel_err
 
 CALLS = 24

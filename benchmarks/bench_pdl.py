@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from sparsegen.bench.common import graph_us
+from sparsegen.commands.bench.common import graph_us
 
 HIDDEN, FF, HKV, G, D = 4096, 14336, 8, 4, 128
 RING_BYTES = 400 << 20

@@ -26,8 +26,8 @@ import time
 import torch
 
 import sparsegen
-from sparsegen.bench.common import measure_ceilings, median_ms
-from sparsegen.bench.prefill import inputs, visible_pairs
+from sparsegen.commands.bench.common import measure_ceilings, median_ms
+from sparsegen.commands.bench.prefill import inputs, visible_pairs
 from sparsegen.kernels import prefill_gluon_template as tpl
 from sparsegen.kernels.prefill import get_prefill_kernel
 from sparsegen.kernels.prefill_gluon import get_gluon_prefill_kernel

@@ -30,7 +30,10 @@ HERE = Path(__file__).resolve().parents[1]
 
 WORKER = r"""
 import json, sys, torch, sparsegen
-from sparsegen.bench.common import median_ms, median_ms_graph
+try:
+    from sparsegen.commands.bench.common import median_ms, median_ms_graph
+except ImportError:  # a checkout that keeps the timing helpers in sparsegen/bench/
+    from sparsegen.bench.common import median_ms, median_ms_graph
 out = {}
 bf16 = torch.bfloat16
 def layer_of(name):

@@ -33,7 +33,7 @@ import time
 import torch
 from torch.autograd import DeviceType
 
-from sparsegen.bench.common import graph_us
+from sparsegen.commands.bench.common import graph_us
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.engine.cuda_graphs import width_bucket
 from sparsegen.models import random_model
@@ -233,7 +233,7 @@ def main() -> None:
         "weights_gb": weight_bytes / 1e9,
     }
     if device == "cuda":
-        from sparsegen.bench.common import measure_ceilings
+        from sparsegen.commands.bench.common import measure_ceilings
 
         bw = measure_ceilings().copy_tb_s * 1e12  # bytes read + written per second
         kv = kv_read_bytes(model, args.batch, args.context + 8)

@@ -249,7 +249,7 @@ def main() -> None:
     }
     ceiling = None
     if device == "cuda":
-        from sparsegen.bench.common import measure_ceilings
+        from sparsegen.commands.bench.common import measure_ceilings
 
         ceiling = measure_ceilings().matmul_tflop_s
         report["matmul_tflops"] = ceiling

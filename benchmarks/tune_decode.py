@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import sparsegen
-from sparsegen.bench.common import graph_us
+from sparsegen.commands.bench.common import graph_us
 from sparsegen.kernels import decode as dec
 from sparsegen.layout import decode_pages
 from sparsegen.testing import rel_err

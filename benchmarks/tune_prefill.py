@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import sparsegen
-from sparsegen.codegen import templates_dir
+from sparsegen.jit.render import templates_dir
 from sparsegen.kernels import prefill as prefill_mod
 from sparsegen.kernels import prefill_template
 
@@ -69,8 +69,8 @@ def aot_only(arch: str) -> int:
 
 
 def timed(out_path: Path | None) -> None:
-    from sparsegen.bench.common import median_ms
-    from sparsegen.bench.prefill import inputs, visible_pairs
+    from sparsegen.commands.bench.common import median_ms
+    from sparsegen.commands.bench.prefill import inputs, visible_pairs
     from sparsegen.testing import rel_err
 
     rows = []

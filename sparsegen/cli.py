@@ -1,4 +1,5 @@
-"""The `sparsegen` command line. Each command lives in `sparsegen/commands/<name>.py`.
+"""The `sparsegen` command line. Each command lives in `sparsegen/commands/<name>.py` (or, with
+its parts, `sparsegen/commands/<name>/`).
 
 Commands are imported on first use, and `import sparsegen` loads torch only when a name that
 needs it is touched, so `sparsegen --help` and `--version` answer without importing torch.

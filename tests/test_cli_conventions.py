@@ -97,7 +97,8 @@ class _Stream:
 
 
 def test_bars_only_on_a_terminal_without_json_and_not_quiet(monkeypatch):
-    from sparsegen import log, progress
+    from sparsegen import log
+    from sparsegen.commands import progress
 
     monkeypatch.delenv("SPARSEGEN_QUIET", raising=False)
     log.install_cli_handler()

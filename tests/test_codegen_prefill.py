@@ -10,6 +10,7 @@ import pytest
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec
 from sparsegen.errors import CompileError
+from sparsegen.jit import render
 from sparsegen.kernels import prefill_template as triton_build
 
 GOLDEN = Path(__file__).parent / "golden" / "prefill_phi3small_sm90.py.txt"
@@ -82,7 +83,7 @@ def test_non_affine_offsets_render_a_select_chain():
 
 def test_free_strings_never_reach_the_template():
     with pytest.raises(CompileError, match="not an allowed word"):
-        sparsegen.codegen.render(triton_build.TEMPLATE, evil="import os")
+        render.render(triton_build.TEMPLATE, evil="import os")
 
 
 def test_arch_spelling_is_checked():

@@ -18,6 +18,7 @@ import sparsegen
 from sparsegen import HeadSpec, LayerSpec
 from sparsegen.errors import CompileError, InputError
 from sparsegen.jit import nvrtc_build as nb
+from sparsegen.jit import render
 from sparsegen.kernels import decode as dec
 from sparsegen.kernels import decode_template as dt
 from sparsegen.testing import layer_specs
@@ -183,9 +184,7 @@ def test_context_limit_is_an_input_error():
 
 def test_template_rejects_free_strings():
     with pytest.raises(CompileError):
-        sparsegen.codegen.render(
-            dt.TEMPLATE, **{**dt.template_constants(PHI3, "bf16", 16), "ctype": "int; evil"}
-        )
+        render.render(dt.TEMPLATE, **{**dt.template_constants(PHI3, "bf16", 16), "ctype": "int; evil"})
 
 
 def test_bad_arguments():

@@ -117,31 +117,31 @@ def test_four_processes_racing_build_once(fresh_cache):
 
 
 def test_template_bytes_cover_included_parts(tmp_path, monkeypatch):
-    from sparsegen import codegen
+    from sparsegen.jit import render
 
     (tmp_path / "main.jinja").write_text("A {% include 'part.jinja' %}")
     (tmp_path / "part.jinja").write_text("B {{ x }}")
-    monkeypatch.setattr(codegen, "templates_dir", lambda: tmp_path)
-    codegen._environment.cache_clear()
+    monkeypatch.setattr(render, "templates_dir", lambda: tmp_path)
+    render._environment.cache_clear()
     try:
-        before = codegen.template_bytes("main.jinja")
+        before = render.template_bytes("main.jinja")
         assert b"B {{ x }}" in before
         (tmp_path / "part.jinja").write_text("C {{ x }}")
-        assert codegen.template_bytes("main.jinja") != before  # an edit to the part changes the key
+        assert render.template_bytes("main.jinja") != before  # an edit to the part changes the key
     finally:
-        codegen._environment.cache_clear()
+        render._environment.cache_clear()
 
 
 def test_decode_template_parts_are_in_its_bytes():
-    from sparsegen import codegen
+    from sparsegen.jit import render
 
-    data = codegen.template_bytes("paged_decode.cu.jinja")
+    data = render.template_bytes("paged_decode.cu.jinja")
     for part in (
         "paged_decode_common.cuh.jinja",
         "paged_decode_pattern.cuh.jinja",
         "paged_decode_reduce.cuh.jinja",
     ):
-        assert part.encode() in data and codegen._read_template(part) in data
+        assert part.encode() in data and render._read_template(part) in data
 
 
 def test_nvrtc_version_matches_the_library_cuda_core_loads():

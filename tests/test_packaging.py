@@ -30,6 +30,6 @@ def test_wheel_ships_templates(tmp_path):
 
 
 def test_templates_found_from_source_tree():
-    from sparsegen.codegen import templates_dir
+    from sparsegen.jit.render import templates_dir
 
     assert templates_dir() == ROOT / "templates" or templates_dir().name == "templates"

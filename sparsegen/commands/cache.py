@@ -7,8 +7,8 @@ import json
 
 import click
 
-from ..bench.common import format_table
 from ..log import get_logger
+from .bench.common import format_table
 
 
 @click.group(name="cache")

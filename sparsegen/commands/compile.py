@@ -16,11 +16,12 @@ import time
 
 import click
 
-from .. import dtypes, env, progress
-from ..bench.common import format_table
+from .. import dtypes, env
 from ..jit import build_workers
 from ..kernels.decode import PAGE_SIZES
 from ..log import get_logger
+from . import progress
+from .bench.common import format_table
 from .options import check_arch, load_pattern
 
 DTYPES = {name: dtypes.resolve(name).torch for name in dtypes.CLI_NAMES}

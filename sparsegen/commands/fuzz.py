@@ -18,9 +18,10 @@ from unittest import mock
 import click
 import torch
 
-from .. import env, progress
+from .. import env
 from ..errors import ImplUnavailableError
 from ..log import get_logger
+from . import progress
 from .options import SEED
 
 log = get_logger(__name__)

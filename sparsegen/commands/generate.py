@@ -13,8 +13,9 @@ from pathlib import Path
 
 import click
 
-from .. import dtypes, progress
+from .. import dtypes
 from ..log import get_logger
+from . import progress
 from .options import SEED, engine_step_kwargs, engine_step_options, finite, torch_device
 from .tp_option import check_tp, tensor_parallel_option
 

@@ -2,15 +2,16 @@
 
 A block of the kernel serves one head group (up to 8 query heads of one KV head); groups whose
 heads share a pattern share one rendered `Pattern<C>` class. Every value handed to the template
-is an int, a bool or an allowed word (sparsegen.codegen checks), never a free string.
+is an int, a bool or an allowed word (sparsegen.jit.render checks), never a free string.
 """
 
 from __future__ import annotations
 
 import math
 
-from .. import codegen, dtypes
+from .. import dtypes
 from ..errors import InputError
+from ..jit.render import render
 from ..spec import HeadSpec, LayerSpec
 from .naming import pattern_name
 
@@ -145,7 +146,7 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
 
 
 def render_source(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> str:
-    return codegen.render(TEMPLATE, **template_constants(layer, dtype_name, page_size, **knobs))
+    return render(TEMPLATE, **template_constants(layer, dtype_name, page_size, **knobs))
 
 
 def kernel_name(layer: LayerSpec, dtype_name: str, page_size: int) -> str:

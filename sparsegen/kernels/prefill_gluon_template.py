@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..codegen import render
 from ..errors import InputError
+from ..jit.render import render
 from ..spec import HeadSpec, LayerSpec
 from .prefill_template import _affine_offsets, _ranges  # one head-grouping rule for both variants
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import codegen
 from ..env import parse_arch
+from ..jit.render import render
 from ..spec import LayerSpec
 from .naming import path_key, pattern_name
 
@@ -141,7 +141,7 @@ def template_constants(layer: LayerSpec, config: dict[str, int]) -> dict[str, An
 
 
 def render_source(layer: LayerSpec, config: dict[str, int]) -> str:
-    return codegen.render(TEMPLATE, **template_constants(layer, config))
+    return render(TEMPLATE, **template_constants(layer, config))
 
 
 def kernel_name(layer: LayerSpec, dtype: str, variant: str = "tl") -> str:

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import codegen, dtypes, env
+from .. import dtypes, env
 from ..env import parse_arch
 from ..errors import InputError
 from ..jit import nvrtc_build as nb
+from ..jit.render import render
 from .rope import RopeWrite
 
 KERNEL = "sparsegen_gemm_rows"
@@ -166,7 +167,7 @@ class Build:
                              f"({self.tile.block_n}) and N = {self.n} a multiple of (group + 2) * head_dim")  # fmt: skip
         row = dtypes.resolve(self.dtype, kernel=True)
         t = self.tile
-        return codegen.render(
+        return render(
             t.template, n=self.n, k=self.k, dtype=row.name, ctype=row.ctype, block_n=t.block_n, block_k=t.block_k,
             split=t.split, stages=t.stages, has_bias=int(self.has_bias), gegelu=int(self.gegelu),
             rope=int(self.rope is not None), head_dim=d, group=g, rows_per_warp=t.rows_per_warp,

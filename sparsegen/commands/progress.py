@@ -14,7 +14,7 @@ import threading
 
 import click
 
-from .log import enabled as log_enabled
+from ..log import enabled as log_enabled
 
 
 def bars_wanted(*, as_json: bool = False, stream=None) -> bool:

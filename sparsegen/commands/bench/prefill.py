@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import flex as sg_flex
-from .. import ops
-from ..kernels.prefill import get_prefill_kernel
-from ..layout import density
-from ..spec import LayerSpec
-from ..testing import rel_err
+from ... import flex as sg_flex
+from ... import ops
+from ...kernels.prefill import get_prefill_kernel
+from ...layout import density
+from ...spec import LayerSpec
+from ...testing import rel_err
 from .common import Ceilings, median_ms
 
 

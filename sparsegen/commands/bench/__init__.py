@@ -7,11 +7,11 @@ import json
 import click
 import torch
 
+from ...errors import ImplUnavailableError
+from ...log import get_logger
+from ...presets import get_pattern
+from ...spec import ModelSpec
 from .. import progress
-from ..errors import ImplUnavailableError
-from ..log import get_logger
-from ..presets import get_pattern
-from ..spec import ModelSpec
 
 PREFILL_CASES = [("phi3small", 8192), ("phi3small", 32768), ("phi3small", 131072),
                  ("sliding-window", 32768), ("sliding-window", 131072),
@@ -77,8 +77,8 @@ def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, o
     """
     if not torch.cuda.is_available():
         raise ImplUnavailableError("sparsegen bench needs a CUDA GPU; torch sees none")
-    from ..bench import decode, prefill
-    from ..bench.common import format_table, measure_ceilings
+    from . import decode, prefill
+    from .common import format_table, measure_ceilings
 
     def flex(seq: int) -> bool:
         return not no_flex and seq <= flex_max_seq_len

@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 import jinja2.meta
 
-from .errors import CompileError
+from ..errors import CompileError
 
 # Words a template may receive as strings: dtype names, C types, pattern kinds, kernel names.
 ALLOWED_WORDS = frozenset(
@@ -33,12 +33,12 @@ ALLOWED_WORDS = frozenset(
 
 def templates_dir() -> Path:
     """`sparsegen/templates` inside an installed wheel, else `templates/` of the source tree."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "templates", here.parent / "templates"):
+    package = Path(__file__).resolve().parents[1]  # .../sparsegen (this file is sparsegen/jit/render.py)
+    for candidate in (package / "templates", package.parent / "templates"):
         if candidate.is_dir():
             return candidate
     raise CompileError(
-        f"sparsegen's templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})"
+        f"sparsegen's templates are missing (looked in {package / 'templates'} and {package.parent / 'templates'})"
     )
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import flex as sg_flex
-from .. import ops
-from ..layout import layer_visible
-from ..spec import LayerSpec
+from ... import flex as sg_flex
+from ... import ops
+from ...layout import layer_visible
+from ...spec import LayerSpec
 from .common import Ceilings, median_ms_graph
 
 PAGE_SIZE = 16

@@ -1,1 +1,0 @@
-"""GPU benchmarks behind `sparsegen bench`: kernels against baselines and measured ceilings."""
