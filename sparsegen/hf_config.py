@@ -129,9 +129,38 @@ def blocksparse_fields(cfg: dict[str, Any], source: str, error: type[Exception])
     )  # fmt: skip
 
 
-def phi3small_heads(num_heads: int, fields: BlocksparseFields) -> tuple[HeadSpec, ...]:
-    from .presets import blocksparse_heads  # presets imports this module
+def blocksparse_heads(
+    num_heads: int,
+    *,
+    block_size: int,
+    local_blocks: int,
+    vert_stride: int,
+    homo_head: bool = False,
+    head_sliding_step: int | None = None,
+    first_head: int = 0,
+    total_heads: int | None = None,
+) -> tuple[HeadSpec, ...]:
+    """Phi-3-Small style heads: offset of global head h is `h * head_sliding_step`.
 
+    `first_head`/`total_heads` serve tensor-parallel shards: the offset follows the *global*
+    head index, and the default step `max(1, vert_stride // total_heads)` uses the global count.
+    """
+    total = total_heads if total_heads is not None else num_heads
+    if head_sliding_step is None:
+        head_sliding_step = 0 if homo_head else max(1, vert_stride // total)
+    stride = max(vert_stride, 1)
+    return tuple(
+        HeadSpec(
+            block_size=block_size,
+            local_blocks=local_blocks,
+            vert_stride=vert_stride,
+            vert_offset=((first_head + h) * head_sliding_step) % stride if vert_stride else 0,
+        )
+        for h in range(num_heads)
+    )
+
+
+def phi3small_heads(num_heads: int, fields: BlocksparseFields) -> tuple[HeadSpec, ...]:
     return blocksparse_heads(
         num_heads,
         block_size=fields.block_size,

@@ -15,39 +15,8 @@ from typing import Any
 
 from . import jsonio
 from .errors import InputError, SpecError
-from .hf_config import model_spec_from_hf
+from .hf_config import blocksparse_heads, model_spec_from_hf
 from .spec import SPEC_FORMAT, HeadSpec, LayerSpec, ModelSpec
-
-
-def blocksparse_heads(
-    num_heads: int,
-    *,
-    block_size: int,
-    local_blocks: int,
-    vert_stride: int,
-    homo_head: bool = False,
-    head_sliding_step: int | None = None,
-    first_head: int = 0,
-    total_heads: int | None = None,
-) -> tuple[HeadSpec, ...]:
-    """Phi-3-Small style heads: offset of global head h is `h * head_sliding_step`.
-
-    `first_head`/`total_heads` serve tensor-parallel shards: the offset follows the *global*
-    head index, and the default step `max(1, vert_stride // total_heads)` uses the global count.
-    """
-    total = total_heads if total_heads is not None else num_heads
-    if head_sliding_step is None:
-        head_sliding_step = 0 if homo_head else max(1, vert_stride // total)
-    stride = max(vert_stride, 1)
-    return tuple(
-        HeadSpec(
-            block_size=block_size,
-            local_blocks=local_blocks,
-            vert_stride=vert_stride,
-            vert_offset=((first_head + h) * head_sliding_step) % stride if vert_stride else 0,
-        )
-        for h in range(num_heads)
-    )
 
 
 def _uniform_layer(num_heads: int, num_kv_heads: int, head_dim: int, head: HeadSpec) -> LayerSpec:
