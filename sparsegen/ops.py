@@ -4,18 +4,27 @@
 An explicit `impl` never falls back: if it cannot run here, `ImplUnavailableError` says why.
 
 Under `torch.compile` / `torch.export` (`torch.compiler.is_compiling()`), `prefill` and
-`paged_decode` call the registered custom ops `torch.ops.sparsegen.*` (`custom_ops.py`), which
-the tracer keeps as opaque nodes. In eager mode they call the same implementation directly:
-the custom-op dispatcher costs ~16 us a call on the 2-core CI machine, a few percent of an 8K
-prefill. Either way every host-side check runs at run time in `_prefill` / `_paged_decode`,
-never inside a traced region. The ops are inference-only: they have no autograd formula.
+`paged_decode` call the custom ops `torch.ops.sparsegen.prefill` / `.paged_decode` registered
+at the end of this module, which the tracer keeps as opaque nodes (no graph break, no tracing
+into the launcher); their fake (meta) implementations give the output's shape and dtype without
+running anything, so compiled graphs and CUDA graphs can hold them. In eager mode the entry
+points call the same implementation directly: the custom-op dispatcher costs ~16 us a call on
+the 2-core CI machine, a few percent of an 8K prefill. Either way every host-side check runs at
+run time in `_prefill` / `_paged_decode`, never inside a traced region. A layer spec crosses
+the op boundary as its canonical JSON string (`LayerSpec.to_json()`), parsed once per process.
+The ops are inference-only: they have no autograd formula.
+
+    out = torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens,
+                                            layer.to_json(), None)   # [B, H, D]
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import custom_ops, env, reference
+from . import env, reference
 from .errors import ImplUnavailableError, InputError
 from .spec import LayerSpec
 from .validate import (
@@ -81,7 +90,7 @@ def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *
     layer = _check_layer(layer)
     scale = softmax_scale(scale, layer.head_dim)
     if torch.compiler.is_compiling():
-        return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, custom_ops.spec_json(layer),
+        return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, spec_json(layer),
                                            scale, impl, check, max_seqlen_q, max_seqlen_k)  # fmt: skip
     return _prefill(
         q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, impl, check, max_seqlen_q, max_seqlen_k
@@ -144,7 +153,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, 
     scale = softmax_scale(scale, layer.head_dim)
     if torch.compiler.is_compiling():
         return torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens,
-                                                custom_ops.spec_json(layer), scale, impl, check)  # fmt: skip
+                                                spec_json(layer), scale, impl, check)  # fmt: skip
     return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check, pdl)
 
 
@@ -194,4 +203,90 @@ def lookup_kernel(
         raise InputError(f"page_size is a decode option; prefill kernels take none (got {page_size!r})")
     return base.get(
         kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, with_status=True
+    )
+
+
+# The custom ops that `prefill` / `paged_decode` call while traced.
+
+
+@functools.lru_cache(maxsize=256)
+def layer_from_json(layer_json: str) -> LayerSpec:
+    return LayerSpec.from_json(layer_json)
+
+
+def spec_json(layer: LayerSpec) -> str:
+    """The layer's canonical JSON, computed when the spec was made (`LayerSpec._json`): under
+    torch.compile this is a read of a str attribute, a constant, so no call into the frozen
+    instance is traced (torch 2.11's dynamo cannot reconstruct frozen dataclass instances)."""
+    return layer._json
+
+
+def _layer_json(layer: LayerSpec | str) -> str:
+    if isinstance(layer, LayerSpec):
+        return spec_json(layer)
+    if isinstance(layer, str):
+        return layer
+    raise InputError(f"layer must be a LayerSpec or its JSON string, got {type(layer).__name__}")
+
+
+@torch.library.custom_op("sparsegen::prefill", mutates_args=())
+def _prefill_op(
+    q: torch.Tensor,  # [Tq, H, D]
+    k: torch.Tensor,  # [Tk, Hkv, D]
+    v: torch.Tensor,  # [Tk, Hkv, D]
+    cu_seqlens_q: torch.Tensor,  # [B+1] int32
+    cu_seqlens_k: torch.Tensor,  # [B+1] int32
+    layer_json: str,
+    scale: float | None,
+    impl: str | None = None,
+    check: bool | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+) -> torch.Tensor:  # [Tq, H, D]
+    layer = layer_from_json(layer_json)
+    _check_impl(impl, PREFILL_IMPLS)
+    scale = softmax_scale(scale, layer.head_dim)
+    return _prefill(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, impl, check, max_seqlen_q, max_seqlen_k
+    )
+
+
+@_prefill_op.register_fake
+def _prefill_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, layer_json, scale, impl=None, check=None,
+                  max_seqlen_q=None, max_seqlen_k=None):  # fmt: skip
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("sparsegen::paged_decode", mutates_args=())
+def _paged_decode_op(
+    q: torch.Tensor,  # [B, H, D]
+    k_cache: torch.Tensor,  # [num_pages, page_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_pages, page_size, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_pages] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    layer_json: str,
+    scale: float | None,
+    impl: str | None = None,
+    check: bool | None = None,
+) -> torch.Tensor:  # [B, H, D]
+    layer = layer_from_json(layer_json)
+    _check_impl(impl, DECODE_IMPLS)
+    scale = softmax_scale(scale, layer.head_dim)
+    return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check)
+
+
+@_paged_decode_op.register_fake
+def _paged_decode_fake(q, k_cache, v_cache, block_tables, seq_lens, layer_json, scale, impl=None, check=None):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def prefill_op(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale=None) -> torch.Tensor:
+    """`sparsegen.prefill` through the registered op. q: [Tq, H, D] -> [Tq, H, D]."""
+    return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, _layer_json(layer), scale)
+
+
+def paged_decode_op(q, k_cache, v_cache, block_tables, seq_lens, layer, scale=None) -> torch.Tensor:
+    """`sparsegen.paged_decode` through the registered op. q: [B, H, D] -> [B, H, D]."""
+    return torch.ops.sparsegen.paged_decode(
+        q, k_cache, v_cache, block_tables, seq_lens, _layer_json(layer), scale
     )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sparsegen
-import sparsegen.custom_ops as sgops
+import sparsegen.ops as sgops
 from sparsegen import HeadSpec, LayerSpec
 from sparsegen.testing import DecodeProblem, PrefillProblem, rel_err
 
@@ -49,7 +49,7 @@ def test_paged_decode_op_matches_reference():
 
 def test_prefill_op_matches_reference():
     p, args = _prefill_args()
-    out = sgops.prefill(*args[:5], LAYER)
+    out = sgops.prefill_op(*args[:5], LAYER)
     assert rel_err(out, p.reference()) < 1e-5
 
 
@@ -78,7 +78,7 @@ def test_torch_compile_fullgraph():
 
     @torch.compile(backend="aot_eager", fullgraph=True)
     def step(q, k, v, bt, sl):
-        return sgops.paged_decode(q * 1.0, k, v, bt, sl, LAYER, 0.1) + 0.0
+        return sgops.paged_decode_op(q * 1.0, k, v, bt, sl, LAYER, 0.1) + 0.0
 
     out = step(*args[:5])
     ref = sparsegen.reference.paged_decode(*args[:5], LAYER, 0.1)
@@ -88,7 +88,7 @@ def test_torch_compile_fullgraph():
 def test_bad_layer_type():
     _, args = _decode_args()
     with pytest.raises(sparsegen.InputError):
-        sgops.paged_decode(*args[:5], layer=42)
+        sgops.paged_decode_op(*args[:5], layer=42)
 
 
 def test_public_functions_compile_fullgraph_and_equal_eager():
@@ -152,7 +152,7 @@ def test_import_sparsegen_does_not_import_dynamo():
     import subprocess
     import sys
 
-    code = "import sys, sparsegen, sparsegen.ops, sparsegen.custom_ops; print('torch._dynamo' in sys.modules)"
+    code = "import sys, sparsegen, sparsegen.ops; print('torch._dynamo' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "False"

@@ -148,14 +148,14 @@ def test_checked_mode_catches_bad_page_and_unchecked_survives():
 
 
 def test_custom_op_and_strided_q_on_gpu():
-    import sparsegen.custom_ops as sgops
+    import sparsegen.ops as sgops
 
     layer = SPECS[3]
     p = DecodeProblem(layer, [777, 1, 64], 32, seed=3, dtype=torch.bfloat16, device="cuda")
     q, kc, vc, bt, sl, _, scale = p.args()
     wide = torch.zeros(q.shape[0], q.shape[1], 2 * q.shape[2], dtype=q.dtype, device="cuda")
     wide[..., : q.shape[2]] = q
-    out = sgops.paged_decode(wide[..., : q.shape[2]], kc, vc, bt, sl, layer, scale)
+    out = sgops.paged_decode_op(wide[..., : q.shape[2]], kc, vc, bt, sl, layer, scale)
     assert rel_err(out, p.reference()) < TOL
 
 
