@@ -21,6 +21,7 @@ import sys
 import click
 
 from . import __version__
+from .commands.exits import RuntimeFailure, first_line, is_usage_error
 from .errors import SparsegenError
 
 COMMANDS = {
@@ -34,22 +35,6 @@ COMMANDS = {
     "bench": "Benchmark kernels against dense SDPA, FlexAttention and the ceilings.",
     "env": "Report versions, the GPU, the cache and every SPARSEGEN_* variable (for bug reports).",
 }
-
-
-class RuntimeFailure(click.ClickException):
-    """A runtime failure: exit status 1 with one line."""
-
-    exit_code = 1
-
-
-def is_usage_error(exc: SparsegenError) -> bool:
-    """sparsegen's ValueError kinds mean the input was wrong (exit 2); the rest are runtime (exit 1)."""
-    return isinstance(exc, ValueError)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _out_of_memory(exc: BaseException) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from ..errors import MissingExtraError, SparsegenError
+from .exits import RuntimeFailure, first_line, is_usage_error
 from .options import engine_step_kwargs, engine_step_options, torch_device
 from .tp_option import check_tp, tensor_parallel_option
 
@@ -110,8 +111,6 @@ def command(
                 "warm-up (kernel builds, first CUDA-graph capture): %.2f s", seconds
             )
     except SparsegenError as exc:  # bad input: exit 2; a runtime failure (e.g. MemoryLimitError): exit 1
-        from ..cli import RuntimeFailure, first_line, is_usage_error
-
         if is_usage_error(exc):
             raise click.UsageError(first_line(exc)) from None
         raise RuntimeFailure(first_line(exc)) from None
