@@ -43,7 +43,7 @@ def prefill_activation_bytes(config: Phi3SmallConfig, dtype: torch.dtype, tokens
     and the KV cache: per token, up_proj's output (2 x ff) and its GeGeLU (ff), QKV's output, and
     four hidden-size tensors (the residual stream, the normed input, attention's output and
     down_proj's). For the 7b model that is 128 KiB a token; bench_generate's peak GPU memory rose
-    by 3.1 GiB from 8K- to 32K-token chunks (session 12), about 132 KiB a token. A
+    by 3.1 GiB from 8K- to 32K-token chunks (on the H200), about 132 KiB a token. A
     tensor-parallel rank holds less (its shard of the MLP and heads): this overstates it."""
     h, f = config.hidden_size, config.ff_intermediate_size
     qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
