@@ -9,7 +9,7 @@ def test_bench_summary_reads_a_recorded_h200_run():
     from pathlib import Path
 
     from sparsegen.commands.bench import SUMMARY_COLUMNS
-    from sparsegen.commands.bench.common import format_table
+    from sparsegen.commands.table import format_table
 
     run = json.loads((Path(__file__).parents[1] / "benchmarks/results/bench_h200_run2.json").read_text())
     for kind, columns in SUMMARY_COLUMNS.items():

@@ -8,7 +8,7 @@ import json
 import click
 
 from ..log import get_logger
-from .bench.common import format_table
+from .table import format_table
 
 
 @click.group(name="cache")

@@ -21,8 +21,8 @@ from ..jit import build_workers
 from ..kernels.decode import PAGE_SIZES
 from ..log import get_logger
 from . import progress
-from .bench.common import format_table
 from .options import check_arch, load_pattern
+from .table import format_table
 
 DTYPES = {name: dtypes.resolve(name).torch for name in dtypes.CLI_NAMES}
 NO_GPU_ARCH = "sm_90"

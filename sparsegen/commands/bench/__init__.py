@@ -77,8 +77,9 @@ def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, o
     """
     if not torch.cuda.is_available():
         raise ImplUnavailableError("sparsegen bench needs a CUDA GPU; torch sees none")
+    from ..table import format_table
     from . import decode, prefill
-    from .common import format_table, measure_ceilings
+    from .common import measure_ceilings
 
     def flex(seq: int) -> bool:
         return not no_flex and seq <= flex_max_seq_len

@@ -91,16 +91,3 @@ def measure_ceilings() -> Ceilings:
     b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
     mm_ms = median_ms(lambda: a @ b)
     return Ceilings(copy_tb_s=copy, matmul_tflop_s=2 * m**3 / (mm_ms * 1e-3) / 1e12)
-
-
-def format_table(headers: list[str], rows: list[list]) -> str:
-    """A plain fixed-width table (numbers get 3 significant decimals)."""
-
-    def cell(x) -> str:
-        return f"{x:.3f}" if isinstance(x, float) else str(x)
-
-    cells = [[cell(x) for x in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
-    return "\n".join(lines)
