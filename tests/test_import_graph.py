@@ -319,6 +319,15 @@ def test_the_graph_sees_every_kind_of_import():
     assert len(drawn) > 200
 
 
+def test_circles_are_found_and_named():
+    """The circle finder itself, on a made-up graph: a -> b -> c -> a, with d hanging off c."""
+    edges = [Arrow("a", "b", 1), Arrow("b", "c", 2), Arrow("c", "a", 3), Arrow("c", "d", 4)]
+    assert [sorted(g) for g in tangles(edges)] == [["a", "b", "c"]]
+    assert _describe(circles(edges)[0]) == "a -> b (line 1) -> c (line 2) -> a (line 3)"
+    assert circles(edges[:2] + edges[3:]) == []
+    assert layer_of("kernels.decode") < layer_of("models.attention") < layer_of("commands.bench.common")
+
+
 def test_no_circles_between_files():
     edges = [a for a in arrows() if (a.source, a.target) not in ALLOWED_ARROWS]
     found = circles(edges)
