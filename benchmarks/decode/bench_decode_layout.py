@@ -1,7 +1,7 @@
 """Paged decode against the KV-cache layout and the kernel's load variants (GPU), in one process.
 
-    PYTHONPATH=$PWD python benchmarks/bench_decode_layout.py --out decode_layout.json
-    PYTHONPATH=$PWD python benchmarks/bench_decode_layout.py --layouts head --pages 16 \
+    PYTHONPATH=$PWD python benchmarks/decode/bench_decode_layout.py --out decode_layout.json
+    PYTHONPATH=$PWD python benchmarks/decode/bench_decode_layout.py --layouts head --pages 16 \
         --variants default,pipe1
 
 The kernel takes the cache's strides, so one build serves two layouts of the same

@@ -1,6 +1,6 @@
 """Decode tuning aid (GPU): kernel variants and split sweeps vs dense SDPA, in one run.
 
-    PYTHONPATH=$PWD python benchmarks/tune_decode.py --out decode.json
+    PYTHONPATH=$PWD python benchmarks/decode/tune_decode.py --out decode.json
 
 Per case (batch x context, bf16, 32 heads / 8 KV heads / d 128, page 16, shuffled pages):
 dense SDPA over contiguous K/V of the same size, sparsegen's kernel (eager calls and CUDA-graph
@@ -10,7 +10,7 @@ KV group's heads needs, over that bandwidth. KV is GBs, far above L2, so no rota
 Template variants (decode.compile_variant) are timed too, each with a split sweep through the
 bare launch, and each checked against the reference on sequence 0 at two split counts.
 
-    PYTHONPATH=$PWD python benchmarks/tune_decode.py --merge-sweep [--out merge.json]
+    PYTHONPATH=$PWD python benchmarks/decode/tune_decode.py --merge-sweep [--out merge.json]
 
 times only the split merges instead: at 1 x 8K, 32 x 8K and 1 x 128K, for a sparse (phi3small layer 0)
 and a dense (layer 1) layer, us per launch (CUDA-graph replays) for each split count in

@@ -1,6 +1,6 @@
 """A/B of the engine's decode-step switches, alternating in one process (GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/ab_decode_step.py [--batch 1,32] [--rounds 2] [--json OUT]
+    PYTHONPATH=$PWD python3 benchmarks/engine/ab_decode_step.py [--batch 1,32] [--rounds 2] [--json OUT]
 
 Modes, each in an engine of its own (CUDA graphs captured under the mode), Phi-3-Small 7b random
 weights, bf16, 8K prompts:

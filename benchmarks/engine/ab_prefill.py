@@ -1,6 +1,6 @@
 """A/B of session 7's storage switches on the time to first token, alternating in one process (GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/ab_prefill.py [--lengths 8192,32768] [--rounds 2]
+    PYTHONPATH=$PWD python3 benchmarks/engine/ab_prefill.py [--lengths 8192,32768] [--rounds 2]
         [--chunks 8192,32768] [--json OUT]
 
 Modes, each in an engine of its own (random 7b weights, bf16, no decode graphs), once per prefill

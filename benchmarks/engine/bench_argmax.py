@@ -1,6 +1,6 @@
 """The greedy token of a decode step: torch.argmax against `sampling.greedy_argmax` (GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_argmax.py [--vocab 100352] [--rows 1,32]
+    PYTHONPATH=$PWD python3 benchmarks/engine/bench_argmax.py [--vocab 100352] [--rows 1,32]
 
 float32 logits [rows, vocab] (Phi-3-Small's vocabulary by default), microseconds per call from
 CUDA-graph replays of 20 calls, each over another copy of the logits; the two results are

@@ -1,8 +1,8 @@
 """End-to-end Phi-3-Small (random `7b` weights, bf16) through the engine: sparse vs every layer dense.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_generate.py [--out generate.json] [--quick] [--compile both]
+    PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py [--out generate.json] [--quick] [--compile both]
                                                          [--gemv both]
-    PYTHONPATH=$PWD python3 benchmarks/bench_generate.py --smoke   # CPU, tiny model, short prompts
+    PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py --smoke   # CPU, tiny model, short prompts
 
 In one run, with the same weights, for sparse attention and for every layer dense (and, with
 `--compile both`, for decode steps with and without torch.compile inside the CUDA graphs; with

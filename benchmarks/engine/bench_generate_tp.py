@@ -1,7 +1,7 @@
 """End-to-end Phi-3-Small (random `7b` weights, bf16) at several tensor-parallel sizes, one run.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_generate_tp.py --tp 1 2 [--quick] [--out tp.json]
-    PYTHONPATH=$PWD python3 benchmarks/bench_generate_tp.py --smoke   # CPU (gloo), tiny model
+    PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate_tp.py --tp 1 2 [--quick] [--out tp.json]
+    PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate_tp.py --smoke   # CPU (gloo), tiny model
 
 Every size runs through `TPEngine` (TP=1 too: one rank process), so the sizes differ only in
 the split. On each rank the measurements are `bench_generate.py`'s: TTFT of one 8K and one
@@ -25,16 +25,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_generate, in t
 from sparsegen.tp_engine import ModelSource, TPEngine  # noqa: E402
 
 
-def measure(ctx, short: int, long: int, big_batch: int, steps: int, warm: int, graphs: bool) -> dict:
+def measure(
+    ctx, short: int, long: int, big_batch: int, steps: int, warm: int, graphs: bool, kv_gib: float
+) -> dict:
     """On every rank, in lockstep: bench_generate's measurements over this rank's shard."""
-    from bench_generate import decode_rate, ttft
+    from bench_generate import Setup, decode_rate, ttft
 
     model = ctx.model
+    setup = Setup(graphs=graphs, compiled=False, kv_gib=kv_gib, chunk=None)
     return {
-        "ttft_8k_s": ttft(model, short, graphs),
-        "ttft_32k_s": ttft(model, long, graphs),
-        "decode_b1": decode_rate(model, 1, short, steps, warm, graphs),
-        "decode_b32": decode_rate(model, big_batch, short, steps, warm, graphs),
+        "ttft_8k_s": ttft(model, short, setup)["ttft_s"],
+        "ttft_32k_s": ttft(model, long, setup)["ttft_s"],
+        "decode_b1": decode_rate(model, 1, short, steps, warm, setup),
+        "decode_b32": decode_rate(model, big_batch, short, steps, warm, setup),
     }
 
 
@@ -44,6 +47,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     ap.add_argument("--quick", action="store_true", help="fewer decode steps")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per rank's engine (GPU)")
     ap.add_argument("--smoke", action="store_true", help="check the script on a CPU: tiny model, gloo")
     args = ap.parse_args()
     graphs = not args.no_cuda_graphs
@@ -61,7 +65,7 @@ def main() -> None:
         with TPEngine(source, tp, device=device) as engine:
             print(f"TP={tp}: {tp} rank(s) up with {source.random} weights in {time.perf_counter() - t0:.1f} s",
                   flush=True)  # fmt: skip
-            r = engine.call(measure, short, long, big_batch, steps, warm, graphs)
+            r = engine.call(measure, short, long, big_batch, steps, warm, graphs, args.kv_gib)
         rows[tp] = r
         print(
             f"TP={tp}  TTFT {short} {r['ttft_8k_s'] * 1e3:8.1f} ms   TTFT {long} {r['ttft_32k_s'] * 1e3:8.1f} ms   "

@@ -1,8 +1,8 @@
 """Where a decode step of Phi-3-Small `7b` (random weights, bf16) spends its time (GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/profile_decode_step.py [--batch 1] [--context 8192] [--steps 8]
+    PYTHONPATH=$PWD python3 benchmarks/engine/profile_decode_step.py [--batch 1] [--context 8192] [--steps 8]
                                                               [--compile] [--json OUT]
-    PYTHONPATH=$PWD python3 benchmarks/profile_decode_step.py --smoke   # CPU, tiny model: the plumbing
+    PYTHONPATH=$PWD python3 benchmarks/engine/profile_decode_step.py --smoke   # CPU, tiny model: the plumbing
 
 Prints, for `--batch` sequences with a `--context`-token prompt each:
 - the wall time of an engine step with CUDA graphs, as the engine runs by default (async_decode:

@@ -1,7 +1,7 @@
 """Where the time to first token goes: one prompt's prefill in the engine, timed and profiled.
 
-    PYTHONPATH=$PWD python3 benchmarks/profile_prefill.py --lengths 8192,32768 --json out.json
-    PYTHONPATH=$PWD python3 benchmarks/profile_prefill.py --smoke     # CPU: tiny model, plumbing only
+    PYTHONPATH=$PWD python3 benchmarks/engine/profile_prefill.py --lengths 8192,32768 --json out.json
+    PYTHONPATH=$PWD python3 benchmarks/engine/profile_prefill.py --smoke     # CPU: tiny model, plumbing only
 
 For each prompt length, on one engine (random 7b weights, bf16, chunks of --chunk tokens, 8K by
 default as in the engine):
@@ -16,8 +16,8 @@ default as in the engine):
   power draw sampled around a call that comes after 1 s of idle and one that comes right after
   0.3 s of matmuls (does the GPU start a prompt at a low clock?).
 
-    PYTHONPATH=$PWD python3 benchmarks/profile_prefill.py --lengths 8192,32768 --host --json out.json
-    PYTHONPATH=$PWD python3 benchmarks/profile_prefill.py --smoke --stand-in --host --lengths 8192,32768
+    PYTHONPATH=$PWD python3 benchmarks/engine/profile_prefill.py --lengths 8192,32768 --host --json out.json
+    PYTHONPATH=$PWD python3 benchmarks/engine/profile_prefill.py --smoke --stand-in --host --lengths 8192,32768
 
 `--profile-first` runs each length's first prompt under the timeline and cProfile too (its TTFT
 is then not a clean number): where the first prompt's one-time cost goes.

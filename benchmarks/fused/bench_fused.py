@@ -2,7 +2,7 @@
 their read/write floor at the copy rate and, with --base, against another tree's fused.py loaded
 in the same process (the previous commit's kernels, timed in alternating order).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_fused.py --base .gpu/base/sparsegen/models/fused.py --json out.json
+    PYTHONPATH=$PWD python3 benchmarks/fused/bench_fused.py --base .gpu/base/sparsegen/models/fused.py --json out.json
 
 Rows: GeGeLU [T, 2 x 14336] -> [T, 14336]; rotary + split + KV-cache write of qkv [T, 8, 6, 128];
 residual add + LayerNorm [T, 4096]; for T = 1 and 32 (decode) and 8192 (a prefill chunk).

@@ -1,6 +1,6 @@
 """Programmatic dependent launch for the fused add + LayerNorm kernel (`models.fused.use_pdl`). (GPU)
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_pdl.py [--batch 1,32] [--context 8192] [--json OUT]
+    PYTHONPATH=$PWD python3 benchmarks/fused/bench_pdl.py [--batch 1,32] [--context 8192] [--json OUT]
 
 Kernel pairs of a 7b decode step as they follow each other (bf16, CUDA-graph replays
 over a ring of weight copies several times L2, so every GEMV starts cold): a cuBLAS linear layer
@@ -8,7 +8,7 @@ over a ring of weight copies several times L2, so every GEMV starts cold): a cuB
 launched while the GEMV still runs and waits for it on the device); us per pair. Rotary and
 GeGeLU took PDL in session 6's call 3 (no gain / slower) and now always launch plainly, so their
 two "pdl" columns time the same launch: they show the noise.
-The engine's decode step with and without it: `benchmarks/ab_decode_step.py`.
+The engine's decode step with and without it: `benchmarks/engine/ab_decode_step.py`.
 """
 
 from __future__ import annotations

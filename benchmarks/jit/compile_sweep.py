@@ -1,6 +1,6 @@
 """Cold AOT build time of one 32-head layer against its number of distinct head patterns.
 
-    PYTHONPATH=$PWD python benchmarks/compile_sweep.py [--arch sm_90] [--kinds prefill,decode] [--n 1,2,4,8,16,32]
+    PYTHONPATH=$PWD python benchmarks/jit/compile_sweep.py [--arch sm_90] [--kinds prefill,decode] [--n 1,2,4,8,16,32]
 
 Heads get N distinct (local_blocks, vert_stride, vert_offset) patterns of block size 64, GQA
 32/8, head_dim 128, bf16 (as in issue 9's table). Each build runs in a fresh subprocess with an

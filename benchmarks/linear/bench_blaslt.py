@@ -1,6 +1,6 @@
 """Decode-step linears: torch's cuBLAS call against every cuBLASLt heuristic candidate (GPU).
 
-    PYTHONPATH=$PWD python benchmarks/bench_blaslt.py --out blaslt.json
+    PYTHONPATH=$PWD python benchmarks/linear/bench_blaslt.py --out blaslt.json
 
 Per Phi-3-Small 7b linear (qkv, dense, up_proj, down_proj with bias; lm_head without), weights
 stored as the model stores them (down_proj and lm_head [in, out], the rest [out, in]), at 1 and

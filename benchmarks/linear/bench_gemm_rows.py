@@ -1,8 +1,8 @@
 """Few-row linear layers of Phi-3-Small 7b: cuBLAS (`F.linear`) against `models.gemm_rows` (GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_gemm_rows.py [--rows 32] [--sweep] [--out f.json]
-    PYTHONPATH=$PWD python3 benchmarks/bench_gemm_rows.py --diag    # occupancy, loads-only times
-    PYTHONPATH=$PWD python3 benchmarks/bench_gemm_rows.py --rope    # decode QKV + rotary + K/V write
+    PYTHONPATH=$PWD python3 benchmarks/linear/bench_gemm_rows.py [--rows 32] [--sweep] [--out f.json]
+    PYTHONPATH=$PWD python3 benchmarks/linear/bench_gemm_rows.py --diag    # occupancy, loads-only times
+    PYTHONPATH=$PWD python3 benchmarks/linear/bench_gemm_rows.py --rope    # decode QKV + rotary + K/V write
 
 For each 7b decode linear (qkv, dense, up_proj, down_proj), bf16, `--rows` rows of x: the time
 of one call inside a CUDA graph of 24 calls, each call on another copy of the weight (copies

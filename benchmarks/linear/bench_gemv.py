@@ -1,6 +1,6 @@
 """Batch-1 linear layers of Phi-3-Small 7b: cuBLAS (`F.linear`) against sparsegen's Triton GEMV (GPU).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_gemv.py [--out gemv.json] [--sweep]
+    PYTHONPATH=$PWD python3 benchmarks/linear/bench_gemv.py [--out gemv.json] [--sweep]
 
 For each 7b shape (qkv, dense, up_proj + GeGeLU, down_proj, lm_head), bf16, one row: the time
 of one call inside a CUDA graph of 24 calls, each call on another copy of the weight (0.8 to

@@ -1,6 +1,6 @@
 """Decode-step linears of Phi-3-Small 7b through torch's BLAS paths (GPU), in one process.
 
-    PYTHONPATH=$PWD python benchmarks/bench_linear_layout.py --out linear_layout.json
+    PYTHONPATH=$PWD python benchmarks/linear/bench_linear_layout.py --out linear_layout.json
 
 Per block linear (qkv, dense, up_proj, down_proj, all with bias) and lm_head, at 1 and 32 rows
 (decode) and 8192 (a prefill chunk; block linears only), bf16: `F.linear(x, W, b)` with W [N, K] (the model's call today) against `torch.addmm(b, x, Wt)`

@@ -2,9 +2,9 @@
 
 `F.linear` asks cuBLAS(Lt) for its heuristic's first algorithm. For the decode step's skinny
 GEMMs (1-32 rows against 16-235 MB weights) that choice runs 3-5 us over the weight-read floor
-per call (docs/performance.md, "Where a batch-1 decode step goes"); cuBLASLt's heuristic returns
-a ranked list of candidates, and `LtLinear.tune` times each of them inside a CUDA graph (the way
-the decode step runs) and keeps the fastest.
+per call (benchmarks/results/HISTORY.md, "Where a batch-1 decode step goes"); cuBLASLt's
+heuristic returns a ranked list of candidates, and `LtLinear.tune` times each of them inside a
+CUDA graph (the way the decode step runs) and keeps the fastest.
 
 One `LtLinear` is one problem: rows M, weight [N, K] (or its transposed storage [K, N]), dtype,
 bias or not. Column-major cuBLASLt sees the row-major product y[M, N] = x[M, K] @ W[N, K]^T as

@@ -1,7 +1,7 @@
 """What `sparsegen.prefill` costs over the compiled kernel, on the GPU: GPU time per call of each
 way in, in alternating rounds, and the host's own time per call (calls queued without a sync).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_api_overhead.py --seq-len 8192 --json out.json
+    PYTHONPATH=$PWD python3 benchmarks/prefill/bench_api_overhead.py --seq-len 8192 --json out.json
 
 Ways in, for phi3small's sparse layer (bf16, batch 1): `launch` = a prepared `Launch` called
 again (the kernel alone); `kernel` = `get_kernel(...)(q, k, v, cu, cu, check=False)` (its shape

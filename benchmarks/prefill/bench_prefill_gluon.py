@@ -1,6 +1,6 @@
 """The Gluon (sm_90) prefill kernel on an H200: a correctness sweep, then timings in one process.
 
-    PYTHONPATH=$PWD python benchmarks/bench_prefill_gluon.py [--check N] [--cases dense,phi3small,window]
+    PYTHONPATH=$PWD python benchmarks/prefill/bench_prefill_gluon.py [--check N] [--cases dense,phi3small,window]
         [--lens 8192,32768,131072] [--json OUT.json]
     (head_dim 96: --cases dense_hd96,phi3small_hd96,window_hd96 --check 0)
 

@@ -1,13 +1,13 @@
 """Time prefill template variants and tile configs side by side (a tuning aid, GPU only).
 
-    PYTHONPATH=. python benchmarks/tune_prefill.py [--out FILE] [--aot sm_90]
+    PYTHONPATH=. python benchmarks/prefill/tune_prefill.py [--out FILE] [--aot sm_90]
 
-A variant is a template file in benchmarks/prefill_variants/ ("main" is templates/'s own) plus
+A variant is a template file in benchmarks/prefill/prefill_variants/ ("main" is templates/'s own) plus
 an optional tile config (default: the rule's pick). Each variant's output is checked against
 main's under the rule's config, in the same run. The main benchmark is `sparsegen bench`.
 With --aot ARCH (no GPU needed) every variant is only compiled for ARCH, to catch build errors.
 
-The template variants timed on 2026-11-30 (docs/performance.md: the session-1 template,
+The template variants timed on 2026-11-30 (benchmarks/results/HISTORY.md: the session-1 template,
 Triton warp specialization, hand-issued next-tile QK) lived in benchmarks/prefill_variants/ at
 commit 8c87a6e; none was kept, so only tile configs of the main template are listed now.
 """

@@ -4,7 +4,7 @@ One command starts the server (random weights by default), waits for /health, ru
 number of streaming /v1/completions requests at each concurrency, prints a table and one JSON
 line per level, then sends SIGTERM and checks that the server exited 0:
 
-    PYTHONPATH=$PWD python benchmarks/bench_serve.py --random 7b --concurrency 1,8,32,64
+    PYTHONPATH=$PWD python benchmarks/serve/bench_serve.py --random 7b --concurrency 1,8,32,64
 
 Each request sends `--prompt-len` random token ids and streams `--max-tokens` new tokens
 (greedy, `ignore_eos`, so every request makes exactly that many). Before each level, one

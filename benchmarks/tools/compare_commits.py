@@ -1,7 +1,7 @@
 """This checkout against another one on the GPU, the same cases interleaved, ratios printed.
 
     git -C /path/to/repo worktree add /tmp/sg-base <commit-before>     # or any checkout
-    PYTHONPATH=$PWD python benchmarks/compare_commits.py --base /tmp/sg-base [--rounds 3]
+    PYTHONPATH=$PWD python benchmarks/tools/compare_commits.py --base /tmp/sg-base [--rounds 3]
 
 Cases (bf16, batch 1 prefill, 32 q heads / 8 KV heads / d 128): phi3small prefill 8K, 32K,
 128K and sliding-window-4096 prefill 32K (the public `sparsegen.prefill`, and the kernel alone
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 
 WORKER = r"""
 import json, sys, torch, sparsegen

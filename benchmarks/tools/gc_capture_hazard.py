@@ -3,7 +3,7 @@ torch.cuda.graph: a reference cycle holding a captured CUDA graph becomes unreac
 another capture, an automatic collection starts there and destroys the old graph, which CUDA
 forbids while a stream captures. Prints what happened and exits 0 either way; on a GPU:
 
-    python benchmarks/gc_capture_hazard.py
+    python benchmarks/tools/gc_capture_hazard.py
 """
 
 from __future__ import annotations

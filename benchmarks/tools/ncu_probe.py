@@ -1,7 +1,7 @@
 """A few launches of the batch-32 decode step's kernels, for Nsight Compute's counters (GPU).
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \
-        python3 benchmarks/ncu_probe.py [--what decode,down]
+        python3 benchmarks/tools/ncu_probe.py [--what decode,down]
 
 Only the launches between cudaProfilerStart and cudaProfilerStop are profiled (hence
 `--profile-from-start off`), each once, after a warm-up launch outside that window:
