@@ -37,7 +37,7 @@ def check_optional_int(name: str, value: object, low: int, high: int | None = No
 # 66.7 GiB with 32K), which the model runner checks against free memory with the KV cache
 # (models.memory.prefill_activation_bytes). On the H200 a 32K-token prompt in
 # one chunk took 970-978 ms to its first token, in 8K chunks 986-998 ms (session 12,
-# benchmarks/ab_prefill.py --chunks): no K/V gather of earlier chunks, one attention launch a
+# benchmarks/engine/ab_prefill.py --chunks): no K/V gather of earlier chunks, one attention launch a
 # layer.
 PREFILL_CHUNK_TOKENS = 32768
 
