@@ -79,14 +79,14 @@ fi
 
 if want profile1; then
   echo "== profile: batch 1, 8K context, graphs / compile in graphs / eager"
-  step profile_b1 "${PROFILE_TIMEOUT:-150}" python3 benchmarks/profile_decode_step.py --batch 1 "${PROFILE1_FLAGS[@]}" \
+  step profile_b1 "${PROFILE_TIMEOUT:-150}" python3 benchmarks/engine/profile_decode_step.py --batch 1 "${PROFILE1_FLAGS[@]}" \
     --json "$OUT/profile_b1.json" "${PROFILE_ARGS[@]}"
   grep -E '^(weights|step|GPU kernel|aten ops|decode |\|)' "$LOGS/profile_b1.log" | tee -a "$summary"
 fi
 
 if want profile32; then
   echo "== profile: batch $PROF32_BATCH, 8K context, graphs / eager"
-  step profile_b32 "${PROFILE32_TIMEOUT:-120}" python3 benchmarks/profile_decode_step.py --batch "$PROF32_BATCH" \
+  step profile_b32 "${PROFILE32_TIMEOUT:-120}" python3 benchmarks/engine/profile_decode_step.py --batch "$PROF32_BATCH" \
     --steps 4 --json "$OUT/profile_b32.json" "${PROFILE_ARGS[@]}"
   grep -E '^(weights|step|GPU kernel|aten ops|decode |\|)' "$LOGS/profile_b32.log" | tee -a "$summary"
 fi
@@ -95,14 +95,14 @@ if want prefill; then
   echo "== profile: one prompt's prefill (TTFT), 8K and 32K"
   plen=8192,32768; [[ $SMOKE == 1 ]] && plen=40,70
   smoke=(); [[ $SMOKE == 1 ]] && smoke=(--smoke)
-  step prefill "${PREFILL_TIMEOUT:-120}" python3 benchmarks/profile_prefill.py --lengths "$plen" \
+  step prefill "${PREFILL_TIMEOUT:-120}" python3 benchmarks/engine/profile_prefill.py --lengths "$plen" \
     --json "$OUT/profile_prefill.json" "${smoke[@]}"
   grep -E '^[0-9]+ tokens|^  (GEMMs|kernels span|\|)' "$LOGS/prefill.log" | tee -a "$summary"
 fi
 
 if want generate; then
   echo "== bench_generate ${GEN_ARGS[*]}"
-  step generate "${GEN_TIMEOUT:-200}" python3 benchmarks/bench_generate.py "${GEN_ARGS[@]}" --out "$OUT/generate.json"
+  step generate "${GEN_TIMEOUT:-200}" python3 benchmarks/engine/bench_generate.py "${GEN_ARGS[@]}" --out "$OUT/generate.json"
   grep -E '^(sparse|dense)' "$LOGS/generate.log" | tee -a "$summary"
 fi
 
@@ -112,7 +112,7 @@ if want gemv; then
     echo "gemv skipped: needs a GPU" | tee -a "$summary"
   else
     sweep=(); [[ ${GEMV_SWEEP:-0} == 1 ]] && sweep=(--sweep)
-    step gemv "${GEMV_TIMEOUT:-60}" python3 benchmarks/bench_gemv.py --out "$OUT/gemv.json" "${sweep[@]}"
+    step gemv "${GEMV_TIMEOUT:-60}" python3 benchmarks/linear/bench_gemv.py --out "$OUT/gemv.json" "${sweep[@]}"
     grep -E '^[a-z_+]+ +N|^one layer' "$LOGS/gemv.log" | tee -a "$summary"
   fi
 fi

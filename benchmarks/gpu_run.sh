@@ -50,7 +50,7 @@ fi
 
 if want tune; then
   echo "== prefill template variants"
-  timeout "${TUNE_TIMEOUT:-240}" python3 benchmarks/tune_prefill.py --out "$LOGS/tune_prefill.json" \
+  timeout "${TUNE_TIMEOUT:-240}" python3 benchmarks/prefill/tune_prefill.py --out "$LOGS/tune_prefill.json" \
     > "$LOGS/tune_prefill.log" 2>&1
   echo "tune rc=$?" >> "$summary"
   sed -n '/^== summary/,$p' "$LOGS/tune_prefill.log" | tee -a "$summary"
@@ -58,7 +58,7 @@ fi
 
 if want tune-decode; then
   echo "== decode split sweep (default build)"
-  timeout "${TUNE_TIMEOUT:-240}" python3 benchmarks/tune_decode.py --variants default \
+  timeout "${TUNE_TIMEOUT:-240}" python3 benchmarks/decode/tune_decode.py --variants default \
     --out "$LOGS/tune_decode.json" > "$LOGS/tune_decode.log" 2>&1
   echo "tune-decode rc=$?" >> "$summary"
   grep -E '^[0-9]+x[0-9]+ ' "$LOGS/tune_decode.log" | tee -a "$summary"
@@ -66,7 +66,7 @@ fi
 
 if want profile; then
   echo "== one batch-1 decode step of 7b, profiled"
-  timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/profile_decode_step.py > "$LOGS/profile_decode.log" 2>&1
+  timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/engine/profile_decode_step.py > "$LOGS/profile_decode.log" 2>&1
   echo "profile rc=$?" >> "$summary"
   grep -E '^(weights|step|GPU kernel)' "$LOGS/profile_decode.log" | tee -a "$summary"
   grep -v '^USDT' "$LOGS/profile_decode.log" | sed -n '/^---/,$p' | head -n 30
@@ -76,13 +76,13 @@ if want compare; then
   # Issue 9's bar: this tree against an exported older tree (BASE, default .gpu/base: carry it),
   # both on the tl prefill kernel; then (PREV set) against PREV with each tree's default variant.
   echo "== compare_commits against ${BASE:-.gpu/base}"
-  timeout "${COMPARE_TIMEOUT:-300}" python3 benchmarks/compare_commits.py --base "${BASE:-.gpu/base}" --tl \
+  timeout "${COMPARE_TIMEOUT:-300}" python3 benchmarks/tools/compare_commits.py --base "${BASE:-.gpu/base}" --tl \
     --rounds "${COMPARE_ROUNDS:-3}" --out "$OUT/compare_tl.json" > "$LOGS/compare_tl.log" 2>&1
   rc=$?
   echo "compare (tl, base $(cat "${BASE:-.gpu/base}/COMMIT" 2>/dev/null)) rc=$rc" >> "$summary"
   grep -vE '^round ' "$LOGS/compare_tl.log" | tail -n 22 | tee -a "$summary"
   if [[ -n "${PREV:-}" ]]; then
-    timeout "${COMPARE_TIMEOUT:-300}" python3 benchmarks/compare_commits.py --base "$PREV" \
+    timeout "${COMPARE_TIMEOUT:-300}" python3 benchmarks/tools/compare_commits.py --base "$PREV" \
       --rounds "${PREV_ROUNDS:-2}" --out "$OUT/compare_prev.json" > "$LOGS/compare_prev.log" 2>&1
     rc=$?
     echo "compare (default variants, base $(cat "$PREV/COMMIT" 2>/dev/null)) rc=$rc" >> "$summary"
@@ -94,12 +94,12 @@ if want ab; then
   # One process each: the last layer on every row against the sampled rows only (TTFT), and the
   # b32 decode step before / after the output projection went through gemm_rows.
   echo "== engine A/Bs (ab_prefill.py, ab_decode_step.py --batch 32)"
-  (cd benchmarks && timeout "${AB_TIMEOUT:-240}" python3 ab_prefill.py --lengths 8192,32768 \
+  (cd benchmarks/engine && timeout "${AB_TIMEOUT:-240}" python3 ab_prefill.py --lengths 8192,32768 \
     --modes "${AB_PREFILL_MODES:-whole_last,default}" --rounds 2 --prompts 2 --json "$OUT/ab_prefill.json") \
     > "$LOGS/ab_prefill.log" 2>&1
   echo "ab_prefill rc=$?" >> "$summary"
   grep -E 'TTFT' "$LOGS/ab_prefill.log" | tee -a "$summary"
-  (cd benchmarks && timeout "${AB_TIMEOUT:-240}" python3 ab_decode_step.py --batch 32 \
+  (cd benchmarks/engine && timeout "${AB_TIMEOUT:-240}" python3 ab_decode_step.py --batch 32 \
     --modes "${AB_DECODE_MODES:-rows_qkv,defaults}" --rounds 2 --json "$OUT/ab_decode.json") \
     > "$LOGS/ab_decode.log" 2>&1
   echo "ab_decode_step rc=$?" >> "$summary"
@@ -150,7 +150,7 @@ fi
 
 if want generate; then
   echo "== end-to-end generate (7b random weights, sparse vs every layer dense)"
-  timeout "${GEN_TIMEOUT:-130}" python3 benchmarks/bench_generate.py --quick --out "$OUT/generate.json" \
+  timeout "${GEN_TIMEOUT:-130}" python3 benchmarks/engine/bench_generate.py --quick --out "$OUT/generate.json" \
     > "$LOGS/generate.log" 2>&1
   echo "generate rc=$?" >> "$summary"
   tail -n 8 "$LOGS/generate.log"

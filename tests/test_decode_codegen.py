@@ -107,7 +107,7 @@ def _ptxas_report(source: str, arch: str) -> str:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_phi3small_kernel_fits_registers_without_spills(arch):
     """The default build of the Phi-3-Small kernel keeps 4 blocks (16 warps) per SM, i.e. at most
-    128 registers, and never spills to local memory (benchmarks/decode_notes.md has the counts)."""
+    128 registers, and never spills to local memory (benchmarks/decode/NOTES.md has the counts)."""
     report = _ptxas_report(dt.render_source(PHI3, "bf16", 16), arch)
     main = report[report.index("entry function 'sparsegen_paged_decode'") :]
     regs = int(re.search(r"Used (\d+) registers", main).group(1))
@@ -144,7 +144,7 @@ def test_heads_per_block():
 
 
 def test_num_splits_heuristic():
-    # The H200 sweep's choices (benchmarks/decode_notes.md): about one resident wave of blocks.
+    # The H200 sweep's choices (benchmarks/decode/NOTES.md): about one resident wave of blocks.
     assert dec.num_splits(8, 128 * 1024, 132) == 64  # batch 1 at 128K: 512 blocks, 4 per SM
     assert dec.num_splits(8, 8192, 132) == 48  # batch 1 at 8K: 160 tokens per split at least, not a wave
     assert dec.num_splits(8, 4096, 132) == 24  # 64 chunks: at least 2.5 per split

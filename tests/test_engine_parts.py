@@ -279,7 +279,7 @@ def _host_timeline():
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "host_timeline.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "engine" / "host_timeline.py"
     spec = importlib.util.spec_from_file_location("host_timeline", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("host_timeline", mod)  # its dataclasses look their module up
@@ -288,7 +288,7 @@ def _host_timeline():
 
 
 def test_host_timeline_instruments_an_engine_and_puts_it_back(model):
-    """benchmarks/host_timeline.instrumented marks one prefill's stages, then leaves the engine's
+    """benchmarks/engine/host_timeline.instrumented marks one prefill's stages, then leaves the engine's
     methods and the model's hooks as they were (the next call is not timed)."""
     ht = _host_timeline()
     engine = LLMEngine(model, max_num_seqs=2)

@@ -25,7 +25,7 @@ def test_gpu_engine_script_is_valid_bash(tmp_path):
 
 def test_profile_decode_step_smoke_writes_its_json(tmp_path):
     out = tmp_path / "p.json"
-    r = _run([sys.executable, "benchmarks/profile_decode_step.py", "--smoke", "--batch", "2", "--steps", "1",
+    r = _run([sys.executable, "benchmarks/engine/profile_decode_step.py", "--smoke", "--batch", "2", "--steps", "1",
               "--context", "20", "--json", str(out)], tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -37,13 +37,15 @@ def test_profile_decode_step_smoke_writes_its_json(tmp_path):
 
 
 def test_profile_decode_step_rejects_bad_arguments(tmp_path):
-    r = _run([sys.executable, "benchmarks/profile_decode_step.py", "--smoke", "--batch", "0"], tmp_path)
+    r = _run(
+        [sys.executable, "benchmarks/engine/profile_decode_step.py", "--smoke", "--batch", "0"], tmp_path
+    )
     assert r.returncode == 2 and "--batch" in r.stderr
 
 
 def test_profile_prefill_smoke_times_both_prompts(tmp_path):
     out = tmp_path / "pp.json"
-    r = _run([sys.executable, "benchmarks/profile_prefill.py", "--smoke", "--lengths", "40,70",
+    r = _run([sys.executable, "benchmarks/engine/profile_prefill.py", "--smoke", "--lengths", "40,70",
               "--json", str(out)], tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -55,7 +57,7 @@ def test_profile_prefill_host_mode_times_every_stage_of_a_chunked_prompt(tmp_pat
     """--host on the CPU with the stand-in forward: a 300-token prompt in chunks of 128 runs three
     forwards; the timeline has each stage in order, the summary adds up, cProfile rows are kept."""
     out = tmp_path / "host.json"
-    r = _run([sys.executable, "benchmarks/profile_prefill.py", "--smoke", "--stand-in", "--host", "--profile-first",
+    r = _run([sys.executable, "benchmarks/engine/profile_prefill.py", "--smoke", "--stand-in", "--host", "--profile-first",
               "--lengths", "300", "--chunk", "128", "--json", str(out)], tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -84,5 +86,5 @@ def test_profile_prefill_host_mode_times_every_stage_of_a_chunked_prompt(tmp_pat
 
 
 def test_profile_prefill_stand_in_needs_smoke(tmp_path):
-    r = _run([sys.executable, "benchmarks/profile_prefill.py", "--stand-in"], tmp_path)
+    r = _run([sys.executable, "benchmarks/engine/profile_prefill.py", "--stand-in"], tmp_path)
     assert r.returncode == 2 and "--stand-in" in r.stderr

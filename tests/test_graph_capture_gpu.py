@@ -1,6 +1,6 @@
 """GPU tier for graph_capture.capture: a dead reference cycle that holds CUDA graphs (an old
 engine's, say) can never be destroyed in the middle of another capture, which CUDA forbids.
-`benchmarks/gc_capture_hazard.py` runs the first case through plain torch.cuda.graph, to show
+`benchmarks/tools/gc_capture_hazard.py` runs the first case through plain torch.cuda.graph, to show
 the failure this guards against."""
 
 from __future__ import annotations

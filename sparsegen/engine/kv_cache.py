@@ -12,7 +12,7 @@ contiguous run (4 KB for Phi-3-Small at 16 tokens a page) that the decode kernel
 stream; "token" stores `[num_pages, page_size, Hkv, D]` contiguously (a token's row of every
 head together). Every reader and writer goes through the view's strides, so both give the same
 numbers; on an H200 the decode kernel read the head-major pages 2.2 % faster on dense layers at
-32 x 8K (benchmarks/bench_decode_layout.py, docs/performance.md).
+32 x 8K (benchmarks/decode/bench_decode_layout.py, benchmarks/results/HISTORY.md).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
     """`x.argmax(dim=-1)` for x [B, V] -> [B] int64, the same index (the first maximal one; a NaN
     counts as the maximum, as in torch.argmax), in two stages: the maximum of each ARGMAX_CHUNK
     chunk of a row, then the best chunk. For Phi-3-Small's 100,352 logits, measured on the H200
-    (benchmarks/bench_argmax.py): torch.argmax took 21.7 us for one row and 30.9 for 32, this 11.8
+    (benchmarks/engine/bench_argmax.py): torch.argmax took 21.7 us for one row and 30.9 for 32, this 11.8
     and 17.0 (chunks of 512; 13.2 / 18.3 with 1024); the token is on a decode step's critical
     path."""
     b, v = x.shape

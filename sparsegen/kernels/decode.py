@@ -160,7 +160,7 @@ def num_splits(rows: int, max_context: int, sm_count: int) -> int:
     i.e. one full resident wave, at least MIN_SPLIT_TOKENS (2.5 CHUNKs) per split, at most
     MAX_SPLITS, rounded down to 2^k or 3 * 2^k.
 
-    rows = batch x head groups. Tuned on an H200 (benchmarks/decode_notes.md): with cheap blocks
+    rows = batch x head groups. Tuned on an H200 (benchmarks/decode/NOTES.md): with cheap blocks
     the best split keeps every block resident at once (extra waves only add the partials and the
     merge). Since splits share weighted work (split_bound in the template), a full wave of 4
     blocks per SM beat 3; on 132 SMs this picks 1 split at 64 x 8K, 8 at 8 x 32K and 64 at 1 x 128K.

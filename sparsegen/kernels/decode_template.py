@@ -28,7 +28,7 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # MIN_BLOCKS is __launch_bounds__'s blocks-per-SM hint (a register cap); Q_SMEM keeps q's mma
 # fragments in shared memory instead of 32 registers. The default (no pipelining, q in registers,
 # 128 registers -> 4 blocks = 16 warps per SM) was the fastest of the variants measured on an
-# H200 at every shape (benchmarks/decode_notes.md): occupancy beat the pipelined build's
+# H200 at every shape (benchmarks/decode/NOTES.md): occupancy beat the pipelined build's
 # 12 warps per SM even though each of those keeps twice the bytes in flight. FUSED_MERGE
 # compiles the in-kernel split merge (decode_merge); 0 gives the kernel as it was before that
 # merge existed, so a benchmark can check that the merge's code costs the other paths nothing.
@@ -37,7 +37,7 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # qk_accs: the QK product's k-steps go into this many independent accumulators (1, 2 or 4), so
 # each tile's serial chain of QK mma is KSTEPS / qk_accs long; 2 (the default since session 9)
 # measured 3.7 % faster on the dense layer at 32-64 x 8K and up to 1.6 % on the sparse one,
-# 4 spilled and lost (benchmarks/decode_notes.md).
+# 4 spilled and lost (benchmarks/decode/NOTES.md).
 DEFAULT_KNOBS = {
     "pipeline": 0,
     "min_blocks": 4,

@@ -30,7 +30,7 @@ def _decode_pdl(q: torch.Tensor) -> bool:
     DECODE_PDL_MAX_ROWS sequences, unless SPARSEGEN_NO_PDL): it may start while the rotary kernel
     before it runs, which writes q and the new token's K/V but never seq_lens or the block
     tables (what the kernel reads before it waits; `sparsegen.paged_decode`'s `pdl`).
-    Measured on the H200 (`benchmarks/ab_decode_step.py`, alternating engines, 8K context): batch 1
+    Measured on the H200 (`benchmarks/engine/ab_decode_step.py`, alternating engines, 8K context): batch 1
     5.019 / 5.011 -> 4.957 / 4.956 ms per step, but batch 32 11.05 -> 11.49 / 11.51 ms, hence
     the row limit (2 to 31 not measured)."""
     return q.is_cuda and fused_ops().pdl_allowed(q.device, q.shape[0], DECODE_PDL_MAX_ROWS)

@@ -1,7 +1,7 @@
 """Fused elementwise steps of a Phi-3-Small block: the model's fast path on a GPU.
 
 A batch-1 decode step of the 7b model spent about a fifth of its GPU time in some 700 tiny
-kernels (docs/performance.md): rotary embedding with the KV-cache writes, GeGeLU, and each
+kernels (benchmarks/results/HISTORY.md): rotary embedding with the KV-cache writes, GeGeLU, and each
 residual add with the LayerNorm after it (65 LayerNorms of 8 us) ran as chains of PyTorch ops. Each function here does one such chain in one Triton kernel,
 computing in float32 and rounding where the plain ops round. The plain versions
 (`layers.gegelu`, `layers.add_norm`, `rope.Rotary.apply` plus `index_copy_`) remain the CPU path, the reference model's path and the
@@ -43,10 +43,10 @@ def use_pdl(x: torch.Tensor) -> bool:
     up to PDL_MAX_ROWS rows, unless SPARSEGEN_NO_PDL. The kernel then waits (griddepcontrol.wait)
     for the kernel before it to finish before it reads anything, but is launched while that kernel
     still runs, which hides its launch latency.
-    H200, session 6 (`benchmarks/bench_pdl.py`, a cuBLAS linear then the fused kernel, graph
+    H200, session 6 (`benchmarks/fused/bench_pdl.py`, a cuBLAS linear then the fused kernel, graph
     replays): O projection + add/LayerNorm 15.9 -> 14.8 us at batch 1 and 16.6 -> 15.7 us at 32;
     up_proj + GeGeLU unchanged; QKV + rotary slower (19.4 -> 20.0 us), so rotary and GeGeLU launch
-    plainly. Whole decode steps (`benchmarks/ab_decode_step.py`, alternating engines): batch 1
+    plainly. Whole decode steps (`benchmarks/engine/ab_decode_step.py`, alternating engines): batch 1
     5.13 -> 5.06 ms, but batch 32 11.12 -> 11.16 ms, with every batch-32 linear on cuBLAS then.
     Session 11 (call 4, mode `norm_pdl`), with QKV, O and up_proj through `gemm_rows` (which
     triggers its dependents at its start): batch 32 10.839 / 10.867 -> 10.780 / 10.783 ms, hence

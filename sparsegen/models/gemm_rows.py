@@ -95,7 +95,7 @@ class Tile:
 
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's dynamic shared memory at most
 # (N, K) of the 7b decode step's linears -> the fastest tile measured at 32 rows with PDL (H200,
-# session 10, `benchmarks/bench_gemm_rows.py --diag` / `--sweep`, calls 9 and 13; cuBLAS in
+# session 10, `benchmarks/linear/bench_gemm_rows.py --diag` / `--sweep`, calls 9 and 13; cuBLAS in
 # brackets, calls 2-3 and 13):
 TUNED_TILES = {
     (6144, 4096): Tile(96, 128, 2, 4, rows_per_warp=16),  # qkv: 64 clusters of 2, 17.0 us (18.0)

@@ -17,7 +17,7 @@ is read while the kernel before it ends.
 
 On by default on a GPU (`ModelOptions.triton_gemv`, None = per device) since session 8: one
 layer's four linears with their norms 125.9 us on cuBLAS -> 115.2 us, a 7b batch-1 step 4.97 ->
-4.39 ms on the H200 (`benchmarks/bench_gemv.py`, `benchmarks/ab_decode_step.py`); session 9's
+4.39 ms on the H200 (`benchmarks/linear/bench_gemv.py`, `benchmarks/engine/ab_decode_step.py`); session 9's
 wider tiles took the step to 4.24 ms. Rounding
 matches the plain path: the fp32 sum plus bias is rounded to the output dtype, and GeGeLU and
 the rotary read those rounded values, as `gegelu(linear(x))` and `fused.rotary_qkv` do. Runs
@@ -37,7 +37,7 @@ from .rope import RopeWrite  # noqa: F401 - part of this module's interface: gem
 
 TILE_ELEMS = 4096  # elements of W per program and iteration (8 KB of bf16), untuned shapes
 PROGRAMS_PER_SM = 8
-# The fastest tile of each 7b shape on an H200 (session 8, `benchmarks/bench_gemv.py --sweep`:
+# The fastest tile of each 7b shape on an H200 (session 8, `benchmarks/linear/bench_gemv.py --sweep`:
 # one row, CUDA-graph replays over weight copies far above the L2; dense, up_proj, down_proj and
 # lm_head from the wider sweeps of GEMVs chained by PDL of session 8's call 9 and session 9's
 # call 6, adopted in session 9 after engine A/Bs):

@@ -42,7 +42,7 @@ class Linear(_NoInit, nn.Linear):
     seen as the usual [out, in] through `.t()`, so F.linear hands cuBLAS the no-transpose layout.
     On an H200 that ran the decode step's skinny GEMMs faster for down_proj (1 / 32 rows: 32.5 /
     31.8 -> 31.7 / 30.8 us) and lm_head (197 / 203 -> 186 / 191 us) and left the 8192-row prefill
-    GEMM unchanged (benchmarks/bench_linear_layout.py, docs/performance.md); qkv, dense and
+    GEMM unchanged (benchmarks/linear/bench_linear_layout.py, benchmarks/results/HISTORY.md); qkv, dense and
     up_proj gained nothing there or lost at 8192 rows, so they stay [out, in]. The Triton GEMV
     reads [out, in] rows only: a model built with `ModelOptions.triton_gemv` keeps every weight
     [out, in], and an in-major layer of one switched to it later stays on cuBLAS (`linear`)."""

@@ -39,13 +39,13 @@ class ModelOptions:
     # LayerNorms inside the QKV, up_proj and lm_head GEMVs, GeGeLU inside up_proj's, the rotary
     # and K/V cache write inside QKV's at a decode step) instead of cuBLAS, on a GPU (or in
     # Triton's interpreter). None: on for a CUDA device, not for the reference model (`gemv_on`).
-    # Measured on the H200 (benchmarks/ab_decode_step.py, one process): a 7b batch-1 step 4.97 ->
+    # Measured on the H200 (benchmarks/engine/ab_decode_step.py, one process): a 7b batch-1 step 4.97 ->
     # 4.39 ms. It keeps every weight [out, in] (see `layers.Linear`), which cost batch-32 steps
     # 0.005 ms there (0.03-0.05 ms in an earlier measurement of the in-major storage).
     triton_gemv: bool | None = None
     # The batch-1 output projection (self_attn.dense) alone through that GEMV, on a GPU, with the
     # rest on cuBLAS: 11.2 us against cuBLAS's 13.9 (a split-K GEMV plus its reduce kernel) on the
-    # H200 (benchmarks/bench_gemv.py). The other three linears stay faster on cuBLAS.
+    # H200 (benchmarks/linear/bench_gemv.py). The other three linears stay faster on cuBLAS.
     gemv_o_proj: bool = True
 
     def __post_init__(self) -> None:
