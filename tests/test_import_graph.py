@@ -87,7 +87,6 @@ ALLOWED_PREFIX_FILES: frozenset[str] = frozenset(
 # Files that still carry session / call / date notes (their owners remove them):
 ALLOWED_HISTORY: frozenset[str] = frozenset(
     {
-        "README.md",  # docs
         "sparsegen/graph_capture.py",  # engine
         "sparsegen/commands/compile.py",  # lifecycle (compile --model-kernels)
         "sparsegen/kernels/decode_merge.py",  # lifecycle
