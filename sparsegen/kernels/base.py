@@ -139,7 +139,9 @@ class KernelRequest:
         return dict(self.params.knobs)
 
     @classmethod
-    def make(cls, kind, layer, *, dtype, arch=None, page_size=None, variant=None, knobs=None) -> KernelRequest:
+    def make(
+        cls, kind, layer, *, dtype, arch=None, page_size=None, variant=None, knobs=None
+    ) -> KernelRequest:
         """A checked attention request; `arch=None` means this GPU's, or the interpreter under
         TRITON_INTERPRET for prefill."""
         if kind not in KINDS:
@@ -374,8 +376,9 @@ def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, kno
     if hit is not None and hit[0] is layer:
         return Lookup(hit[1], "memory", 0.0) if with_status else hit[1]
     found = lookup(
-        KernelRequest.make(kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant,
-                           knobs=knobs)  # fmt: skip
+        KernelRequest.make(
+            kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, knobs=knobs
+        )  # fmt: skip
     )
     if fast is not None:
         _BY_ID[fast] = (layer, found.kernel)
