@@ -145,9 +145,10 @@ class TritonFamily(Family):
     def render(self, request: KernelRequest) -> str:
         return codegen.render(self.template)
 
-    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
-        if request.arch == INTERPRETER_ARCH:
-            return {}
+    def compile_inputs(self, request: KernelRequest) -> tuple[dict, dict, dict, dict]:
+        """What `triton.compile(ASTSource(fn, signature, constexprs, attrs), options=...)` gets:
+        (signature, constexprs by argument index, attrs by argument index, options), as Triton's
+        JIT derives them from a launch (`JITFunction._pack_args`)."""
         p = request.params
         names = self.arg_names + self.constexpr_names
         signature = {n: t for n, (t, _) in zip(self.arg_names, p.args)}
@@ -155,8 +156,14 @@ class TritonFamily(Family):
         constexprs = {i: spec for i, (t, spec) in enumerate(p.args) if t == "constexpr"}
         constexprs.update({names.index(n): v for n, v in p.constexprs})
         attrs = {i: _parse_attr(spec) for i, (t, spec) in enumerate(p.args) if isinstance(spec, str)}
+        return signature, constexprs, attrs, dict(p.options)
+
+    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+        if request.arch == INTERPRETER_ARCH:
+            return {}
+        signature, constexprs, attrs, options = self.compile_inputs(request)
         return triton_build.aot_compile(
-            source, fn_name=self.fn_name, signature=signature, arch=request.arch, options=dict(p.options),
+            source, fn_name=self.fn_name, signature=signature, arch=request.arch, options=options,
             module_name=module_name, source_file=SOURCE_FILE, constexprs=constexprs, attrs=attrs,
         )  # fmt: skip
 
