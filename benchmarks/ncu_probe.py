@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import sparsegen
 from sparsegen.kernels import decode as dec
-from sparsegen.models import gemm_rows as gr
+from sparsegen.kernels.linear import gemm_rows as gr
 
 
 def decode_launches():
