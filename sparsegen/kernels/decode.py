@@ -170,7 +170,7 @@ def num_splits(rows: int, max_context: int, sm_count: int) -> int:
     which cost 29 % in the same shape at 8 x 32K (4 splits 194.8 us vs 8 splits 151.1 us,
     tune_decode_h200_s2_balanced.json). At 2 chunks (128 tokens) 1 x 8K took 64 splits, one
     wave, but 2-chunk splits are too short for their fixed cost (q load, warp merge, partial
-    store): the session-6 engine sweep at 1 x 8K (us per layer, CUDA-graph replays, with the
+    store): an engine sweep on the H200 at 1 x 8K (us per layer, CUDA-graph replays, with the
     separate reduce) gave, for the sparse layer, 32 splits 13.6, 48 -> 13.4, 64 -> 15.2, and for
     the dense layer 32 -> 13.7, 48 -> 13.2, 64 -> 13.3. A floor of 160 tokens picks 48 there (a
     table of 512-520 pages) and 24 at 1 x 4K; from 1 x 10.5K (2 x 5.3K) up the wave decides as

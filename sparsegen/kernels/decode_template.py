@@ -34,7 +34,7 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # merge_trigger: the separate merge kernel lets a PDL-launched kernel after it (the batch-1 O
 # GEMV, kernels.linear.gemv) start at once, so its first weight tile loads during the merge.
 # qk_accs: the QK product's k-steps go into this many independent accumulators (1, 2 or 4), so
-# each tile's serial chain of QK mma is KSTEPS / qk_accs long; 2 (the default since session 9)
+# each tile's serial chain of QK mma is KSTEPS / qk_accs long; 2 (the default)
 # measured 3.7 % faster on the dense layer at 32-64 x 8K and up to 1.6 % on the sparse one,
 # 4 spilled and lost (benchmarks/decode_notes.md).
 DEFAULT_KNOBS = {
