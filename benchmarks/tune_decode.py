@@ -182,7 +182,9 @@ def merge_sweep(page_size: int) -> list[dict]:
     rows = []
     for kind, layer in (("sparse", spec.layers[0]), ("dense", spec.layers[1])):
         kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=page_size)
-        plain = dec.get_decode_kernel(layer, dtype=torch.bfloat16, page_size=page_size, knobs={"fused_merge": 0})
+        plain = dec.get_decode_kernel(
+            layer, dtype=torch.bfloat16, page_size=page_size, knobs={"fused_merge": 0}
+        )
         for batch, ctx in MERGE_CASES:
             rows.append({"kind": kind, **merge_case(kernel, plain, layer, batch, ctx, page_size, sms)})
             torch.cuda.empty_cache()
