@@ -1,4 +1,4 @@
-"""The batch-1 Triton GEMV (`sparsegen.models.gemv`) in Triton's interpreter on a CPU.
+"""The batch-1 Triton GEMV (`sparsegen.kernels.linear.gemv`) in Triton's interpreter on a CPU.
 
 Against `F.linear` (and `gegelu(F.linear(...))`) in float64, fp32 and fp16 (the interpreter is
 fp16/fp32 only), on shapes that are not multiples of the tiles, with forced tile sizes larger
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("single_thread", "interpreter_env")
 
 def _gemv():
     from sparsegen import ops
-    from sparsegen.models import gemv
+    from sparsegen.kernels.linear import gemv
 
     assert ops.interpreter_usable(), "TRITON_INTERPRET=1 must be set before Triton is imported"
     return gemv
@@ -259,7 +259,7 @@ def test_model_and_engine_with_triton_gemv_match_the_plain_model():
     ids = torch.tensor([5])
     batch = ForwardBatch.whole_sequences([1])
     calls = []
-    import sparsegen.models.gemv as gm
+    import sparsegen.kernels.linear.gemv as gm
 
     real = gm.gemv
     gm.gemv = lambda *a, **kw: (
@@ -298,7 +298,7 @@ def test_tensor_parallel_model_keeps_its_own_layers_under_triton_gemv():
     tp = random_tp_model(cfg, TPShard(0, 1), seed=3, triton_gemv=True)
     plain = random_model(cfg, seed=3)
     ids, batch = torch.tensor([9]), ForwardBatch.whole_sequences([1])
-    import sparsegen.models.gemv as gm
+    import sparsegen.kernels.linear.gemv as gm
 
     calls, real = [], gm.gemv
     gm.gemv = lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw)

@@ -37,12 +37,12 @@ def test_engine_with_generated_prefill_kernel_matches_reference():
     ]
 
 
-# -- the fused elementwise kernels of the model's GPU path (sparsegen.models.fused) ----------------
+# -- the fused elementwise kernels of the model's GPU path (sparsegen.kernels.fused) ---------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_fused_gegelu_matches_plain(dtype):
-    from sparsegen.models import fused
+    from sparsegen.kernels.fused import gegelu as fused
     from sparsegen.models.phi3small import gegelu
 
     gen = torch.Generator().manual_seed(0)
@@ -58,7 +58,7 @@ def test_fused_gegelu_matches_plain(dtype):
 @pytest.mark.parametrize("t", [7, 37])
 @pytest.mark.parametrize("tiled", [False, True])  # a token per program; 16 (37 tokens: a masked tail)
 def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t, tiled, monkeypatch):
-    from sparsegen.models import fused
+    from sparsegen.kernels.fused import rotary as fused
     from sparsegen.models.rope import Rotary
 
     if tiled:
@@ -95,7 +95,7 @@ def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t, tiled, monkeypatch
 
 def test_fused_rotary_rejects_unlike_caches():
     from sparsegen.errors import InputError
-    from sparsegen.models import fused
+    from sparsegen.kernels.fused import rotary as fused
 
     qkv = torch.zeros(3, 2, 5, 16)
     cos = sin = torch.zeros(3, 16)
@@ -109,7 +109,7 @@ def test_fused_rotary_rejects_unlike_caches():
 
 
 def test_fused_rotary_declines_other_layouts():
-    from sparsegen.models import fused
+    from sparsegen.kernels.fused import rotary as fused
 
     assert not fused.supports_rotary(torch.zeros(2, 1, 3, 96))  # head_dim not a power of two
     assert not fused.supports_rotary(torch.zeros(2, 1, 3, 64)[:, :, :, :32])  # not contiguous
@@ -119,7 +119,7 @@ def test_fused_rotary_declines_other_layouts():
 @pytest.mark.parametrize("n", [256, 300])  # a power of two, and one with a masked tail
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_fused_add_layer_norm_matches_plain(dtype, n, with_residual):
-    from sparsegen.models import fused
+    from sparsegen.kernels.fused import add_norm as fused
 
     gen = torch.Generator().manual_seed(n)
     x = (3 * torch.randn(5, n, generator=gen) + 1).to(dtype)

@@ -169,7 +169,7 @@ def test_launcher_rejects_bad_strides():
         )
 
 
-# Template variants the benchmark compares (decode.compile_variant): each must compute the same
+# Template variants the benchmark compares (get_decode_kernel knobs): each must compute the same
 # function as the default build, at the heuristic split and at explicit split counts.
 VARIANT_KNOBS = [
     {"pipeline": 1, "min_blocks": 3, "q_smem": 1},
@@ -183,7 +183,7 @@ VARIANT_KNOBS = [
 
 @pytest.mark.parametrize("knobs", VARIANT_KNOBS, ids=lambda k: "_".join(f"{a}{b}" for a, b in k.items()))
 def test_template_variants_against_reference(knobs):
-    from sparsegen.kernels.decode import compile_variant
+    from sparsegen.kernels.decode import get_decode_kernel
 
     failures = []
     for idx in (0, 1, 2, 4, 7, 9, 12):
@@ -191,7 +191,7 @@ def test_template_variants_against_reference(knobs):
         rng = random.Random(500 + idx)
         dtype = (torch.bfloat16, torch.float16)[idx % 2]
         page_size = rng.choice((8, 16, 32, 64, 128, 24))
-        kernel = compile_variant(layer, dtype=dtype, page_size=page_size, **knobs)
+        kernel = get_decode_kernel(layer, dtype=dtype, page_size=page_size, knobs=knobs)
         for c in range(3):
             lens = [
                 rng.choice((1, rng.randint(1, 64), rng.randint(1, 5000))) for _ in range(rng.randint(1, 3))

@@ -151,7 +151,9 @@ def test_build_without_the_fused_merge():
     layer = PHI3.layers[1]
     src = dt.render_source(layer, "bf16", 16, fused_merge=0)
     assert "#define FUSED_MERGE 0" in src and "#define FUSED_MERGE 1" in dt.render_source(layer, "bf16", 16)
-    kernel = dec.compile_variant(layer, dtype=torch.bfloat16, page_size=16, arch="sm_90", fused_merge=0)
+    kernel = dec.get_decode_kernel(
+        layer, dtype=torch.bfloat16, page_size=16, arch="sm_90", knobs={"fused_merge": 0}
+    )
     assert not kernel.fused_merge and kernel.cubin[:4] == b"\x7fELF"
     q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
     cache = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16)

@@ -228,14 +228,14 @@ def test_compiled_decode_in_graphs_matches_eager():
 
 @pytest.mark.parametrize("n", [4096, 256, 3000])
 def test_fused_add_layer_norm_bf16_matches_plain(n):
-    from sparsegen.models import fused
+    from sparsegen.kernels.fused import add_norm
 
     gen = torch.Generator(device=DEV).manual_seed(n)
     x = torch.randn(33, n, device=DEV, generator=gen).to(BF16)
     res = torch.randn(33, n, device=DEV, generator=gen).to(BF16)
     w = (1 + 0.1 * torch.randn(n, device=DEV, generator=gen)).to(BF16)
     b = (0.1 * torch.randn(n, device=DEV, generator=gen)).to(BF16)
-    y, r = fused.add_layer_norm(x, res, w, b, 1e-5)
+    y, r = add_norm.add_layer_norm(x, res, w, b, 1e-5)
     want_r = x + res
     want_y = torch.nn.functional.layer_norm(want_r, (n,), w, b, 1e-5)
     assert torch.equal(r, want_r) and torch.isfinite(y).all()
@@ -244,13 +244,14 @@ def test_fused_add_layer_norm_bf16_matches_plain(n):
 
 @pytest.mark.parametrize("rows, gemm", [(1, "cublas"), (32, "cublas"), (32, "gemm_rows")])
 def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph(rows, gemm):
-    """Programmatic dependent launch (the default on sm_90 up to fused.PDL_MAX_ROWS rows) changes
+    """Programmatic dependent launch (the default on sm_90 up to add_norm.PDL_MAX_ROWS rows) changes
     when the norm kernel is launched, never what it computes: right after the GEMM that writes its
     input (cuBLAS, or gemm_rows, which lets its dependents launch at its start), in a CUDA graph
     replayed many times with new inputs, it equals the plain launch bit for bit."""
-    from sparsegen.models import fused, gemm_rows
+    from sparsegen.kernels.fused import add_norm
+    from sparsegen.kernels.linear import gemm_rows
 
-    if not fused.use_pdl(torch.empty(rows, 1, device=DEV)):
+    if not add_norm.use_pdl(torch.empty(rows, 1, device=DEV)):
         pytest.skip("PDL is off here (not sm_90+, or SPARSEGEN_NO_PDL is set)")
     gen = torch.Generator(device=DEV).manual_seed(7)
     w = (torch.randn(4096, 4096, device=DEV, generator=gen) / 64).to(BF16)  # [out, in]
@@ -260,7 +261,7 @@ def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph(row
 
     def step(pdl: bool):
         y = gemm_rows.gemm_rows(x, w) if gemm == "gemm_rows" else torch.nn.functional.linear(x, w)
-        return fused.add_layer_norm(y, res, lnw, lnb, 1e-5, pdl=pdl)
+        return add_norm.add_layer_norm(y, res, lnw, lnb, 1e-5, pdl=pdl)
 
     x.copy_(torch.randn(rows, 4096, device=DEV, generator=gen))
     step(True), step(False)  # compile both outside the capture
@@ -284,7 +285,8 @@ def test_add_layer_norm_with_pdl_equals_plain_launch_after_a_gemm_in_a_graph(row
 def test_triton_gemv_matches_cublas_on_the_7b_shapes(dtype):
     """The batch-1 Triton GEMV (bias; GeGeLU for up_proj; the residual add + LayerNorm before it)
     against F.linear (after the fused norm kernel) on the 7b shapes."""
-    from sparsegen.models import fused, gemv
+    from sparsegen.kernels.fused import add_norm, gegelu
+    from sparsegen.kernels.linear import gemv
 
     gen = torch.Generator(device=DEV).manual_seed(0)
     for n, k, geg in ((6144, 4096, False), (4096, 4096, False), (28672, 4096, True), (4096, 14336, False),
@@ -294,7 +296,7 @@ def test_triton_gemv_matches_cublas_on_the_7b_shapes(dtype):
         x = torch.randn(1, k, device=DEV, generator=gen).to(dtype)
         want = torch.nn.functional.linear(x, w, b)
         if geg:
-            want = fused.gegelu(want, 20.0)
+            want = gegelu.gegelu(want, 20.0)
         got = gemv.gemv(x, w, b, gegelu_limit=20.0 if geg else None)
         assert got.shape == want.shape and torch.isfinite(got).all()
         assert rel_err(got, want) < 1e-2, (n, k)
@@ -302,10 +304,10 @@ def test_triton_gemv_matches_cublas_on_the_7b_shapes(dtype):
         res = torch.randn(1, k, device=DEV, generator=gen).to(dtype)
         lnw = (1 + 0.1 * torch.randn(k, device=DEV, generator=gen)).to(dtype)
         lnb = (0.1 * torch.randn(k, device=DEV, generator=gen)).to(dtype)
-        h, summed = fused.add_layer_norm(x, res, lnw, lnb, 1e-5)
+        h, summed = add_norm.add_layer_norm(x, res, lnw, lnb, 1e-5)
         want = torch.nn.functional.linear(h, w, b)
         if geg:
-            want = fused.gegelu(want, 20.0)
+            want = gegelu.gegelu(want, 20.0)
         got, got_sum = gemv.gemv(x, w, b, gegelu_limit=20.0 if geg else None, norm=(res, lnw, lnb, 1e-5))
         assert torch.equal(got_sum, summed) and torch.isfinite(got).all()
         assert rel_err(got, want) < 1e-2, ("norm", n, k)
@@ -316,7 +318,8 @@ def test_gemv_rope_matches_the_rotary_kernel_on_the_7b_qkv(layout):
     """The QKV GEMV with the rotary and the K/V write fused in (rope=) against the add + LayerNorm
     kernel, F.linear and the rotary kernel, bf16: q close, k and v in the cache at the one slot
     and nowhere else (NaN-poisoned pages), with and without PDL."""
-    from sparsegen.models import fused, gemv
+    from sparsegen.kernels.fused import add_norm, rotary
+    from sparsegen.kernels.linear import gemv
 
     gen = torch.Generator(device=DEV).manual_seed(3)
     hkv, g, d, k = 8, 4, 128, 4096
@@ -336,9 +339,9 @@ def test_gemv_rope_matches_the_rotary_kernel_on_the_7b_qkv(layout):
 
     slot = torch.tensor([16 * 7 + 5], device=DEV)
     want_kc, want_vc = caches()
-    h, summed = fused.add_layer_norm(x, res, lnw, lnb, 1e-5)
+    h, summed = add_norm.add_layer_norm(x, res, lnw, lnb, 1e-5)
     qkv = torch.nn.functional.linear(h, w, b).view(1, hkv, g + 2, d)
-    want_q = fused.rotary_qkv(qkv, cos, sin, (want_kc, want_vc), slot)[0]  # [1, H, D]
+    want_q = rotary.rotary_qkv(qkv, cos, sin, (want_kc, want_vc), slot)[0]  # [1, H, D]
     for pdl in (False, True):
         kc, vc = caches()
         q, got_sum = gemv.gemv(x, w, b, norm=(res, lnw, lnb, 1e-5), pdl=pdl,

@@ -166,9 +166,9 @@ def test_every_error_class_lives_in_errors_and_is_exported():
 
 
 def test_pdl_is_off_on_a_cpu_and_a_bad_no_pdl_value_is_an_env_error(monkeypatch):
-    """`models.fused.use_pdl` (programmatic dependent launch of add + LayerNorm): never for a CPU
+    """`kernels.fused.add_norm.use_pdl` (programmatic dependent launch of add + LayerNorm): never for a CPU
     tensor; on a GPU it reads SPARSEGEN_NO_PDL, whose garbage values name the variable."""
-    from sparsegen.models import fused
+    from sparsegen.kernels.fused import add_norm as fused
 
     monkeypatch.setenv("SPARSEGEN_NO_PDL", "0")
     assert fused.use_pdl(torch.zeros(1)) is False

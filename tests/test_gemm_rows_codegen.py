@@ -1,4 +1,4 @@
-"""CPU tier for `models.gemm_rows`: its templates render and compile for sm_90 with NVRTC (no GPU
+"""CPU tier for `kernels.linear.gemm_rows`: its templates render and compile for sm_90 with NVRTC (no GPU
 needed) within the register file and without spills, tiles are checked before anything is
 built, and CPU tensors are refused with a typed error."""
 
@@ -11,23 +11,24 @@ import torch
 from test_decode_codegen import _ptxas_report
 
 from sparsegen.errors import InputError
-from sparsegen.models import gemm_rows as gr
-from sparsegen.models.gemm_rows import Tile
+from sparsegen.kernels.linear import gemm_rows as gr
+from sparsegen.kernels.linear import gemm_rows_tiles as tiles
+from sparsegen.kernels.linear.gemm_rows_tiles import Tile
 from sparsegen.models.layers import rows_gemm
 
 pytest.importorskip("cuda.core")
 
 
-@pytest.mark.parametrize("shape", sorted(gr.TUNED_TILES))
+@pytest.mark.parametrize("shape", sorted(tiles.TUNED_TILES))
 @pytest.mark.parametrize("gegelu", [False, True])
 def test_tuned_builds_fit_without_spills(shape, gegelu):
     n, k = shape
-    tile = gr.TUNED_TILES[shape]
+    tile = tiles.TUNED_TILES[shape]
     report = _ptxas_report(gr.Build(n, k, "bf16", tile, True, gegelu).source(), "sm_90")
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     assert regs * tile.threads() <= 65536, report
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
-    assert tile.smem_bytes(k) <= gr.SMEM_LIMIT
+    assert tile.smem_bytes(k) <= tiles.SMEM_LIMIT
 
 
 def test_fp16_both_kernels_and_every_epilogue_compile():
@@ -37,7 +38,10 @@ def test_fp16_both_kernels_and_every_epilogue_compile():
         Tile(128, 64, 4, 4, rows_per_warp=16),
     ):
         for gegelu, rope in ((False, None), (True, None), (False, (64, 2))):
-            assert gr.Build(512, 1024, "fp16", tile, False, gegelu, rope).cubin()[:4] == b"\x7fELF"
+            assert (
+                gr.lookup(gr.Build(512, 1024, "fp16", tile, False, gegelu, rope)).kernel.cubin[:4]
+                == b"\x7fELF"
+            )
 
 
 def test_bad_epilogues_are_refused():
@@ -68,13 +72,13 @@ def test_bad_tiles_are_refused(tile, match):
 
 
 def test_tile_for_fills_the_gpu():
-    for (n, k), tile in gr.TUNED_TILES.items():
-        assert gr.tile_for(n, k) is tile
-    tile = gr.tile_for(2048, 2048)
+    for (n, k), tile in tiles.TUNED_TILES.items():
+        assert tiles.tile_for(n, k) is tile
+    tile = tiles.tile_for(2048, 2048)
     tile.check(2048, 2048)
     assert 2048 // tile.block_n * tile.split <= 132
     with pytest.raises(InputError, match="no gemm_rows tile"):
-        gr.tile_for(100, 64)
+        tiles.tile_for(100, 64)
 
 
 def test_cpu_tensors_are_refused_and_the_model_keeps_cublas():

@@ -1,4 +1,4 @@
-"""GPU tier for `models.gemm_rows` (`pytest -m gpu`, sm_90): the few-row CUDA linear layer
+"""GPU tier for `kernels.linear.gemm_rows` (`pytest -m gpu`, sm_90): the few-row CUDA linear layer
 against the float64 product, on seeded random shapes, rows and tiles, into NaN-filled outputs."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from sparsegen.errors import InputError
 from sparsegen.graph_capture import capture
-from sparsegen.models import gemm_rows as gr
-from sparsegen.models.gemm_rows import Tile
+from sparsegen.kernels.linear import gemm_rows as gr
+from sparsegen.kernels.linear.gemm_rows_tiles import TUNED_TILES, Tile
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2  # one bf16 / fp16 rounding of each output (~4e-3), float32 sums
@@ -30,9 +30,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _cases():
     rng = random.Random(7)
     out = []
-    for (n, k), tile in gr.TUNED_TILES.items():  # the 7b shapes with their tiles
+    for (n, k), tile in TUNED_TILES.items():  # the 7b shapes with their tiles
         out.append((n, k, tile, rng.choice((2, 17, 32)), torch.bfloat16, True))
-    while len(out) < len(gr.TUNED_TILES) + 16:  # small shapes, random tiles that divide them
+    while len(out) < len(TUNED_TILES) + 16:  # small shapes, random tiles that divide them
         split, resident = rng.choice((1, 2, 4, 8)), len(out) % 2 == 1
         rpw = 32 if resident else rng.choice((16, 32))
         tile = Tile(32 * rng.randint(1, 4), 64 * rng.randint(1, 4), split, rng.randint(2, 5), resident, rpw)
@@ -108,7 +108,7 @@ def test_bad_inputs_are_refused_before_launch():
 
 
 @pytest.mark.parametrize(
-    "tile", [gr.TUNED_TILES[(28672, 4096)], Tile(64, 128, 2, 3), Tile(64, 128, 4, 3, x_resident=True)]
+    "tile", [TUNED_TILES[(28672, 4096)], Tile(64, 128, 2, 3), Tile(64, 128, 4, 3, x_resident=True)]
 )
 @pytest.mark.parametrize("rows", [2, 32])
 def test_gegelu_epilogue_matches_the_plain_path(tile, rows):
@@ -145,11 +145,11 @@ def test_gegelu_epilogue_matches_the_plain_path(tile, rows):
     ],
 )
 def test_rope_epilogue_matches_rotary_qkv(hkv, group, d, k, tile, rows):
-    """rope=: q rotated as fused.rotary_qkv rotates F.linear's output, k and v written at each
+    """rope=: q rotated as rotary.rotary_qkv rotates F.linear's output, k and v written at each
     token's slot of head-major caches and nowhere else (the rest stays NaN)."""
     _hopper()
-    from sparsegen.models import fused
-    from sparsegen.models.rope import RopeWrite
+    from sparsegen.kernels.fused import rotary
+    from sparsegen.kernels.linear.rope_write import RopeWrite
 
     n = hkv * (group + 2) * d
     gen = torch.Generator(device="cuda").manual_seed(rows)
@@ -173,7 +173,7 @@ def test_rope_epilogue_matches_rotary_qkv(hkv, group, d, k, tile, rows):
     q = gr.gemm_rows(x, w, b, tile=tile, rope=RopeWrite(cos, sin, group, kc, vc, slots))
     rk, rv = caches()
     qkv = F.linear(x, w, b).view(rows, hkv, group + 2, d)
-    rq, _, _ = fused.rotary_qkv(qkv, cos, sin, (rk, rv), slots)
+    rq, _, _ = rotary.rotary_qkv(qkv, cos, sin, (rk, rv), slots)
     assert q.shape == (rows, hkv * group * d)
     assert not q.isnan().any()
     assert _rel(q, rq.reshape(rows, -1).double()) < TOL

@@ -1,4 +1,4 @@
-"""CPU tier: where the model hands its 2..32-row linears to `models.gemm_rows`, and that it uses
+"""CPU tier: where the model hands its 2..32-row linears to `kernels.linear.gemm_rows`, and that it uses
 what comes back correctly. The CUDA kernel itself is tested on the GPU (test_gemm_rows_gpu.py);
 here a plain-PyTorch stand-in with the kernel's contract replaces it, `layers.rows_gemm` is told
 to pick it on the CPU, and the engine's greedy tokens must equal the same model's without it.
@@ -63,8 +63,8 @@ def test_model_routes_qkv_and_up_proj_through_gemm_rows(monkeypatch):
             and tuple(layer.weight.shape) in shapes
         )
 
-    monkeypatch.setattr("sparsegen.models.gemm_rows.ROWS_LAYERS", shapes)
-    monkeypatch.setattr("sparsegen.models.gemm_rows.gemm_rows", _stand_in(calls))
+    monkeypatch.setattr("sparsegen.models.layers.ROWS_LAYERS", shapes)
+    monkeypatch.setattr("sparsegen.kernels.linear.gemm_rows.gemm_rows", _stand_in(calls))
     monkeypatch.setattr("sparsegen.models.layers.rows_gemm", rows_gemm)
     monkeypatch.setattr("sparsegen.models.phi3small.rows_gemm", rows_gemm)
     monkeypatch.setattr("sparsegen.models.attention.rows_gemm", rows_gemm)

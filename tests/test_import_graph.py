@@ -67,14 +67,18 @@ MOVING: dict[str, str] = {
 ALLOWED_ARROWS: frozenset[tuple[str, str]] = frozenset(
     {
         # circles
-        ("jit.build_workers", "jit.triton_build"),  # lifecycle
         ("engine.cuda_graphs", "engine.model_runner"),  # engine (under TYPE_CHECKING)
         ("tp_engine", "llm"),  # engine; also runs back up (parallel -> llm)
         ("kernels.base", "kernels.prefill"),  # lifecycle: the family registry imports by name
         ("kernels.base", "kernels.prefill_gluon"),  # lifecycle: the family registry
         ("kernels.base", "kernels.decode"),  # lifecycle: the family registry
+        ("kernels.base", "kernels.linear.gemm_rows"),  # lifecycle: the family registry
+        ("kernels.base", "kernels.linear.gemv"),  # lifecycle: the family registry
+        ("kernels.base", "kernels.fused.rotary"),  # lifecycle: the family registry
+        ("kernels.base", "kernels.fused.gegelu"),  # lifecycle: the family registry
+        ("kernels.base", "kernels.fused.add_norm"),  # lifecycle: the family registry
         # back arrows
-        ("jit.triton_build", "kernels.gluon_api"),  # lifecycle: jit -> kernels
+        ("jit.triton_compile", "kernels.gluon_api"),  # lifecycle: jit -> kernels
         ("models.tensor_parallel", "distributed"),  # engine: models -> parallel
         ("llm", "serve.chat"),  # outputs: llm -> serve
         ("llm", "serve.outputs"),  # outputs: llm -> serve
@@ -88,14 +92,6 @@ ALLOWED_PREFIX_FILES: frozenset[str] = frozenset(
 ALLOWED_HISTORY: frozenset[str] = frozenset(
     {
         "sparsegen/graph_capture.py",  # engine
-        "sparsegen/commands/compile.py",  # lifecycle (compile --model-kernels)
-        "sparsegen/kernels/decode_merge.py",  # lifecycle
-        "sparsegen/kernels/decode_template.py",  # lifecycle
-        "sparsegen/kernels/prefill_gluon_template.py",  # lifecycle
-        "sparsegen/models/fused.py",  # lifecycle
-        "sparsegen/models/gemm_rows.py",  # lifecycle
-        "sparsegen/models/gemv.py",  # lifecycle
-        "templates/gemm_rows_resident.cu.jinja",  # lifecycle
     }
 )
 

@@ -130,3 +130,23 @@ def test_names_of_many_head_groups_stay_short():
     assert len(decode_template.kernel_name(layer, "fp16", 16)) <= 200
     assert "more" not in prefill_template.kernel_name(TINY, "fp16")
     assert sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch=INTERPRETER_ARCH).name == name
+
+
+def test_knob_variants_are_ordinary_cached_requests(fresh_cache):
+    """Template knobs (benchmarks, tests) are part of the request and its key: a variant builds
+    once, is cached like any kernel, and leaves the default kernel's key alone."""
+    pytest.importorskip("cuda.core")
+    from sparsegen.kernels import decode
+
+    plain = base.key_of(KernelRequest.make("decode", TINY, dtype="fp16", arch="sm_90"))
+    variant = KernelRequest.make("decode", TINY, dtype="fp16", arch="sm_90", knobs={"fused_merge": 0})
+    assert base.key_of(variant).key != plain.key and base.key_of(variant).name == plain.name + "_fused_merge0"
+    assert base.lookup(variant).status == "compiled"
+    base.forget()
+    kernel = decode.get_decode_kernel(TINY, dtype="fp16", arch="sm_90", knobs={"fused_merge": 0})
+    assert not kernel.fused_merge and kernel.key == base.key_of(variant).key.key
+    assert base.lookup(variant).status == "memory"
+    with pytest.raises(InputError, match="unknown decode template knobs"):
+        KernelRequest.make("decode", TINY, dtype="fp16", arch="sm_90", knobs={"nope": 1})
+    with pytest.raises(InputError, match="take no knobs"):
+        KernelRequest.make("prefill", TINY, dtype="fp16", arch=INTERPRETER_ARCH, knobs={"block_m": 16})

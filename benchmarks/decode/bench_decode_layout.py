@@ -11,7 +11,7 @@ The kernel takes the cache's strides, so one build serves two layouts of the sam
   head-major   a [num_pages, Hkv, page_size, D] buffer seen through .transpose(1, 2): one KV
                head's part of a page is one contiguous run (4 KB at page 16).
 Each layout is timed at page 16 and 32 with each template variant of VARIANTS (decode.
-compile_variant knobs). Session 7 also timed two K/V load flavours and a cp.async ring this way
+get_decode_kernel knobs). Session 7 also timed two K/V load flavours and a cp.async ring this way
 (docs/performance.md); both lost and were removed. Cases are
 Phi-3-Small's sparse (layer 0) and dense (layer 1) layers at the engine's decode shapes. Time =
 CUDA-graph replays of 20 launches over a ring of cache copies at least 4x the L2 in size, median
@@ -129,7 +129,7 @@ def main() -> None:
     for page_size in (int(p) for p in args.pages.split(",")):
         for kind, layer in (("sparse", spec.layers[0]), ("dense", spec.layers[1])):
             kernels = {
-                n: dec.compile_variant(layer, dtype=torch.bfloat16, page_size=page_size, **VARIANTS[n])
+                n: dec.get_decode_kernel(layer, dtype=torch.bfloat16, page_size=page_size, knobs=VARIANTS[n])
                 for n in names
             }
             for batch, ctx in CASES:

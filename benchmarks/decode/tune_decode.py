@@ -7,7 +7,7 @@ dense SDPA over contiguous K/V of the same size, sparsegen's kernel (eager calls
 replays), the device copy bandwidth measured here, and the floor: the KV bytes the union of each
 KV group's heads needs, over that bandwidth. KV is GBs, far above L2, so no rotation is needed.
 
-Template variants (decode.compile_variant) are timed too, each with a split sweep through the
+Template variants (decode.get_decode_kernel knobs) are timed too, each with a split sweep through the
 bare launch, and each checked against the reference on sequence 0 at two split counts.
 
     PYTHONPATH=$PWD python benchmarks/decode/tune_decode.py --merge-sweep [--out merge.json]
@@ -182,7 +182,9 @@ def merge_sweep(page_size: int) -> list[dict]:
     rows = []
     for kind, layer in (("sparse", spec.layers[0]), ("dense", spec.layers[1])):
         kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=page_size)
-        plain = dec.compile_variant(layer, dtype=torch.bfloat16, page_size=page_size, fused_merge=0)
+        plain = dec.get_decode_kernel(
+            layer, dtype=torch.bfloat16, page_size=page_size, knobs={"fused_merge": 0}
+        )
         for batch, ctx in MERGE_CASES:
             rows.append({"kind": kind, **merge_case(kernel, plain, layer, batch, ctx, page_size, sms)})
             torch.cuda.empty_cache()
@@ -225,7 +227,7 @@ def main() -> None:
         if knobs is None:
             kernels[name] = sparsegen.get_kernel(layer, "decode", dtype=dt, page_size=args.page_size)
         else:
-            kernels[name] = dec.compile_variant(layer, dtype=dt, page_size=args.page_size, **knobs)
+            kernels[name] = dec.get_decode_kernel(layer, dtype=dt, page_size=args.page_size, knobs=knobs)
     bw = copy_bandwidth()
     rows = []
     for b, n in CASES:

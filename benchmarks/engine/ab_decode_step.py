@@ -5,7 +5,7 @@
 Modes, each in an engine of its own (CUDA graphs captured under the mode), Phi-3-Small 7b random
 weights, bf16, 8K prompts:
 - `base`: SPARSEGEN_NO_PDL=1 and `ModelOptions.gemv_o_proj` off (every linear on cuBLAS);
-- `pdl`: add + LayerNorm launched with programmatic dependent launch (`models.fused.use_pdl`:
+- `pdl`: add + LayerNorm launched with programmatic dependent launch (`kernels.fused.add_norm.use_pdl`:
   batch 1 only: session 6's call 4 measured it slower at 32, before the row limit);
 - `pdl+gemv_o`: and the batch-1 output projection through the Triton GEMV (session 6's defaults);
 - `head_kv`: and head-major KV pages (`EngineConfig.kv_layout="head"`; the modes above use
@@ -35,9 +35,9 @@ weights, bf16, 8K prompts:
   `sampling.greedy_argmax`'s two stages (`sampling.ARGMAX_CHUNK = 0`);
 - `qk1`: `defaults` with the paged-decode template's QK k-steps in one chain of mma
   (`qk_accs=1`, the default before session 9) instead of two;
-- `cublas_up`: `defaults` with every linear at 2..32 rows on cuBLAS (`gemm_rows.ROWS_LAYERS`
+- `cublas_up`: `defaults` with every linear at 2..32 rows on cuBLAS (`layers.ROWS_LAYERS`
   emptied), with the fused GeGeLU and rotary kernels after them, as before session 10;
-- `rows_up`: only up_proj + GeGeLU through `models.gemm_rows` (session 10's default until call 11);
+- `rows_up`: only up_proj + GeGeLU through `kernels.linear.gemm_rows` (session 10's default until call 11);
 - `rows_qkv`, `rows_qkv_o`, `rows_all`: up_proj and QKV (today's default; at a decode step with
   the rotary and K/V write fused in), then also the output projection, then also down_proj;
 - `norm_pdl`: `defaults` with every add + LayerNorm launched with PDL at batch 32 too
@@ -64,7 +64,9 @@ from torch import nn
 from sparsegen.engine import sampling
 from sparsegen.kernels import base as kernel_base
 from sparsegen.kernels import decode_template
-from sparsegen.models import attention, fused, gemm_rows, gemv, random_model
+from sparsegen.kernels.fused import add_norm as fused
+from sparsegen.kernels.linear import gemv
+from sparsegen.models import attention, layers, random_model
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class Mode:
     s8_tiles: bool = False  # S8_TILES over gemv.TUNED_TILES
     argmax_chunk: int = sampling.ARGMAX_CHUNK  # sampling.ARGMAX_CHUNK (0: torch.argmax)
     qk_accs: int = decode_template.DEFAULT_KNOBS["qk_accs"]  # the decode template's qk_accs knob
-    rows_layers: tuple | None = None  # gemm_rows.ROWS_LAYERS: None = as shipped
+    rows_layers: tuple | None = None  # layers.ROWS_LAYERS: None = as shipped
     norm_pdl_rows: int | None = (
         None  # fused.PDL_MAX_ROWS (add + LayerNorm launched with PDL): None = as shipped
     )
@@ -120,7 +122,7 @@ MODES = {
 }
 DEFAULT_DECODE_PDL_MAX_ROWS = attention.DECODE_PDL_MAX_ROWS
 DEFAULT_TILES = dict(gemv.TUNED_TILES)
-DEFAULT_ROWS_LAYERS = set(gemm_rows.ROWS_LAYERS)
+DEFAULT_ROWS_LAYERS = set(layers.ROWS_LAYERS)
 DEFAULT_NORM_PDL_ROWS = fused.PDL_MAX_ROWS
 S8_TILES = {  # gemv.TUNED_TILES keys -> tiles (block_n, block_k, warps, prefetch, row_sum)
     (28672, 4096, "gegelu", True): (8, 256, 4, True, False),  # call 9: 59.15 us against 56.64
@@ -157,8 +159,8 @@ def run_mode(models, mode: str, batch: int, context: int, steps: int) -> dict:
     gemv.TUNED_TILES.update({**DEFAULT_TILES, **(S8_TILES if m.s8_tiles else {})})
     attention.GEMV_ROPE = m.rope
     fused.PDL_MAX_ROWS = DEFAULT_NORM_PDL_ROWS if m.norm_pdl_rows is None else m.norm_pdl_rows
-    gemm_rows.ROWS_LAYERS.clear()
-    gemm_rows.ROWS_LAYERS.update(DEFAULT_ROWS_LAYERS if m.rows_layers is None else m.rows_layers)
+    layers.ROWS_LAYERS.clear()
+    layers.ROWS_LAYERS.update(DEFAULT_ROWS_LAYERS if m.rows_layers is None else m.rows_layers)
     model = models[m.in_major]
     rows = DEFAULT_DECODE_PDL_MAX_ROWS if m.decode_pdl is None else 32 if m.decode_pdl else 0
     attention.DECODE_PDL_MAX_ROWS = rows

@@ -1,4 +1,4 @@
-"""The model's fused elementwise kernels (sparsegen/models/fused.py) on the 7b shapes, against
+"""The model's fused elementwise kernels (sparsegen/kernels/fused/) on the 7b shapes, against
 their read/write floor at the copy rate and, with --base, against another tree's fused.py loaded
 in the same process (the previous commit's kernels, timed in alternating order).
 
@@ -15,13 +15,18 @@ import argparse
 import importlib.util
 import json
 import sys
+from types import SimpleNamespace
 
 import torch
 
 from sparsegen.commands.bench.common import graph_us, measure_ceilings
-from sparsegen.models import fused
+from sparsegen.kernels.fused import add_norm, gegelu, rotary
 
 HIDDEN, FF, HKV, G, D = 4096, 14336, 8, 4, 128
+# this tree's fused kernels by the names of a base tree's models/fused.py (see load_module)
+fused = SimpleNamespace(
+    gegelu=gegelu.gegelu, rotary_qkv=rotary.rotary_qkv, add_layer_norm=add_norm.add_layer_norm
+)
 
 
 def load_module(path: str):

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch for the fused add + LayerNorm kernel (`models.fused.use_pdl`). (GPU)
+"""Programmatic dependent launch for the fused add + LayerNorm kernel (`kernels.fused.add_norm.use_pdl`). (GPU)
 
     PYTHONPATH=$PWD python3 benchmarks/fused/bench_pdl.py [--batch 1,32] [--context 8192] [--json OUT]
 
@@ -34,7 +34,7 @@ SPECS = {  # pair: (out features, in features) of the linear layer before the fu
 
 
 def pair_row(name: str, batch: int) -> dict:
-    from sparsegen.models import fused
+    from sparsegen.kernels.fused import add_norm, gegelu, rotary
 
     dev, dt = "cuda", torch.bfloat16
     n, k = SPECS[name]
@@ -52,11 +52,11 @@ def pair_row(name: str, batch: int) -> dict:
             if not after:
                 return
             if name == "o+norm":
-                fused.add_layer_norm(y, res, lnw, lnb, 1e-5, pdl=pdl)
+                add_norm.add_layer_norm(y, res, lnw, lnb, 1e-5, pdl=pdl)
             elif name == "up+gegelu":
-                fused.gegelu(y, 10.0)  # plain launch: PDL measured no gain here (call 3)
+                gegelu.gegelu(y, 10.0)  # plain launch: PDL measured no gain here (call 3)
             else:
-                fused.rotary_qkv(y.view(batch, HKV, G + 2, D), cos, sin)  # plain: PDL was slower
+                rotary.rotary_qkv(y.view(batch, HKV, G + 2, D), cos, sin)  # plain: PDL was slower
 
         return fn
 

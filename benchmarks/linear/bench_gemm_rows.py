@@ -1,4 +1,4 @@
-"""Few-row linear layers of Phi-3-Small 7b: cuBLAS (`F.linear`) against `models.gemm_rows` (GPU).
+"""Few-row linear layers of Phi-3-Small 7b: cuBLAS (`F.linear`) against `kernels.linear.gemm_rows` (GPU).
 
     PYTHONPATH=$PWD python3 benchmarks/linear/bench_gemm_rows.py [--rows 32] [--sweep] [--out f.json]
     PYTHONPATH=$PWD python3 benchmarks/linear/bench_gemm_rows.py --diag    # occupancy, loads-only times
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from sparsegen.commands.bench.common import graph_us, measure_ceilings
-from sparsegen.models import gemm_rows as gr
-from sparsegen.models.gemm_rows import Tile
+from sparsegen.kernels.linear import gemm_rows as gr
+from sparsegen.kernels.linear.gemm_rows_tiles import Tile, tile_for
 
 CALLS = 24
 L2_BYTES = 60 << 20
@@ -88,8 +88,8 @@ HKV, GROUP, HEAD_D, PAGE = 8, 4, 128, 16
 def run_rope(rows: int) -> list[dict]:
     """The decode QKV at `rows` tokens: cuBLAS + fused.rotary_qkv (rotary, K/V cache write)
     against gemm_rows with rope= for each ROPE_TILES tile, µs per call, head-major caches."""
-    from sparsegen.models import fused
-    from sparsegen.models.rope import RopeWrite
+    from sparsegen.kernels.fused import rotary as fused
+    from sparsegen.kernels.linear.rope_write import RopeWrite
 
     n, k = HKV * (GROUP + 2) * HEAD_D, 4096
     ws, bs = weight_ring(n, k)
@@ -183,7 +183,7 @@ def main() -> None:
         for name, n, k in SHAPES:
             if name not in wanted:
                 continue
-            tiles = (gr.tile_for(n, k), *(SWEEP[name] if args.sweep else ()))
+            tiles = (tile_for(n, k), *(SWEEP[name] if args.sweep else ()))
             r = run_shape(name, n, k, rows, tiles, ceil.copy_tb_s)
             results["runs"].append(r)
             for t in r["tiles"]:

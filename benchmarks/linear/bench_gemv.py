@@ -63,7 +63,8 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gemv needs a CUDA GPU")
-    from sparsegen.models import fused, gemv
+    from sparsegen.kernels.fused import add_norm, gegelu, rotary
+    from sparsegen.kernels.linear import gemv
 
     dev, dt = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -90,12 +91,12 @@ def main() -> None:
 
         def plain(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb, rope=rope, rot=rot):
             if norm:  # today's path: the fused add + LayerNorm kernel, then cuBLAS
-                x, _ = fused.add_layer_norm(x, res, lnw, lnb, 1e-5)
+                x, _ = add_norm.add_layer_norm(x, res, lnw, lnb, 1e-5)
             y = torch.nn.functional.linear(x, ws[i % len(ws)], b)
             if rope:  # then the rotary kernel with the cache write
                 cs, sn, kcache, vcache, sl = rot
-                return fused.rotary_qkv(y.view(1, HKV, GROUP + 2, HEAD_D), cs, sn, (kcache, vcache), sl)[0]
-            return fused.gegelu(y, LIMIT) if geg else y
+                return rotary.rotary_qkv(y.view(1, HKV, GROUP + 2, HEAD_D), cs, sn, (kcache, vcache), sl)[0]
+            return gegelu.gegelu(y, LIMIT) if geg else y
 
         def ours(i, ws=ws, b=b, x=x, geg=geg, norm=norm, res=res, lnw=lnw, lnb=lnb, rope=rope, rot=rot,
                  pdl=args.pdl, **tile):  # fmt: skip

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import sparsegen
 from sparsegen.kernels import decode as dec
-from sparsegen.models import gemm_rows as gr
+from sparsegen.kernels.linear import gemm_rows as gr
 
 
 def decode_launches():
@@ -29,7 +29,7 @@ def decode_launches():
     batch, ctx, page_size = 32, 8192, 16
     out = []
     for layer in (spec.layers[0], spec.layers[1]):
-        kern = dec.compile_variant(layer, dtype=torch.bfloat16, page_size=page_size)
+        kern = dec.get_decode_kernel(layer, dtype=torch.bfloat16, page_size=page_size)
         h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
         pages = batch * ctx // page_size
         # caches: [pages, page_size, Hkv, D] views of head-major [pages, Hkv, page_size, D] buffers

@@ -1,8 +1,10 @@
 """`sparsegen compile`: build (or fetch from the cache) every distinct kernel a pattern needs.
 
 A model's layers often share one spec (Phi-3-Small: one sparse and one dense layer kind), so
-each distinct LayerSpec is built once per kernel kind. Progress goes to stderr; stdout gets a
-summary table, or with --json the list DESIGN §3 promises:
+each distinct LayerSpec is built once per kernel kind. With --model-kernels the kernels the
+Phi-3-Small model launches besides attention are built too (GEMV, few-row GEMM, rotary + KV
+write, GeGeLU, add + LayerNorm: `models.kernel_plan`), each record with its own kind. Progress
+goes to stderr; stdout gets a summary table, or with --json the list DESIGN §3 promises:
     [{"kind", "name", "key", "arch", "status", "seconds", "path"}, ...]
 """
 
@@ -13,11 +15,14 @@ import json
 import logging
 import threading
 import time
+from pathlib import Path
 
 import click
 
 from .. import dtypes, env
+from ..errors import CheckpointError
 from ..jit import build_workers
+from ..kernels import base
 from ..kernels.decode import PAGE_SIZES
 from ..log import get_logger
 from . import progress
@@ -33,15 +38,41 @@ def default_arch() -> str:
     return env.current_arch() or NO_GPU_ARCH
 
 
-def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool = False) -> list[dict]:
-    """Build each (kind, distinct layer) kernel; returns DESIGN §3 records in job order.
+MODEL_PRESETS = ("phi3small", "phi3small-128k")  # patterns whose model is the 7b Phi-3-Small
+TRITON_KINDS = ("prefill", "gemv", "rotary_kv_write", "gegelu", "add_norm")  # built by Triton
+
+
+def model_config(pattern: str):
+    """The Phi-3-Small config whose kernels --model-kernels builds: the 7b shapes for the
+    phi3small presets, else the pattern's HF config.json; a usage error for anything else."""
+    from ..models.config import Phi3SmallConfig
+
+    if pattern in MODEL_PRESETS:
+        return Phi3SmallConfig()
+    if Path(pattern).is_file():
+        try:
+            return Phi3SmallConfig.from_file(pattern)
+        except (CheckpointError, ValueError) as exc:
+            raise click.BadParameter(f"{pattern} is not a Phi-3-Small config.json: {exc}",
+                                     param_hint="'--model-kernels'") from None  # fmt: skip
+    raise click.BadParameter(
+        f"--model-kernels builds Phi-3-Small's kernels: --pattern must be one of {MODEL_PRESETS} or a "
+        f"Phi-3-Small config.json, got {pattern!r}",
+        param_hint="'--model-kernels'",
+    )
+
+
+def build_all(
+    model, kinds, dtype, arch: str, page_size: int, *, as_json: bool = False, model_requests=()
+) -> list[dict]:
+    """Build each (kind, distinct layer) kernel, then each of `model_requests` (lifecycle
+    requests of the model's own kernels); returns DESIGN §3 records in job order.
 
     Builds run side by side, a thread per kernel (up to the CPU count). NVRTC releases the GIL;
     Triton's front end does not (in threads, the two phi3small Gluon kernels took their summed
     time, 5.4 s, on the H200 host), so Triton builds go to worker processes
     (`jit.build_workers`), started first so that their start-up overlaps the rest. Parallel
-    Triton builds were checked to give the same PTX as one-at-a-time builds (session 4, 3 x 6
-    kernels each).
+    Triton builds were checked to give the same PTX as one-at-a-time builds (3 x 6 kernels).
 
     Progress: one line per kernel as it finishes (through the "sparsegen" logger, whose handler
     writes whole lines under a lock, so parallel builds never interleave). On a terminal, one
@@ -49,6 +80,7 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
     then left out, since the bar says the same.
     """
     jobs = [(kind, layer) for kind in kinds for layer, _ in model.distinct_layers()]
+    jobs += [(request.kind, request) for request in model_requests]
     total = len(jobs)
     bar = progress.bar(total, "compile", unit="kernel", as_json=as_json)
     building: dict[int, str] = {}
@@ -57,16 +89,22 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
     def building_now() -> str:
         return ", ".join(building[n] for n in sorted(building))
 
-    def build(n: int, kind: str, layer) -> dict:
+    def build(n: int, kind: str, what) -> dict:
         from .. import ops
 
+        model_kernel = isinstance(what, base.KernelRequest)
         with lock:
-            building[n] = f"{kind} {'/'.join(layer.kinds)}"  # e.g. "decode local+vert"
+            building[n] = (
+                kind if model_kernel else f"{kind} {'/'.join(what.kinds)}"
+            )  # e.g. "decode local+vert"
             bar.note(building_now())
         start = time.perf_counter()
         extra = {"page_size": page_size} if kind == "decode" else {}
         try:
-            found = ops.lookup_kernel(layer, kind, dtype=dtype, arch=arch, **extra)
+            if model_kernel:
+                found = base.lookup(what)
+            else:
+                found = ops.lookup_kernel(what, kind, dtype=dtype, arch=arch, **extra)
         finally:
             with lock:
                 building.pop(n)
@@ -86,7 +124,7 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
             "path": str(kernel.path),
         }
 
-    triton_jobs = sum(kind == "prefill" for kind, _ in jobs)  # prefill kernels are Triton builds
+    triton_jobs = sum(kind in TRITON_KINDS for kind, _ in jobs)
     with _quiet_cache_log(bar.drawn), bar:
         return build_workers.map_in_threads(
             lambda job: build(job[0], *job[1]), list(enumerate(jobs, 1)), triton_builds=triton_jobs
@@ -118,18 +156,30 @@ def _quiet_cache_log(quiet: bool):
 @click.option("--kind", type=click.Choice(["prefill", "decode", "all"]), default="all", show_default=True)
 @click.option("--page-size", type=int, default=16, show_default=True, help="Decode kernels' page size.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per kernel.")
-def command(pattern, arch, dtype, kind, page_size, as_json):
+@click.option(
+    "--model-kernels",
+    is_flag=True,
+    help="Also build the Phi-3-Small model's own kernels (GEMV, few-row GEMM, rotary, GeGeLU, norm).",
+)
+def command(pattern, arch, dtype, kind, page_size, as_json, model_kernels):
     """Compile (or fetch from the cache) every distinct kernel of a pattern."""
     model = load_pattern(pattern)
     arch = default_arch() if arch is None else arch  # '' is refused by check_arch, not defaulted
     kinds = ["prefill", "decode"] if kind == "all" else [kind]
-    if "decode" in kinds and page_size not in PAGE_SIZES:  # before any kernel is built
+    if ("decode" in kinds or model_kernels) and page_size not in PAGE_SIZES:  # before any kernel is built
         raise click.BadParameter(
             f"decode page size must be in {PAGE_SIZES.start}..{PAGE_SIZES.stop - 1}, got {page_size}",
             param_hint="'--page-size'",
         )
+    requests = []
+    if model_kernels:
+        from ..models.kernel_plan import model_kernel_requests
+
+        requests = model_kernel_requests(model_config(pattern), DTYPES[dtype], arch, page_size)
     start = time.perf_counter()
-    records = build_all(model, kinds, DTYPES[dtype], arch, page_size, as_json=as_json)
+    records = build_all(
+        model, kinds, DTYPES[dtype], arch, page_size, as_json=as_json, model_requests=requests
+    )
     total = time.perf_counter() - start
     if as_json:
         click.echo(json.dumps(records, indent=1))

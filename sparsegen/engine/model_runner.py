@@ -172,10 +172,10 @@ class ModelRunner:
         )
         self.kv_cache_bytes = need
         if model.device.type == "cuda" and model.fused:  # the model's fused rotary: build it now
-            from ..models import fused
+            from ..kernels.fused import rotary
 
             k0, v0 = self.cache.layers[0]
-            fused.warm_up_rotary(k0, v0, self.cache.scratch_page * page_size, cfg.group_size)
+            rotary.warm_up_rotary(k0, v0, self.cache.scratch_page * page_size, cfg.group_size)
         usable = self.cache.allocator.capacity
         log.info(
             "KV cache: %d pages of %d tokens = %d tokens (%.2f GiB) on %s",

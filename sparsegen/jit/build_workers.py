@@ -11,7 +11,7 @@ to import on that host), so builds run side by side. NVRTC releases the GIL and 
     # the workers (`using(...)` sets them for a context, copied into each thread)
 
 A worker reads one job per line on stdin and writes one reply per line on stdout (JSON; the
-built files base64-encoded). Its result is what `triton_build.compile_in_process` returns in the
+built files base64-encoded). Its result is what `triton_compile.compile_in_process` returns in the
 parent: the same function runs there. A worker that dies is reported as a CompileError naming
 its exit status and the end of its stderr; a worker is never reused after a failed exchange.
 """
@@ -35,6 +35,7 @@ from typing import TypeVar
 
 from ..errors import CompileError
 from ..log import get_logger
+from .triton_compile import compile_in_process
 
 log = get_logger(__name__)
 T, R = TypeVar("T"), TypeVar("R")
@@ -138,13 +139,11 @@ class BuildWorkers:
         return self._idle.get()
 
     def compile(self, job: dict) -> dict[str, bytes]:
-        """Run `triton_build.compile_in_process(job)` in a worker; its files by name. If no worker
+        """Run `triton_compile.compile_in_process(job)` in a worker; its files by name. If no worker
         process can be started at all, the build runs in this process (the same function)."""
         try:
             worker = self._take()
         except OSError as exc:
-            from .triton_build import compile_in_process
-
             log.warning("cannot start a Triton build worker (%s); building in this process", exc)
             return compile_in_process(job)
         try:
@@ -189,8 +188,6 @@ def map_in_threads(fn: Callable[[T], R], items: list[T], *, triton_builds: int) 
 
 def serve() -> None:
     """The worker's loop: one JSON job per stdin line, one JSON reply per stdout line."""
-    from .triton_build import compile_in_process
-
     out = sys.stdout
     sys.stdout = sys.stderr  # anything a build prints must not corrupt the reply stream
     for line in sys.stdin:

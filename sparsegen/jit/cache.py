@@ -166,7 +166,7 @@ def load_or_build(
             if jit_disabled():
                 raise JitDisabledError(
                     f"kernel {key.key} {found.problem} ({path}) and SPARSEGEN_DISABLE_JIT=1 forbids "
-                    "compiling it; run `sparsegen compile` first"
+                    "compiling it; run `sparsegen compile` first (with --model-kernels for the model's own kernels)"
                 )
             sweep_root(rfd, STALE_SECONDS)  # a build is seconds; listing the root is not
             with tfs.exclusive_lock(root, rfd, key.key + LOCK_SUFFIX, label, WAIT_NOTICE_SECONDS):

@@ -1,5 +1,6 @@
-"""The Triton toolchain: import a rendered module, compile one of its @triton.jit kernels ahead
-of time, and load the stored result back. Knows nothing about sparsity patterns or templates
+"""The Triton toolchain: compile one @triton.jit kernel of a rendered module ahead of time (here
+or in a build worker, `triton_compile.compile_in_process` either way), and load the stored
+result back. Knows nothing about sparsity patterns or templates
 (those live in `sparsegen.kernels.*_template`).
 
 `aot_compile` compiles for an arch without a GPU through
@@ -11,30 +12,12 @@ source, and `load_interpreted` imports its @triton.jit kernel.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-import tempfile
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
-from ..env import parse_arch
-from ..errors import CompileError
-
-
-def import_module(path: Path, name: str) -> ModuleType:
-    """Import a rendered kernel module from a file (Triton reads the jit functions' source)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise CompileError(f"cannot import the rendered kernel {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(name, None)
-        raise CompileError(f"the rendered kernel {path} does not import: {exc}") from exc
-    return module
+from . import build_workers
+from .triton_compile import compile_in_process, import_module
 
 
 def aot_compile(
@@ -42,62 +25,28 @@ def aot_compile(
     *,
     fn_name: str,
     signature: dict[str, str],
-    aligned: tuple[str, ...],
+    aligned: tuple[str, ...] = (),
     arch: str,
     options: dict[str, int],
     module_name: str,
     source_file: str,
     gluon: bool = False,
+    constexprs: dict[int, object] | None = None,
+    attrs: dict[int, list] | None = None,
 ) -> dict[str, bytes]:
     """Compile `fn_name` of the rendered module for `arch` (no GPU needed); Triton's files by name.
 
-    `signature` maps argument names (in order) to Triton types; the `aligned` ones are compiled
-    as divisible by 16, which the launcher must guarantee. `gluon`: the kernel is `@gluon.jit`.
-    Inside `build_workers.using(...)` the build runs in a worker process (the same function)."""
-    from . import build_workers
-
+    `signature` maps argument names (in order) to Triton types ("constexpr" for compile-time
+    arguments, whose values `constexprs` gives by argument index); the `aligned` ones are
+    compiled as divisible by 16, which the launcher must guarantee, and `attrs` gives any other
+    argument's Triton attributes by index. `gluon`: the kernel is `@gluon.jit`. Inside
+    `build_workers.using(...)` the build runs in a worker process (the same function)."""
     job = {"source": source, "fn_name": fn_name, "signature": dict(signature), "aligned": list(aligned),
            "arch": arch, "options": dict(options), "module_name": module_name, "source_file": source_file,
-           "gluon": gluon}  # fmt: skip
+           "gluon": gluon, "constexprs": sorted([i, v] for i, v in (constexprs or {}).items()),
+           "attrs": sorted([i, a] for i, a in (attrs or {}).items())}  # fmt: skip
     workers = build_workers.current()
     return workers.compile(job) if workers is not None else compile_in_process(job)
-
-
-def compile_in_process(job: dict) -> dict[str, bytes]:
-    """`aot_compile` in this process (also what a build worker runs); `job` holds its arguments."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    fn_name, signature, arch, module_name = job["fn_name"], job["signature"], job["arch"], job["module_name"]
-    names = list(signature)
-    with tempfile.TemporaryDirectory(prefix="sparsegen-build-") as tmp:
-        path = Path(tmp) / job["source_file"]
-        path.write_text(job["source"])
-        module = import_module(path, module_name)
-        try:
-            fn = getattr(module, fn_name)
-            attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in job["aligned"]}
-            if job["gluon"]:
-                from ..kernels.gluon_api import GluonASTSource
-
-                src = GluonASTSource(fn, signature, {}, attrs)
-            else:
-                src = ASTSource(fn, signature, constexprs={}, attrs=attrs)
-            try:
-                target = GPUTarget("cuda", parse_arch(arch), 32)
-                compiled = triton.compile(src, target=target, options=dict(job["options"]))
-            except Exception as exc:
-                kind = "Gluon kernel" if job["gluon"] else "kernel"
-                raise CompileError(
-                    f"Triton failed to compile the {kind} {fn_name} for {arch}: {exc}"
-                ) from exc
-        finally:
-            sys.modules.pop(module_name, None)
-    files = {Path(p).name: Path(p).read_bytes() for p in compiled.metadata_group.values()}
-    if not any(n.endswith(".cubin") for n in files) or not any(n.endswith(".json") for n in files):
-        raise CompileError(f"Triton's build for {arch} lacks a cubin or metadata: {sorted(files)}")
-    return files
 
 
 def load_compiled(files: dict[str, Path], signature: dict[str, str], source_file: str):

@@ -1,4 +1,5 @@
-"""The one kernel lifecycle every family shares: request -> memo -> render -> key -> cache -> kernel.
+"""The one kernel lifecycle every compiled kernel goes through: request -> memo -> render -> key ->
+disk cache -> kernel.
 
     req = KernelRequest.make("prefill", layer, dtype=torch.bfloat16, arch="sm_90")
     found = lookup(req)              # Lookup(kernel, status, seconds); status beside the kernel
@@ -6,27 +7,34 @@
 
 A lookup walks one way: `lookup` memo (per process) -> the family renders the source for the
 request -> `jit.cache.make_key` hashes that RENDERED source (so every input that decides the
-source -- template bytes and the Python computing its constants -- is in the key) -> the disk
-cache loads the entry or calls the family's `build` -> the family's `load` makes the kernel.
+source -- template bytes and the Python computing its constants -- is in the key) together
+with the request's params -> the disk cache loads the entry or calls the family's `build`
+(refused under SPARSEGEN_DISABLE_JIT=1, naming the kernel) -> the family's `load` makes the
+kernel.
 
-Families and variants. A family is one `Family` object per (kind, variant):
+A request is (kind, params, dtype, arch, variant); `params` is the family's frozen, validated
+description of everything else that decides the kernel. Families, one `Family` object per
+(kind, variant):
 
-    kind      variant   module                      toolchain
-    prefill   "tl"      sparsegen.kernels.prefill   Triton (`jit/triton_build.py`)
-    decode    "cuda"    sparsegen.kernels.decode    NVRTC (`jit/nvrtc_build.py`)
+    kind             variant  params                 module                         toolchain
+    prefill          "tl"     AttentionParams        kernels.prefill                Triton
+    prefill          "gluon"  AttentionParams        kernels.prefill_gluon          Triton (Gluon)
+    decode           "cuda"   AttentionParams        kernels.decode                 NVRTC
+    gemv             "triton" TritonParams           kernels.linear.gemv            Triton
+    gemm_rows        "cuda"   linear.gemm_rows.Build kernels.linear.gemm_rows       NVRTC
+    rotary_kv_write  "triton" TritonParams           kernels.fused.rotary           Triton
+    gegelu           "triton" TritonParams           kernels.fused.gegelu           Triton
+    add_norm         "triton" TritonParams           kernels.fused.add_norm         Triton
 
-A new variant of a kind (e.g. a Gluon prefill for sm_90, `variant="gluon"`) plugs in by:
-  1. a module `sparsegen/kernels/<name>.py` defining a `Family` subclass with `kind`, `variant`,
-     `check` (arches / dtypes / head dims it supports; raise InputError / ArchError),
-     `config`, `name`, `render`, `build` and `load`, and a `Kernel` subclass with `launch`;
-     the module ends with `register(TheFamily())`;
-  2. one line in `FAMILY_MODULES` below, so `lookup` imports the module on first use;
-  3. optionally a change to `default_variant`, the only place that picks a variant when the
-     caller does not (today: "tl" for prefill, "cuda" for decode).
-It then works through `sparsegen.get_kernel(layer, "prefill", dtype=..., variant="gluon")`,
-`sparsegen compile` and the cache with no other change. Launch-time validation is shared:
-`sparsegen.validate` checks every tensor once, with one alignment policy, before any family's
-`launch` runs.
+Attention requests come from `KernelRequest.make` (`sparsegen.get_kernel`); `knobs` there are
+template / config settings beyond a family's defaults (benchmarks, tests), part of the request
+and so of the key, cached like any other kernel. The model kernels' requests are made by their
+launchers (`kernels.triton_kernel`, `kernels.linear.gemm_rows`) with `KernelRequest.of`.
+
+A new family plugs in by a module defining a `Family` subclass (`kind`, `variant`, `check`,
+`config`, `name`, `render`, `build`, `required`, `load`; `spec_json` / `key_extra` if its params
+are not AttentionParams) that ends with `register(TheFamily())`, and one line in
+`FAMILY_MODULES` below, so `lookup` imports the module on first use.
 """
 
 from __future__ import annotations
@@ -45,20 +53,27 @@ from ..jit import cache
 from ..spec import LayerSpec
 
 INTERPRETER_ARCH = "interpreter"  # pseudo-arch of kernels that run in Triton's interpreter
-KINDS = ("prefill", "decode")
+KINDS = ("prefill", "decode")  # attention kinds (`sparsegen.get_kernel`)
+MODEL_KINDS = ("gemv", "gemm_rows", "rotary_kv_write", "gegelu", "add_norm")  # the model's kernels
 FAMILY_MODULES: dict[tuple[str, str], str] = {
     ("prefill", "tl"): "sparsegen.kernels.prefill",
     ("prefill", "gluon"): "sparsegen.kernels.prefill_gluon",
     ("decode", "cuda"): "sparsegen.kernels.decode",
+    ("gemv", "triton"): "sparsegen.kernels.linear.gemv",
+    ("gemm_rows", "cuda"): "sparsegen.kernels.linear.gemm_rows",
+    ("rotary_kv_write", "triton"): "sparsegen.kernels.fused.rotary",
+    ("gegelu", "triton"): "sparsegen.kernels.fused.gegelu",
+    ("add_norm", "triton"): "sparsegen.kernels.fused.add_norm",
 }
 DEFAULT_PAGE_SIZE = 16
 
 
 def default_variant(kind: str, arch: str, layer: LayerSpec | None = None, dtype: str | None = None) -> str:
     """The variant used when the caller names none: for prefill on sm_90, the Gluon kernel
-    whenever it covers the layer and dtype (SPARSEGEN_PREFILL_TL=1 keeps the tl kernel), else tl."""
+    whenever it covers the layer and dtype (SPARSEGEN_PREFILL_TL=1 keeps the tl kernel), else tl;
+    every other kind has one variant."""
     if kind != "prefill":
-        return "cuda"
+        return next(v for k, v in FAMILY_MODULES if k == kind)
     if arch == "sm_90" and layer is not None and not env.flag("SPARSEGEN_PREFILL_TL"):
         from . import gluon_api, prefill_gluon_template
 
@@ -67,20 +82,68 @@ def default_variant(kind: str, arch: str, layer: LayerSpec | None = None, dtype:
     return "tl"
 
 
+def checked_knobs(knobs: object) -> tuple[tuple[str, int], ...]:
+    """`knobs` (None or a dict of name -> int / bool) as a sorted tuple; the family checks the
+    names and values."""
+    if knobs is None:
+        return ()
+    if not isinstance(knobs, dict):
+        raise InputError(f"knobs must be a dict of name -> int, got {type(knobs).__name__}")
+    for name, value in knobs.items():
+        if not isinstance(name, str) or not isinstance(value, int):
+            raise InputError(f"knob {name!r} must be a str naming an int (or bool) value, got {value!r}")
+    return tuple(sorted(knobs.items()))
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """What decides an attention kernel besides dtype and arch."""
+
+    layer: LayerSpec
+    page_size: int  # decode: tokens per KV-cache page; prefill: 0
+    knobs: tuple[tuple[str, int], ...] = ()  # sorted (name, value): settings beyond the defaults
+
+    def to_json(self) -> str:
+        return self.layer.to_json()
+
+    def key_extra(self) -> dict[str, Any]:
+        """Key fields besides the spec: page_size, and the knobs when there are any (so a default
+        kernel's key is what it was before knobs existed)."""
+        extra: dict[str, Any] = {"page_size": self.page_size}
+        if self.knobs:
+            extra["knobs"] = dict(self.knobs)
+        return extra
+
+
 @dataclass(frozen=True)
 class KernelRequest:
-    """Everything that decides one kernel. Build it with `make`, which checks every field."""
+    """Everything that decides one kernel. Build it with `make` (attention) or `of` (any family),
+    which check every field."""
 
-    kind: str  # "prefill" | "decode"
-    layer: LayerSpec
+    kind: str  # one of KINDS or MODEL_KINDS
+    params: Any  # the family's frozen params (AttentionParams for prefill / decode)
     dtype: str  # dtype name: "bf16" | "fp16" (| "fp32" in the interpreter)
     arch: str  # "sm_90", ... or INTERPRETER_ARCH
-    page_size: int  # decode: tokens per KV-cache page; prefill: 0
-    variant: str  # "tl" (prefill), "cuda" (decode), or a registered variant
+    variant: str  # a registered variant of the kind
+
+    @property
+    def layer(self) -> LayerSpec:
+        return self.params.layer
+
+    @property
+    def page_size(self) -> int:
+        return self.params.page_size
+
+    @property
+    def knobs(self) -> dict[str, int]:
+        return dict(self.params.knobs)
 
     @classmethod
-    def make(cls, kind, layer, *, dtype, arch=None, page_size=None, variant=None) -> KernelRequest:
-        """A checked request; `arch=None` means this GPU's, or the interpreter under TRITON_INTERPRET."""
+    def make(
+        cls, kind, layer, *, dtype, arch=None, page_size=None, variant=None, knobs=None
+    ) -> KernelRequest:
+        """A checked attention request; `arch=None` means this GPU's, or the interpreter under
+        TRITON_INTERPRET for prefill."""
         if kind not in KINDS:
             raise InputError(f"kind must be one of {KINDS}, got {kind!r}")
         if not isinstance(layer, LayerSpec):
@@ -100,10 +163,19 @@ class KernelRequest:
         else:
             page_size = 0
         variant = default_variant(kind, arch, layer, name) if variant is None else variant
+        return cls.of(kind, AttentionParams(layer, page_size, checked_knobs(knobs)), dtype=name, arch=arch,
+                      variant=variant)  # fmt: skip
+
+    @classmethod
+    def of(cls, kind, params, *, dtype: str, arch: str, variant: str | None = None) -> KernelRequest:
+        """A request of any family, checked by that family (`Family.check`)."""
+        if kind not in KINDS + MODEL_KINDS:
+            raise InputError(f"kind must be one of {KINDS + MODEL_KINDS}, got {kind!r}")
+        variant = default_variant(kind, arch) if variant is None else variant
         if not isinstance(variant, str) or (kind, variant) not in FAMILY_MODULES:
             known = sorted(v for k, v in FAMILY_MODULES if k == kind)
             raise InputError(f"variant must be one of {known} for {kind} kernels, got {variant!r}")
-        request = cls(kind, layer, name, arch, page_size, variant)
+        request = cls(kind, params, dtype, arch, variant)
         family(request).check(request)
         return request
 
@@ -143,12 +215,23 @@ class Family(abc.ABC):
     source_file: str
 
     def check(self, request: KernelRequest) -> None:
-        """Refuse requests this family cannot build (typed errors); the default accepts all."""
-        return None
+        """Refuse requests this family cannot build (typed errors); the default refuses knobs."""
+        if isinstance(request.params, AttentionParams) and request.params.knobs:
+            raise InputError(f"{self.kind} kernels of variant {self.variant!r} take no knobs, got "
+                             f"{request.knobs}")  # fmt: skip
 
     def config(self, request: KernelRequest) -> dict[str, Any]:
         """Launch shape / tile sizes: ints only, pinned in the key."""
         return {}
+
+    def spec_json(self, request: KernelRequest) -> str:
+        """The canonical JSON of the request's params, hashed into the key."""
+        return request.params.to_json()
+
+    def key_extra(self, request: KernelRequest, config: dict[str, Any]) -> dict[str, Any]:
+        """The key's fields besides the spec, the source, the arch and the toolchain."""
+        return {"kind": request.kind, "variant": request.variant, "dtype": request.dtype, "config": config,
+                **request.params.key_extra()}  # fmt: skip
 
     @abc.abstractmethod
     def name(self, request: KernelRequest) -> str:
@@ -198,6 +281,16 @@ class Lookup:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Keyed:
+    """A request's rendered source and key, before any build (`key_of`)."""
+
+    key: cache.KernelKey
+    name: str
+    config: dict[str, Any]
+    source: str
+
+
 # The per-process memos (the only mutable state here, and caches): request -> kernel, and an
 # identity fast path (raw arguments with id(layer) -> layer, kernel), because hashing a 32-head
 # LayerSpec costs ~9 us, a request ~11 us, and a repeated get_kernel must stay <= 10 us.
@@ -206,9 +299,36 @@ _BY_ID: dict[tuple, tuple[LayerSpec, Any]] = {}
 
 
 def forget() -> None:
-    """Drop this process's kernels (both memos); the disk cache stays."""
+    """Drop this process's kernels (both memos); the disk cache stays. Launchers that memoise
+    loaded kernels themselves (the model kernels) drop theirs too."""
     _BY_REQUEST.clear()
     _BY_ID.clear()
+    for hook in _FORGET_HOOKS:
+        hook()
+
+
+_FORGET_HOOKS: list = []  # launchers' memo-clearing functions (`on_forget`)
+
+
+def on_forget(hook) -> None:
+    """Have `forget()` call `hook()` too (a launcher's own memo of loaded kernels)."""
+    _FORGET_HOOKS.append(hook)
+
+
+def key_of(request: KernelRequest) -> Keyed:
+    """Render the request's source and compute its key (nothing is built or read)."""
+    fam = family(request)
+    name = fam.name(request)
+    config = fam.config(request)
+    source = fam.render(request)
+    key = cache.make_key(
+        name,
+        spec_json=fam.spec_json(request),
+        template=source.encode(),  # the rendered source: template bytes + every Python constant
+        arch=request.arch,
+        extra=fam.key_extra(request, config),
+    )
+    return Keyed(key, name, config, source)
 
 
 def lookup(request: KernelRequest) -> Lookup:
@@ -218,25 +338,18 @@ def lookup(request: KernelRequest) -> Lookup:
     if hit is not None:
         return Lookup(hit, "memory", time.perf_counter() - start)
     fam = family(request)
-    name = fam.name(request)
-    config = fam.config(request)
-    source = fam.render(request)
-    key = cache.make_key(
-        name,
-        spec_json=request.layer.to_json(),
-        template=source.encode(),  # the rendered source: template bytes + every Python constant
-        arch=request.arch,
-        extra={"kind": request.kind, "variant": request.variant, "dtype": request.dtype,
-               "page_size": request.page_size, "config": config},
-    )  # fmt: skip
+    keyed = key_of(request)
+    key, name = keyed.key, keyed.name
     module_name = f"sparsegen_kernel_{key.digest[:24]}"
 
     def build():
-        files = {fam.source_file: source.encode(), **fam.build(request, source, module_name)}
+        files = {fam.source_file: keyed.source.encode(), **fam.build(request, keyed.source, module_name)}
         meta = {"kind": request.kind, "variant": request.variant, "name": name, "arch": request.arch,
-                "dtype": request.dtype, "config": config}  # fmt: skip
+                "dtype": request.dtype, "config": keyed.config}  # fmt: skip
         if request.kind == "decode":
             meta["page_size"] = request.page_size
+        if isinstance(request.params, AttentionParams) and request.params.knobs:
+            meta["knobs"] = request.knobs
         return files, meta
 
     def load(files: dict[str, Path]):
@@ -249,12 +362,13 @@ def lookup(request: KernelRequest) -> Lookup:
     return Lookup(found.value, found.status, time.perf_counter() - start)
 
 
-def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, with_status: bool = False):
+def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, knobs=None,
+        with_status: bool = False):  # fmt: skip
     """`sparsegen.get_kernel`: the memoised getter. A repeat with the same layer object is one
     dict lookup on raw arguments (identity-checked); anything else builds a checked request."""
     # The raw SPARSEGEN_PREFILL_TL value is part of the key: default_variant reads it.
     fast = (id(layer), kind, dtype, arch, page_size, variant, arch is None and env.interpreting(),
-            os.environ.get("SPARSEGEN_PREFILL_TL"))  # fmt: skip
+            os.environ.get("SPARSEGEN_PREFILL_TL"), checked_knobs(knobs))  # fmt: skip
     try:
         hit = _BY_ID.get(fast)
     except TypeError:  # an unhashable argument (a list...): KernelRequest.make names it
@@ -262,11 +376,16 @@ def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, wit
     if hit is not None and hit[0] is layer:
         return Lookup(hit[1], "memory", 0.0) if with_status else hit[1]
     found = lookup(
-        KernelRequest.make(kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant)
+        KernelRequest.make(
+            kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, knobs=knobs
+        )  # fmt: skip
     )
     if fast is not None:
         _BY_ID[fast] = (layer, found.kernel)
     return found if with_status else found.kernel
 
 
-__all__ = ["ArchError", "Family", "Kernel", "KernelRequest", "Lookup", "forget", "get", "lookup", "register"]
+__all__ = [
+    "ArchError", "AttentionParams", "Family", "Kernel", "KernelRequest", "Keyed", "Lookup", "forget", "get",
+    "key_of", "lookup", "on_forget", "register",
+]  # fmt: skip

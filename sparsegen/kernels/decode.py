@@ -21,7 +21,6 @@ and every used page id on the host first (one device->host copy) and raises Inpu
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -46,6 +45,7 @@ from .decode_template import (
     heads_per_block,
     kernel_name,
     render_source,
+    template_constants,
 )
 
 BLOCKS_PER_SM = 4  # resident blocks of the default build (128 registers x 4 warps)
@@ -170,7 +170,7 @@ def num_splits(rows: int, max_context: int, sm_count: int) -> int:
     which cost 29 % in the same shape at 8 x 32K (4 splits 194.8 us vs 8 splits 151.1 us,
     tune_decode_h200_s2_balanced.json). At 2 chunks (128 tokens) 1 x 8K took 64 splits, one
     wave, but 2-chunk splits are too short for their fixed cost (q load, warp merge, partial
-    store): the session-6 engine sweep at 1 x 8K (us per layer, CUDA-graph replays, with the
+    store): an engine sweep on the H200 at 1 x 8K (us per layer, CUDA-graph replays, with the
     separate reduce) gave, for the sparse layer, 32 splits 13.6, 48 -> 13.4, 64 -> 15.2, and for
     the dense layer 32 -> 13.7, 48 -> 13.2, 64 -> 13.3. A floor of 160 tokens picks 48 there (a
     table of 512-520 pages) and 24 at 1 x 4K; from 1 x 10.5K (2 x 5.3K) up the wave decides as
@@ -184,18 +184,6 @@ def num_splits(rows: int, max_context: int, sm_count: int) -> int:
     return 3 * p // 2 if p >= 2 and want >= 3 * p // 2 else p
 
 
-def compile_variant(layer: LayerSpec, *, dtype, page_size: int = 16, arch: str | None = None, **knobs: int):
-    """A kernel built with non-default template knobs, uncached (for benchmarks and tests)."""
-    request = KernelRequest.make("decode", layer, dtype=dtype, arch=arch, page_size=page_size)
-    name = kernel_name(layer, request.dtype, page_size) + "".join(
-        f"_{k}{v}" for k, v in sorted(knobs.items())
-    )
-    source = render_source(layer, request.dtype, page_size, **knobs)
-    cubin, _ = nb.compile_cubin(source, request.arch, name=f"{name}.cu")
-    fused_merge = knobs.get("fused_merge", DEFAULT_KNOBS["fused_merge"])
-    return DecodeKernel(request, f"{name}-uncached", name, Path("."), source, cubin, fused_merge=fused_merge)
-
-
 class CudaDecode(Family):
     kind = "decode"
     variant = "cuda"
@@ -207,12 +195,16 @@ class CudaDecode(Family):
             raise InputError(
                 f"page_size must be an int in {PAGE_SIZES.start}..{PAGE_SIZES.stop - 1}, got {ps!r}"
             )
+        if request.params.knobs:  # unknown or bad template knobs: InputError now, before any build
+            template_constants(request.layer, request.dtype, ps, **request.knobs)
 
     def name(self, request: KernelRequest) -> str:
-        return kernel_name(request.layer, request.dtype, request.page_size)
+        """kernel_name, with each template knob of the request spelled after it (`_fused_merge0`)."""
+        knobs = "".join(f"_{k}{int(v)}" for k, v in request.params.knobs)
+        return kernel_name(request.layer, request.dtype, request.page_size) + knobs
 
     def render(self, request: KernelRequest) -> str:
-        return render_source(request.layer, request.dtype, request.page_size)
+        return render_source(request.layer, request.dtype, request.page_size, **request.knobs)
 
     def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
         cubin, _log = nb.compile_cubin(source, request.arch, name=f"{self.name(request)}.cu")
@@ -227,7 +219,8 @@ class CudaDecode(Family):
             cubin = files["kernel.cubin"].read_bytes()
         except (KeyError, OSError) as exc:
             raise CompileError(f"cache entry {key} is missing a file: {exc}") from None
-        return DecodeKernel(request, key, self.name(request), path, source, cubin)
+        fused_merge = request.knobs.get("fused_merge", DEFAULT_KNOBS["fused_merge"])
+        return DecodeKernel(request, key, self.name(request), path, source, cubin, fused_merge=fused_merge)
 
 
 base.register(CudaDecode())
@@ -235,10 +228,12 @@ forget = base.forget
 
 
 def get_decode_kernel(
-    layer: LayerSpec, *, dtype, arch: str | None = None, page_size: int = 16
+    layer: LayerSpec, *, dtype, arch: str | None = None, page_size: int = 16, knobs: dict | None = None
 ) -> DecodeKernel:
-    """The compiled kernel for this layer, dtype, page size and arch (default: this GPU's)."""
-    return base.get("decode", layer, dtype=dtype, arch=arch, page_size=page_size)
+    """The compiled kernel for this layer, dtype, page size and arch (default: this GPU's);
+    `knobs` (benchmarks, tests) sets template knobs (decode_template.DEFAULT_KNOBS) and is part
+    of the request, so such a kernel is cached like the default one."""
+    return base.get("decode", layer, dtype=dtype, arch=arch, page_size=page_size, knobs=knobs)
 
 
 def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:

@@ -34,7 +34,7 @@ from ..errors import InputError
 MERGES = ("fused", "separate")
 # The fused merge's limit, in bytes of partials that the one merging block of a head group reads
 # (splits x heads_per_block x head_dim x 4): 16 KB = 8 splits for Phi-3-Small (4 heads x 128
-# dims). H200, session 6, lead's call 9 (`benchmarks/decode/tune_decode.py --merge-sweep`, us per launch,
+# dims). Measured on the H200 (`benchmarks/decode/tune_decode.py --merge-sweep`, us per launch,
 # fused / separate): at 32 x 8K the in-kernel merge wins at every split count up to 32 (2 splits,
 # the heuristic's pick: sparse 151.2 / 153.4, dense 265.2 / 268.0), but at 1 x 8K, where only 8
 # blocks merge and they do it after everything else, it loses from 16 splits on (16: 15.3 /

@@ -33,9 +33,9 @@ PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
 # compiles the in-kernel split merge (decode_merge); 0 gives the kernel as it was before that
 # merge existed, so a benchmark can check that the merge's code costs the other paths nothing.
 # merge_trigger: the separate merge kernel lets a PDL-launched kernel after it (the batch-1 O
-# GEMV, models.gemv) start at once, so its first weight tile loads during the merge.
+# GEMV, kernels.linear.gemv) start at once, so its first weight tile loads during the merge.
 # qk_accs: the QK product's k-steps go into this many independent accumulators (1, 2 or 4), so
-# each tile's serial chain of QK mma is KSTEPS / qk_accs long; 2 (the default since session 9)
+# each tile's serial chain of QK mma is KSTEPS / qk_accs long; 2 (the default)
 # measured 3.7 % faster on the dense layer at 32-64 x 8K and up to 1.6 % on the sparse one,
 # 4 spilled and lost (benchmarks/decode/NOTES.md).
 DEFAULT_KNOBS = {

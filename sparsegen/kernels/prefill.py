@@ -137,6 +137,7 @@ class TritonPrefill(Family):
     source_file = tpl.SOURCE_FILE
 
     def check(self, request: KernelRequest) -> None:
+        super().check(request)  # the tl kernel takes no knobs
         if request.dtype == "bf16" and request.arch == INTERPRETER_ARCH:
             raise ImplUnavailableError(
                 "Triton's interpreter computes tl.dot on bf16 wrongly; run it in fp16 or fp32, "

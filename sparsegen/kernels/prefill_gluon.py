@@ -15,16 +15,13 @@ head_dim 64 and 128, over K and V themselves (3-D, zero-filled past head_dim) fo
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import env
-from ..errors import ImplUnavailableError
+from ..errors import ImplUnavailableError, InputError
 from ..jit import triton_build
 from ..spec import LayerSpec
 from . import base, gluon_api
@@ -175,14 +172,21 @@ class GluonPrefill(Family):
         why = tpl.covers(request.layer, request.dtype)
         if why:
             raise ImplUnavailableError(f"the Gluon prefill kernel does not cover this layer: {why}")
+        unknown = sorted(set(request.knobs) - set(tpl.CONFIG))
+        if unknown:
+            raise InputError(f"unknown Gluon prefill config knobs {unknown}; known: {sorted(tpl.CONFIG)}")
+        if request.params.knobs:
+            self.config(request)  # a knob the layer cannot take: InputError before any build
 
     def config(self, request: KernelRequest) -> dict[str, Any]:
-        return tpl.config(request.layer)
+        return tpl.config(request.layer, **request.knobs)
 
     def name(self, request: KernelRequest) -> str:
+        """prefill_gluon_<dtype>_<shapes>_<pattern>, then each config knob of the request (`_stages2`)."""
         layer = request.layer
         shapes = f"hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}"
-        return f"prefill_gluon_{request.dtype}_{shapes}_{pattern_name(layer)}"
+        knobs = "".join(f"_{k}{int(v)}" for k, v in request.params.knobs)
+        return f"prefill_gluon_{request.dtype}_{shapes}_{pattern_name(layer)}{knobs}"
 
     def render(self, request: KernelRequest) -> str:
         return tpl.render_source(request.layer, request.dtype, self.config(request))
@@ -208,35 +212,8 @@ class GluonPrefill(Family):
 base.register(GluonPrefill())
 
 
-def compile_variant(layer: LayerSpec, *, dtype, **overrides) -> GluonPrefillKernel:
-    """A kernel built with non-default config knobs (tile, stages, persistence), uncached: for
-    benchmarks and tests. Its files stay in a temporary folder for the life of the process."""
-    request = KernelRequest.make("prefill", layer, dtype=dtype, arch=ARCH, variant="gluon")
-    cfg = tpl.config(layer, **overrides)
-    source = tpl.render_source(layer, request.dtype, cfg)
-    digest = hashlib.sha256(source.encode() + json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
-    files = {
-        SOURCE_FILE: source.encode(),
-        **aot_compile(source, layer, request.dtype, cfg, f"sg_gv_{digest}"),
-    }
-    folder = Path(tempfile.mkdtemp(prefix="sparsegen-gluon-variant-"))
-    for fname, data in files.items():
-        (folder / fname).write_bytes(data)
-    paths = {fname: folder / fname for fname in files}
-    entry = _load_compiled(paths, layer, request.dtype, cfg) if env.current_arch() == ARCH else paths
-    name = GluonPrefill().name(request) + "".join(f"_{k}{int(v)}" for k, v in sorted(overrides.items()))
-    return GluonPrefillKernel(request, f"{name}-{digest}-uncached", name, folder, source, cfg, entry)
-
-
 def get_gluon_prefill_kernel(layer: LayerSpec, *, dtype, **overrides) -> GluonPrefillKernel:
-    """The Gluon kernel for `layer` through the lifecycle (cached); with config overrides, an
-    uncached `compile_variant`."""
-    if not overrides:
-        return base.get("prefill", layer, dtype=dtype, arch=ARCH, variant="gluon")
-    memo = (layer, dtype, tuple(sorted(overrides.items())))
-    if memo not in _VARIANTS:
-        _VARIANTS[memo] = compile_variant(layer, dtype=dtype, **overrides)
-    return _VARIANTS[memo]
-
-
-_VARIANTS: dict[tuple, GluonPrefillKernel] = {}  # a cache of compile_variant's kernels, per process
+    """The Gluon kernel for `layer` through the lifecycle (cached); `overrides` (benchmarks,
+    tests: tile, stages, persistence, ...; keys of prefill_gluon_template.CONFIG) are the
+    request's knobs, so such a kernel is cached like the default one."""
+    return base.get("prefill", layer, dtype=dtype, arch=ARCH, variant="gluon", knobs=overrides or None)

@@ -60,8 +60,8 @@ def config(layer: LayerSpec, **overrides: Any) -> dict[str, Any]:
     """The tile shape and launch shape for `layer` (overrides are for benchmarks)."""
     cfg = dict(CONFIG)
     vertical = any(h.vert_stride and not h.dense for h in layer.heads)
-    # The rule, from session 4's interleaved sweeps on the H200 (benchmarks/prefill/bench_prefill_gluon.py
-    # --variants, benchmarks/results/HISTORY.md): 128-key tiles with 3 stages for every layer (dense 32K
+    # The rule, from interleaved sweeps on the H200 (benchmarks/prefill/bench_prefill_gluon.py
+    # --variants, docs/performance.md): 128-key tiles with 3 stages for every layer (dense 32K
     # 15.66 -> 14.61 ms, window 4096 at 32K 3.87 -> 3.63 ms against 64-key tiles); layers with
     # vertical-stride heads build each tile from two 64-key chunks (`vpair`: their vertical blocks
     # are 64 tokens), one program per work item, KV-head-major order (64-key tiles in that order:

@@ -11,11 +11,14 @@ from torch import nn
 
 from .. import ops
 from ..errors import InputError
+from ..kernels.fused import rotary as rotary_kernel
+from ..kernels.launch_target import pdl_allowed
+from ..kernels.linear import gemm_rows as rows_kernel
 from ..spec import LayerSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
 from .kv_write import read_kv, write_kv
-from .layers import Linear, fast_kernels, fused_ops, linear, rows_gemm
+from .layers import Linear, fast_kernels, linear, rows_gemm
 from .options import ModelOptions
 from .rope import RopeWrite, Rotary
 
@@ -33,7 +36,7 @@ def _decode_pdl(q: torch.Tensor) -> bool:
     Measured on the H200 (`benchmarks/engine/ab_decode_step.py`, alternating engines, 8K context): batch 1
     5.019 / 5.011 -> 4.957 / 4.956 ms per step, but batch 32 11.05 -> 11.49 / 11.51 ms, hence
     the row limit (2 to 31 not measured)."""
-    return q.is_cuda and fused_ops().pdl_allowed(q.device, q.shape[0], DECODE_PDL_MAX_ROWS)
+    return q.is_cuda and pdl_allowed(q.device, q.shape[0], DECODE_PDL_MAX_ROWS)
 
 
 class Attention(nn.Module):
@@ -106,10 +109,10 @@ class Attention(nn.Module):
         rows only (each the last token of its sequence, so a decode over the cache just written)."""
         if rows_gemm(self.query_key_value, x, self.fused) and self.rope_fusable(batch, kv_cache):
             # 2..32 decode tokens: one kernel for QKV, the rotary and the K/V cache write (gemm_rows)
-            from .gemm_rows import gemm_rows
-
             rope = RopeWrite(cos, sin, self.group, kv_cache[0], kv_cache[1], batch.slot_mapping)
-            q = gemm_rows(x, self.query_key_value.weight, self.query_key_value.bias, rope=rope)  # [T, H * D]
+            q = rows_kernel.gemm_rows(
+                x, self.query_key_value.weight, self.query_key_value.bias, rope=rope
+            )  # [T, H * D]
             return self.decode_rotated(q, batch, kv_cache)
         qkv = linear(self.query_key_value, x, self.gemv, self.fused)  # [T, (H + 2 Hkv) * D]
         return self.attend(qkv, cos, sin, batch, kv_cache, rows)
@@ -133,9 +136,9 @@ class Attention(nn.Module):
             raise InputError("attention from the sampled rows only needs a KV cache written by this batch "
                              "and batch.sampled_block_tables / sampled_seq_lens")  # fmt: skip
         if (
-            self.fused and fast_kernels(qkv) and fused_ops().supports_rotary(qkv)
+            self.fused and fast_kernels(qkv) and rotary_kernel.supports_rotary(qkv)
         ):  # one kernel: rotary, split, cache write
-            q, k, v = fused_ops().rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
+            q, k, v = rotary_kernel.rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
         else:
             q = Rotary.apply(qkv[:, :, :g].reshape(t, h, d), cos, sin)  # [T, H, D]
             k = Rotary.apply(qkv[:, :, g], cos, sin)  # [T, Hkv, D]

@@ -1,7 +1,9 @@
 """The building blocks of the Phi-3-Small modules (models.phi3small): uninitialised Linear and
-Embedding (with Linear's in-major weight storage), where a linear layer runs (cuBLAS or the
-Triton GEMV), the residual add + LayerNorm, GeGeLU, and the lazy import of the fused Triton
-kernels. Activations are `[T, features]` for the T tokens of a batch.
+Embedding (with Linear's in-major weight storage), where a linear layer runs (cuBLAS, the
+Triton GEMV or the few-row CUDA GEMM: `ROWS_LAYERS`), the residual add + LayerNorm and GeGeLU.
+The kernels themselves are `sparsegen.kernels.linear` and `sparsegen.kernels.fused`; this is
+the policy of when the model uses them. Activations are `[T, features]` for the T tokens of a
+batch.
 """
 
 from __future__ import annotations
@@ -10,13 +12,19 @@ import torch
 from torch import nn
 
 from .. import ops
+from ..kernels.fused import add_norm as add_norm_kernel
+from ..kernels.linear import gemm_rows as rows_kernel
+from ..kernels.linear import gemv as gemv_kernel
 
-
-def fused_ops():
-    """sparsegen.models.fused, imported on first use on a GPU (it defines Triton kernels)."""
-    from . import fused
-
-    return fused
+# The weights ([out, in]) that the model runs through the few-row GEMM (`kernels.linear.gemm_rows`)
+# at 2..32 rows (`rows_gemm`), from one-process A/Bs of 7b batch-32 steps on the H200
+# (`benchmarks/engine/ab_decode_step.py`):
+# - up_proj with GeGeLU fused in: 0.05 ms faster than cuBLAS + the GeGeLU kernel;
+# - QKV, at a decode step with the rotary and K/V write fused in: 0.027 ms more;
+# - the output projection with the x-resident tile: 0.013-0.024 ms more (10.671 / 10.682 ->
+#   10.658 / 10.658 ms; with the ring tile it lost 0.08 ms).
+# down_proj loses there (+0.43 ms). Empty: cuBLAS.
+ROWS_LAYERS = {(28672, 4096), (6144, 4096), (4096, 4096)}
 
 
 def gegelu(x: torch.Tensor, limit: float) -> torch.Tensor:
@@ -79,34 +87,28 @@ def gemv_layer(layer: nn.Module, on: bool, x: torch.Tensor) -> bool:
 
 
 def rows_gemm(layer: nn.Module, x: torch.Tensor, fused: bool) -> bool:
-    """Whether `layer(x)` runs as `models.gemm_rows` (the few-row CUDA linear): eagerly on an
-    sm_90 GPU for 2..32 bf16 / fp16 rows of x that the kernel can read, a plain nn.Linear whose
-    weight rows are contiguous, a weight shape that `gemm_rows.ROWS_LAYERS` lists, and `fused`
-    (not the plain reference model)."""
+    """Whether `layer(x)` runs as `kernels.linear.gemm_rows` (the few-row CUDA linear): eagerly
+    on an sm_90 GPU for 2..32 bf16 / fp16 rows of x that the kernel can read, a plain nn.Linear
+    whose weight rows are contiguous, a weight shape that `ROWS_LAYERS` lists, and `fused` (not
+    the plain reference model)."""
     if not fused or not fast_kernels(x) or x.dim() != 2 or not 2 <= x.shape[0] <= 32:
         return False
     if not isinstance(layer, nn.Linear) or x.dtype not in (torch.bfloat16, torch.float16):
         return False  # a tensor-parallel layer, or an fp32 model: cuBLAS
-    from . import gemm_rows
-
     w = layer.weight
-    if tuple(w.shape) not in gemm_rows.ROWS_LAYERS or w.dtype != x.dtype:
+    if tuple(w.shape) not in ROWS_LAYERS or w.dtype != x.dtype:
         return False
-    return gemm_rows.operand_ok(x) and gemm_rows.operand_ok(w) and gemm_rows.supported(x.device)
+    return rows_kernel.operand_ok(x) and rows_kernel.operand_ok(w) and rows_kernel.supported(x.device)
 
 
 def linear(layer: nn.Module, x: torch.Tensor, gemv: bool, fused: bool = False) -> torch.Tensor:
     """layer(x); x: [T, in] -> [T, out]. With `gemv` a single row through a plain nn.Linear goes
     through the Triton GEMV (a tensor-parallel layer, which also communicates, runs itself); with
-    `fused`, 2..32 rows through `models.gemm_rows` where `rows_gemm` says so."""
+    `fused`, 2..32 rows through `kernels.linear.gemm_rows` where `rows_gemm` says so."""
     if gemv_layer(layer, gemv, x):
-        from .gemv import gemv as triton_gemv
-
-        return triton_gemv(x, layer.weight, layer.bias)
+        return gemv_kernel.gemv(x, layer.weight, layer.bias)
     if rows_gemm(layer, x, fused):
-        from .gemm_rows import gemm_rows
-
-        return gemm_rows(x, layer.weight, layer.bias)
+        return rows_kernel.gemm_rows(x, layer.weight, layer.bias)
     return layer(x)
 
 
@@ -115,9 +117,9 @@ def add_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual); with no residual yet, (norm(x), x). x, residual: [T, hidden].
     fused: one Triton kernel (GPU) instead of an add and a LayerNorm, same rounding points;
-    trigger: it lets the PDL-launched kernel after it start early (`fused.add_layer_norm`)."""
+    trigger: it lets the PDL-launched kernel after it start early (`add_norm.add_layer_norm`)."""
     if fused and fast_kernels(x):
-        return fused_ops().add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, trigger=trigger)
+        return add_norm_kernel.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, trigger=trigger)
     if residual is not None:
         x = x + residual
     return norm(x), x

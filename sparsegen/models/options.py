@@ -35,7 +35,7 @@ class ModelOptions:
     force_dense: bool = False  # every layer dense (same weights), for comparison
     attn_impl: str | None = None  # a key of ATTN_IMPLS
     dummy_token_indices: tuple[int, ...] = ()  # ids whose logits are masked, when config.json has none
-    # Batch-1 linear layers through sparsegen's Triton GEMV (`models.gemv`: the residual adds and
+    # Batch-1 linear layers through sparsegen's Triton GEMV (`kernels.linear.gemv`: the residual adds and
     # LayerNorms inside the QKV, up_proj and lm_head GEMVs, GeGeLU inside up_proj's, the rotary
     # and K/V cache write inside QKV's at a decode step) instead of cuBLAS, on a GPU (or in
     # Triton's interpreter). None: on for a CUDA device, not for the reference model (`gemv_on`).

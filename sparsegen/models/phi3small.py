@@ -15,6 +15,9 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from ..kernels.fused import gegelu as gegelu_kernel
+from ..kernels.linear import gemm_rows as rows_kernel
+from ..kernels.linear import gemv as gemv_kernel
 from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .attention import Attention, KVCacheLayer
@@ -25,7 +28,6 @@ from .layers import (
     Linear,
     add_norm,
     fast_kernels,
-    fused_ops,
     gegelu,
     gemv_layer,
     gemv_row,
@@ -84,18 +86,18 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
         if gemv_row(self.gemv, x):  # one kernel: up_proj, its bias and GeGeLU
-            from .gemv import gemv as triton_gemv
-
-            act = triton_gemv(x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit)  # [1, F]
+            act = gemv_kernel.gemv(
+                x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit
+            )  # [1, F]
             return linear(self.down_proj, act, True)
         if rows_gemm(self.up_proj, x, self.fused):  # 2..32 rows: one kernel, up_proj and GeGeLU
-            from .gemm_rows import gemm_rows
-
-            act = gemm_rows(x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit)  # [T, F]
+            act = rows_kernel.gemm_rows(
+                x, self.up_proj.weight, self.up_proj.bias, gegelu_limit=self.limit
+            )  # [T, F]
             return linear(self.down_proj, act, False, self.fused)
         up = self.up_proj(x)  # [T, 2 * F], gate and linear columns interleaved
         if self.fused and fast_kernels(x):
-            act = fused_ops().gegelu(up, self.limit)  # [T, F]
+            act = gegelu_kernel.gegelu(up, self.limit)  # [T, F]
         else:
             act = gegelu(up, self.limit)
         return linear(self.down_proj, act, False, self.fused)
@@ -146,8 +148,7 @@ class DecoderLayer(nn.Module):
         """One row through the Triton GEMV (`ModelOptions.triton_gemv`): each residual add and
         LayerNorm happen inside the GEMV that reads their output (QKV, then up_proj + GeGeLU), and
         at a decode step the rotary and the K/V cache write inside the QKV GEMV as well."""
-        from .gemv import gemv
-
+        gemv = gemv_kernel.gemv
         attn, mlp = self.self_attn, self.mlp
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         w, b, norm = (
@@ -269,9 +270,9 @@ class Phi3SmallForCausalLM(nn.Module):
             x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
         final = self.model.final_layernorm
         if gemv_layer(self.lm_head, self.gemv, x):  # final add + LN inside the GEMV
-            from .gemv import gemv
-
-            out, _ = gemv(x, self.lm_head.weight, None, norm=(residual, final.weight, final.bias, final.eps))
+            out, _ = gemv_kernel.gemv(
+                x, self.lm_head.weight, None, norm=(residual, final.weight, final.bias, final.eps)
+            )
         else:
             x, _ = add_norm(final, x, residual, self.fused)
             out = self.lm_head(x)

@@ -1,7 +1,7 @@
 """Decode-step linear layers at batch 2..32 as CUDA kernels: `x @ W.T + b` for up to 32 rows.
 
 At 32 rows a 7b decode step's linear layers still only read their weights once (15.6 GB), but
-cuBLAS's kernels for these shapes lose 3-6 us each to their start and end (H200, session 10:
+cuBLAS's kernels for these shapes lose 3-6 us each to their start and end (measured on the H200:
 qkv 18 us against an 11.8 us copy-rate floor, O 12.2 against 7.9). These kernels (templates
 gemm_rows.cu.jinja and gemm_rows_resident.cu.jinja, helpers in gemm_rows_common.cuh.jinja) split
 K over the blocks of a thread-block cluster so that about one block per SM streams its slab of
@@ -14,139 +14,41 @@ decode step's rotary and K/V cache write for QKV (`RopeWrite`).
     act = gemm_rows(x, w_up, b_up, gegelu_limit=20)  # -> [M, N / 2]
     q = gemm_rows(x, w_qkv, b_qkv, rope=RopeWrite(cos, sin, group, k_cache, v_cache, slots))
 
-One build per `Build` (shape, dtype, tile, epilogue), rendered and compiled with NVRTC on first
-use (0.2-0.9 s each on the CPU machine) and kept for the process. sm_90 only: clusters and the
-PDL instructions need Hopper. Which of the model's linears use it: ROWS_LAYERS (`layers.rows_gemm`).
+One kernel per `Build` (shape, dtype, tile, epilogue): a request of the lifecycle (`kernels.base`,
+family "gemm_rows"), rendered, compiled with NVRTC for sm_90 (0.2-0.9 s each on a CPU), cached
+on disk and loaded once per device; `lookup(build)` builds one ahead of time. sm_90 only:
+clusters and the PDL instructions need Hopper. Which of the model's linears use it is the
+model's policy (`models.layers.ROWS_LAYERS`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from .. import dtypes, env
-from ..env import parse_arch
-from ..errors import InputError
-from ..jit import nvrtc_build as nb
-from ..jit.render import render
-from .rope import RopeWrite
+from ... import dtypes, env
+from ...env import parse_arch
+from ...errors import CompileError, InputError
+from ...jit import nvrtc_build as nb
+from ...jit import render as jit_render
+from .. import base
+from ..base import Family, Kernel, KernelRequest
+from .gemm_rows_tiles import MAX_ROWS, TUNED_ROPE_TILES, Tile, tile_for
+from .rope_write import RopeWrite
 
 KERNEL = "sparsegen_gemm_rows"
-MAX_ROWS = 32  # rows of x one launch takes (the tile's MMA N side)
 ARCH = "sm_90"
-
-
-@dataclass(frozen=True)
-class Tile:
-    """block_n: W rows per block; block_k: K per ring stage; split: blocks per cluster, each
-    taking K / split; stages: ring depth. Two kernels:
-    - x_resident=False (templates/gemm_rows.cu.jinja): stages of [block_n, block_k] W + [32,
-      block_k] x, one warp per 32 W rows;
-    - x_resident=True (gemm_rows_resident.cu.jinja): x's [32, K / split] slice stays in shared
-      memory and stages are [32, block_k] of W, 64 columns per warp, 32 W rows at a time."""
-
-    block_n: int
-    block_k: int
-    split: int
-    stages: int
-    x_resident: bool = False
-    rows_per_warp: int = 32  # ring kernel only: 32 (two m16 tiles per warp) or 16 (one; twice the warps)
-
-    @property
-    def template(self) -> str:
-        return "gemm_rows_resident.cu.jinja" if self.x_resident else "gemm_rows.cu.jinja"
-
-    def threads(self) -> int:
-        return 32 * (self.block_k // 64) if self.x_resident else 32 * self.block_n // self.rows_per_warp
-
-    def smem_bytes(self, k: int, elem_bytes: int = 2) -> int:
-        b, bk = self.block_n, self.block_k
-        if not self.x_resident:  # the partials reuse the ring (checked below)
-            return self.stages * (b + MAX_ROWS) * bk * elem_bytes
-        x_slice = MAX_ROWS * (k // self.split) * elem_bytes
-        warp_sums = (bk // 64) * 32 * 33 * 4
-        part = MAX_ROWS * (b + (36 - b % 32) % 32) * 4  # the partials, [32][block_n + pad] float32
-        return x_slice + self.stages * 32 * bk * elem_bytes + warp_sums + part
-
-    def check(self, n: int, k: int) -> None:
-        """InputError unless this tile divides an [n, k] weight and fits one SM."""
-        b, bk, s, st = self.block_n, self.block_k, self.split, self.stages
-        for name, value in (("block_n", b), ("block_k", bk), ("split", s), ("stages", st)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"tile {name} must be a positive int, got {value!r}")
-        if self.rows_per_warp not in (16, 32) or (self.x_resident and self.rows_per_warp != 32):
-            raise InputError(f"tile {self}: rows_per_warp must be 32, or 16 in the ring kernel")
-        if self.threads() > 1024:
-            raise InputError(f"tile {self} needs {self.threads()} threads per block (> 1024)")
-        if b % 32 or b > 1024 or bk % 64 or bk > 1024 or s not in (1, 2, 4, 8) or st < 2:
-            raise InputError(f"tile {self} needs block_n % 32 == 0 (<= 1024), block_k % 64 == 0 (<= 1024), "
-                             "split in (1, 2, 4, 8), stages >= 2")  # fmt: skip
-        if n % b or k % (s * bk) or b % s:
-            raise InputError(f"tile {self} does not divide a [{n}, {k}] weight")
-        part = MAX_ROWS * (b + (36 - b % 32) % 32) * 4
-        if not self.x_resident and part > self.smem_bytes(k):
-            raise InputError(f"tile {self}: the [32, {b}] float32 partials do not fit in its ring")
-        if self.smem_bytes(k) > SMEM_LIMIT:
-            raise InputError(f"tile {self} needs {self.smem_bytes(k)} B of shared memory (> {SMEM_LIMIT})")
-
-
-SMEM_LIMIT = 227 * 1024  # an sm_90 block's dynamic shared memory at most
-# (N, K) of the 7b decode step's linears -> the fastest tile measured at 32 rows with PDL (H200,
-# session 10, `benchmarks/linear/bench_gemm_rows.py --diag` / `--sweep`, calls 9 and 13; cuBLAS in
-# brackets, calls 2-3 and 13):
-TUNED_TILES = {
-    (6144, 4096): Tile(96, 128, 2, 4, rows_per_warp=16),  # qkv: 64 clusters of 2, 17.0 us (18.0)
-    (4096, 4096): Tile(64, 256, 2, 4, x_resident=True),  # dense (O): 12.4 us (12.1-12.4), call 13
-    (28672, 4096): Tile(224, 128, 1, 3),  # up_proj: 128 single blocks, 57.4 us (60.1-62.3)
-    (4096, 14336): Tile(64, 128, 2, 4, rows_per_warp=16),  # down_proj: 35.2 us (31.0-32.0)
-}
-# The same for the decode QKV with the rotary and K/V write fused in (`rope=`): its tile must hold
-# whole heads (block_n % head_dim == 0). Session 10, call 11 (`bench_gemm_rows.py --rope`, 32
-# rows): 19.3 us against 21.5 for cuBLAS + fused.rotary_qkv; (128, 128, 4, 2) 19.7, (256, 64, 4,
-# 3) 21.2, (128, 128, 2, 4) 22.5.
-TUNED_ROPE_TILES = {(6144, 4096): Tile(128, 64, 4, 4, rows_per_warp=16)}
-# The weights ([out, in]) that the model runs through gemm_rows at 2..32 rows (`layers.rows_gemm`),
-# from one-process A/Bs of 7b batch-32 steps (`ab_decode_step.py`, session 10):
-# - up_proj with GeGeLU fused in: 0.05 ms faster than cuBLAS + the GeGeLU kernel (call 5);
-# - QKV, at a decode step with the rotary and K/V write fused in: 0.027 ms more (call 11);
-# - the output projection with the x-resident tile: 0.013-0.024 ms more (session 11, call 2:
-#   10.671 / 10.682 -> 10.658 / 10.658 ms; with session 10's ring tile it lost 0.08 ms, call 10).
-# down_proj loses there (session 10, call 10: +0.43 ms). Empty: cuBLAS.
-ROWS_LAYERS = {(28672, 4096), (6144, 4096), (4096, 4096)}
-
-
-def tile_for(n: int, k: int, head_dim: int = 0, sm_count: int = 132) -> Tile:
-    """TUNED_TILES's tile, else the one that fills the SMs' waves best (fewest splits, then the
-    widest block_n; with `head_dim`, for the rotary epilogue: block_n a multiple of it): untimed."""
-    tuned = None if head_dim else TUNED_TILES.get((n, k))
-    if tuned is not None:
-        return tuned
-    best, best_score = None, None
-    for split in (1, 2, 4, 8):
-        for block_n in range(32, 257, 32):
-            tile = Tile(block_n, 64, split, 4)
-            try:
-                tile.check(n, k)
-            except InputError:
-                continue
-            if head_dim and block_n % head_dim:
-                continue
-            blocks = n // block_n * split
-            waves = -(-blocks // sm_count)
-            score = (blocks / (waves * sm_count), -split, block_n)
-            if best_score is None or score > best_score:
-                best, best_score = tile, score
-    if best is None:
-        raise InputError(f"no gemm_rows tile divides a [{n}, {k}] weight (N % 32 and K % 64 must be 0)")
-    return best
+SOURCE_FILE = "kernel.cu"
 
 
 @dataclass(frozen=True)
 class Build:
-    """Everything that decides one compiled kernel (and the key of its module)."""
+    """Everything that decides one compiled kernel: the request's params."""
 
     n: int  # W rows
     k: int  # W columns
@@ -157,7 +59,8 @@ class Build:
     rope: tuple[int, int] | None = None  # (head_dim, group): the decode QKV epilogue (RopeWrite)
     skip_mma: bool = False  # benchmarks only (wrong results): the ring kernel streams its tiles, no math
 
-    def source(self) -> str:
+    def check(self) -> None:
+        """InputError for a tile that does not fit the shape or a bad epilogue."""
         self.tile.check(self.n, self.k)
         if self.gegelu and self.rope:
             raise InputError("gemm_rows: GeGeLU and rotary epilogues are exclusive")
@@ -165,37 +68,124 @@ class Build:
         if self.rope and (d & (d - 1) or self.tile.block_n % d or self.n % ((g + 2) * d)):
             raise InputError(f"gemm_rows rope: head_dim {d} must be a power of two dividing block_n "
                              f"({self.tile.block_n}) and N = {self.n} a multiple of (group + 2) * head_dim")  # fmt: skip
+
+    def source(self) -> str:
+        """The rendered CUDA source (checked first)."""
+        self.check()
+        d, g = self.rope or (2, 1)
         row = dtypes.resolve(self.dtype, kernel=True)
         t = self.tile
-        return render(
+        return jit_render.render(
             t.template, n=self.n, k=self.k, dtype=row.name, ctype=row.ctype, block_n=t.block_n, block_k=t.block_k,
             split=t.split, stages=t.stages, has_bias=int(self.has_bias), gegelu=int(self.gegelu),
             rope=int(self.rope is not None), head_dim=d, group=g, rows_per_warp=t.rows_per_warp,
             skip_mma=int(self.skip_mma),
         )  # fmt: skip
 
-    def cubin(self, arch: str = ARCH) -> bytes:
-        """Compiled with NVRTC for `arch` (no GPU needed)."""
-        name = f"gemm_rows_{self.dtype}_n{self.n}_k{self.k}.cu"
-        return nb.compile_cubin(self.source(), arch, name=name)[0]
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    def key_extra(self) -> dict:
+        return {}
 
 
-_MODULES: dict[tuple, nb.CubinModule] = {}  # (Build, device index) -> loaded module
-_LOCK = threading.Lock()
+class GemmRowsKernel(Kernel):
+    """The compiled kernel of one Build; `module(device)` loads it there once."""
+
+    def __init__(self, request, key, name, path, source, cubin: bytes) -> None:
+        super().__init__(request, key, name, path, source)
+        self.cubin = cubin
+        self._modules: dict[int, nb.CubinModule] = {}
+        self._lock = threading.Lock()
+
+    def module(self, device: torch.device) -> nb.CubinModule:
+        mod = self._modules.get(device.index)
+        if mod is None:
+            with self._lock:
+                mod = self._modules.get(device.index)
+                if mod is None:
+                    build = self.request.params
+                    with torch.cuda.device(device):
+                        mod = nb.CubinModule(self.cubin, (KERNEL,))
+                        mod.allow_shared_memory(KERNEL, build.tile.smem_bytes(build.k))
+                    self._modules[device.index] = mod
+        return mod
+
+    def launch(self, *args, **kwargs):
+        raise InputError("launch a gemm_rows kernel through linear.gemm_rows.gemm_rows")
+
+
+class GemmRowsFamily(Family):
+    kind = "gemm_rows"
+    variant = "cuda"
+    source_file = SOURCE_FILE
+
+    def check(self, request: KernelRequest) -> None:
+        build = request.params
+        if not isinstance(build, Build):
+            raise InputError(f"gemm_rows kernels take a linear.gemm_rows.Build, got {type(build).__name__}")
+        if parse_arch(request.arch) // 10 != 9:
+            raise InputError(f"gemm_rows kernels are built for sm_90 (clusters, PDL), not {request.arch}")
+        if request.dtype != build.dtype:
+            raise InputError(
+                f"gemm_rows: the request's dtype {request.dtype} is not the build's {build.dtype}"
+            )
+        build.check()
+
+    def name(self, request: KernelRequest) -> str:
+        b, t = request.params, request.params.tile
+        tile = f"t{t.block_n}x{t.block_k}x{t.split}x{t.stages}" + (
+            "_xres" if t.x_resident else f"_r{t.rows_per_warp}"
+        )
+        epilogue = "_gegelu" if b.gegelu else f"_rope{b.rope[0]}g{b.rope[1]}" if b.rope else ""
+        flags = ("" if b.has_bias else "_nobias") + ("_skipmma" if b.skip_mma else "")
+        return f"gemm_rows_{b.dtype}_n{b.n}_k{b.k}_{tile}{epilogue}{flags}"
+
+    def render(self, request: KernelRequest) -> str:
+        return request.params.source()
+
+    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+        cubin, _log = nb.compile_cubin(source, request.arch, name=f"{self.name(request)}.cu")
+        return {"kernel.cubin": cubin}
+
+    def required(self, request: KernelRequest) -> tuple[str, ...]:
+        return (SOURCE_FILE, "kernel.cubin")
+
+    def load(self, request, files: dict[str, Path], key: str, path: Path, module_name: str) -> GemmRowsKernel:
+        try:
+            source = files[SOURCE_FILE].read_text()
+            cubin = files["kernel.cubin"].read_bytes()
+        except (KeyError, OSError) as exc:
+            raise CompileError(f"cache entry {key} is missing a file: {exc}") from None
+        return GemmRowsKernel(request, key, self.name(request), path, source, cubin)
+
+
+base.register(GemmRowsFamily())
+
+
+def lookup(build: Build, arch: str = ARCH) -> base.Lookup:
+    """The kernel of `build` through the lifecycle (memo, disk cache, NVRTC; no GPU needed)."""
+    return base.lookup(KernelRequest.of("gemm_rows", build, dtype=build.dtype, arch=arch))
+
+
+_MODULES: dict[tuple, nb.CubinModule] = {}  # (Build, device index) -> loaded module: the launch's memo
+base.on_forget(_MODULES.clear)
 
 
 def _module(build: Build, device: torch.device) -> nb.CubinModule:
-    key = (build, device.index)
-    mod = _MODULES.get(key)
-    if mod is None:
-        with _LOCK:
-            mod = _MODULES.get(key)
-            if mod is None:
-                with torch.cuda.device(device):
-                    mod = nb.CubinModule(build.cubin(), (KERNEL,))
-                    mod.allow_shared_memory(KERNEL, build.tile.smem_bytes(build.k))
-                _MODULES[key] = mod
+    mod = _MODULES.get((build, device.index))
+    if mod is None:  # InputError for a bad tile or epilogue (the request's check), before any build
+        mod = _MODULES[(build, device.index)] = lookup(build).kernel.module(device)
     return mod
+
+
+def build_for(n: int, k: int, dtype: str, has_bias: bool = True, gegelu: bool = False, rope=None, tile=None,
+              skip_mma: bool = False) -> Build:  # fmt: skip
+    """The Build a launch of an [n, k] weight makes: `tile`, else TUNED_ROPE_TILES or tile_for
+    (whole heads per tile with the rotary epilogue, `rope` = (head_dim, group))."""
+    if tile is None:
+        tile = TUNED_ROPE_TILES.get((n, k)) or tile_for(n, k, rope[0]) if rope else tile_for(n, k)
+    return Build(n, k, dtype, tile, has_bias, gegelu, rope, bool(skip_mma))
 
 
 def supported(device: torch.device) -> bool:
@@ -256,10 +246,10 @@ def gemm_rows(
     float32 sums, the bias added before the one rounding. `tile` overrides tile_for; `pdl`
     (default: where `env.supports_pdl`) launches with programmatic dependent launch. Epilogues:
     - `gegelu_limit`: up_proj's GeGeLU over the interleaved (gate, linear) output pairs:
-      [M, N / 2], rounded as `layers.gegelu(F.linear(...))` rounds;
+      [M, N / 2], rounded as `models.layers.gegelu(F.linear(...))` rounds;
     - `rope` (a decode step's QKV, N = Hkv x (G + 2) x D): returns the rotated q [M, Hkv G D]
       and writes the rotated k and v into the caches at each token's slot, rounded as
-      `fused.rotary_qkv(F.linear(...))` rounds.
+      `fused.rotary.rotary_qkv(F.linear(...))` rounds.
     `skip_mma`: see Build (benchmarks only)."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise InputError("gemm_rows: x and weight must be tensors")
@@ -289,9 +279,7 @@ def gemm_rows(
     if rope is not None and not isinstance(rope, RopeWrite):
         raise InputError(f"gemm_rows: rope must be a RopeWrite, got {type(rope).__name__}")
     rope_spec, rope_args, _keep = _rope_args(rope, n, x) if rope is not None else (None, _NO_ROPE, ())
-    if tile is None:
-        tile = TUNED_ROPE_TILES.get((n, k)) or tile_for(n, k, rope_spec[0]) if rope_spec else tile_for(n, k)
-    build = Build(n, k, row.name, tile, bias is not None, gegelu, rope_spec, bool(skip_mma))
+    build = build_for(n, k, row.name, bias is not None, gegelu, rope_spec, tile, skip_mma)
     mod = _module(build, x.device)  # InputError for a bad tile or epilogue before anything is allocated
     n_out = n // 2 if gegelu else n // (rope_spec[1] + 2) * rope_spec[1] if rope_spec else n
     if out is None:

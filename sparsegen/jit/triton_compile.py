@@ -1,0 +1,88 @@
+"""One Triton build, in this process: import a rendered module and compile one of its kernels
+ahead of time for an arch (no GPU needed). `triton_build.aot_compile` calls it here or hands the
+same job to a build worker process (`build_workers`), which runs this same function there.
+
+A job is a JSON-able dict:
+
+    source, source_file, module_name   the rendered module, the file name it is imported from
+    fn_name                            its @triton.jit (or @gluon.jit) kernel
+    signature                          {argument name: Triton type}, every argument in order;
+                                       "constexpr" for compile-time ones
+    constexprs                         [[argument index, value], ...]   (optional)
+    aligned                            [argument name, ...] compiled as divisible by 16
+    attrs                              [[argument index, Triton attribute list], ...] (optional)
+    arch, options, gluon               the target, Triton's compile options, a @gluon.jit kernel
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from ..env import parse_arch
+from ..errors import CompileError
+
+DIVISIBLE_16 = [["tt.divisibility", 16]]
+
+
+def import_module(path: Path, name: str) -> ModuleType:
+    """Import a rendered kernel module from a file (Triton reads the jit functions' source)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CompileError(f"cannot import the rendered kernel {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise CompileError(f"the rendered kernel {path} does not import: {exc}") from exc
+    return module
+
+
+def job_attrs(job: dict) -> dict[tuple[int, ...], list]:
+    """The job's per-argument attributes: the `aligned` names as divisible by 16, then `attrs`."""
+    names = list(job["signature"])
+    attrs = {(names.index(a),): DIVISIBLE_16 for a in job.get("aligned", ())}
+    attrs.update({(int(i),): attr for i, attr in job.get("attrs", ())})
+    return attrs
+
+
+def compile_in_process(job: dict) -> dict[str, bytes]:
+    """Compile the job's kernel in this process; Triton's files (cubin, metadata JSON, IRs) by name."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn_name, signature, arch, module_name = job["fn_name"], job["signature"], job["arch"], job["module_name"]
+    constexprs = {(int(i),): value for i, value in job.get("constexprs", ())}
+    attrs = job_attrs(job)
+    with tempfile.TemporaryDirectory(prefix="sparsegen-build-") as tmp:
+        path = Path(tmp) / job["source_file"]
+        path.write_text(job["source"])
+        module = import_module(path, module_name)
+        try:
+            fn = getattr(module, fn_name)
+            if job["gluon"]:
+                from ..kernels.gluon_api import GluonASTSource
+
+                src = GluonASTSource(fn, signature, constexprs, attrs)
+            else:
+                src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+            try:
+                target = GPUTarget("cuda", parse_arch(arch), 32)
+                compiled = triton.compile(src, target=target, options=dict(job["options"]))
+            except Exception as exc:
+                kind = "Gluon kernel" if job["gluon"] else "kernel"
+                raise CompileError(
+                    f"Triton failed to compile the {kind} {fn_name} for {arch}: {exc}"
+                ) from exc
+        finally:
+            sys.modules.pop(module_name, None)
+    files = {Path(p).name: Path(p).read_bytes() for p in compiled.metadata_group.values()}
+    if not any(n.endswith(".cubin") for n in files) or not any(n.endswith(".json") for n in files):
+        raise CompileError(f"Triton's build for {arch} lacks a cubin or metadata: {sorted(files)}")
+    return files

@@ -1,0 +1,117 @@
+"""Phi-3-Small's rotary embedding of a fused QKV projection, with the K/V cache write, as one
+Triton kernel (templates/rotary_kv_write.py.jinja).
+
+    q, k, v = rotary_qkv(qkv, cos, sin, (k_cache, v_cache), slots)   # qkv: [T, Hkv, G + 2, D]
+
+Per KV group the projection holds G queries, then k, then v; the kernel rotates q and k in
+float32 (NeoX style over the whole head), rounds where `models.rope.Rotary.apply` rounds,
+splits the three apart and writes k and v into the paged caches at each token's slot. The plain
+path (`Rotary.apply` plus `write_kv`) is the CPU path and the tests' oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...errors import InputError
+from ..launch_target import Target, target_of
+from ..triton_kernel import TritonFamily, TritonLauncher
+
+# Tokens per rotary program, from ROTARY_TILED_FROM tokens on. One token per program (8 KV groups
+# x 8K tokens = 65K programs of six 64-element rows) took 115 us a layer in an 8K prefill on the
+# H200, against a 57 us read/write floor; 16 tokens per program took 71 us. Decode batches keep
+# one token per program: at 32 tokens, 16 per program left too few programs (3.0 vs 2.6 us).
+ROTARY_TOKENS = 16
+ROTARY_TILED_FROM = 1024
+
+
+class RotaryFamily(TritonFamily):
+    kind = "rotary_kv_write"
+    template = "rotary_kv_write.py.jinja"
+    fn_name = "_rotary_qkv_kernel"
+    arg_names = ("QKV", "COS", "SIN", "Q", "K", "V", "KC", "VC", "SLOTS", "n_tokens", "stride_t", "stride_c",
+                 "stride_q", "stride_k", "stride_slot", "page_size", "stride_cp", "stride_co", "stride_ch")  # fmt: skip
+    constexpr_names = ("HKV", "G", "D", "BLOCK_T", "WRITE_CACHE", "TRIGGER")
+    do_not_specialize = ("n_tokens",)
+
+    def describe(self, c: dict, options: dict) -> str:
+        flags = [("cache", c["WRITE_CACHE"]), ("trigger", c["TRIGGER"])]
+        return "_".join(
+            [f"hkv{c['HKV']}_g{c['G']}_d{c['D']}_bt{c['BLOCK_T']}", *(n for n, on in flags if on)]
+        )
+
+
+LAUNCH = TritonLauncher(RotaryFamily())
+
+
+def supports_rotary(qkv: torch.Tensor) -> bool:
+    """The kernel wants a power-of-two head_dim and the fused QKV layout, contiguous."""
+    t, hkv, g2, d = qkv.shape
+    return not d & (d - 1) and qkv.stride()[1:] == (g2 * d, d, 1)
+
+
+def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
+    """qkv: [T, Hkv, G + 2, D] (per KV group: G queries, then k, then v); cos, sin: [T, D].
+    Returns q [T, Hkv * G, D] and k, v [T, Hkv, D], q and k rotated; with `cache` = (k_cache,
+    v_cache), [pages, page_size, Hkv, D] with equal strides and a contiguous last dim (any page
+    layout: engine.kv_cache), and `slots` [T] int64 (page * page_size + offset), writes k and v
+    there."""
+    q, k, v, launch = _plan(qkv, cos, sin, cache, slots, target_of(qkv.device))
+    if launch is not None:
+        LAUNCH(*launch)
+    return q, k, v
+
+
+def request(qkv, cos, sin, cache=None, slots=None, *, target: Target, arch: str):
+    """The request a `rotary_qkv(...)` launch makes on a GPU of `arch` described by `target`
+    (tensors may be on the meta device); None for no tokens."""
+    launch = _plan(qkv, cos, sin, cache, slots, target)[3]
+    return None if launch is None else LAUNCH.request(*launch[1:], arch)
+
+
+def _plan(qkv, cos, sin, cache, slots, target: Target):
+    """The outputs and the launch (grid, args, constexprs, options, dtype), or None for no tokens."""
+    t, hkv, g2, d = qkv.shape
+    g = g2 - 2
+    q = torch.empty((t, hkv * g, d), dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty((t, hkv, d), dtype=qkv.dtype, device=qkv.device)
+    v = torch.empty_like(k)
+    if t == 0:
+        return q, k, v, None
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    write = cache is not None
+    if write and (cache[0].stride() != cache[1].stride() or cache[0].stride(3) != 1):
+        raise InputError(
+            f"the K and V caches need equal strides and a contiguous last dim, got {cache[0].stride()} "
+            f"and {cache[1].stride()}"
+        )
+    kc, vc = cache if write else (k, v)
+    cache_strides = (kc.shape[1], kc.stride(0), kc.stride(1), kc.stride(2)) if write else (1, 0, 0, 0)
+    slot_ptr = slots if write else cos
+    block_t = ROTARY_TOKENS if t >= ROTARY_TILED_FROM else 1
+    args = (
+        qkv, cos, sin, q, k, v, kc, vc, slot_ptr,
+        t, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
+        *cache_strides,
+    )  # fmt: skip
+    constexprs = (hkv, g, d, block_t, write, target.pdl)
+    return q, k, v, ((-(-t // block_t), hkv, 1), args, constexprs, (), qkv.dtype)
+
+
+def warm_up_rotary(k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, group: int) -> None:
+    """Load (or build) the rotary kernel's two variants (one token per program, and ROTARY_TOKENS
+    from ROTARY_TILED_FROM tokens on) now, by launching both, writing zeros into the cache at
+    `slot` (the engine's scratch page): otherwise the first prompt of >= ROTARY_TILED_FROM tokens
+    waits for it (on a fresh H200 machine, 645 ms for the first 8K prompt against 196 ms for the
+    second). The engine's own cache is used because the kernel is specialised on the page size
+    and strides."""
+    _, _, hkv, d = k_cache.shape  # [pages, page_size, Hkv, D]
+    dev = k_cache.device
+    for t in (1, ROTARY_TILED_FROM):
+        qkv = torch.zeros((t, hkv, group + 2, d), dtype=k_cache.dtype, device=dev)
+        if not supports_rotary(qkv):
+            return
+        cos = torch.ones((t, d), dtype=torch.float32, device=dev)
+        sin = torch.zeros((t, d), dtype=torch.float32, device=dev)
+        slots = torch.full((t,), slot, dtype=torch.long, device=dev)  # every token into the one slot
+        rotary_qkv(qkv, cos, sin, (k_cache, v_cache), slots)
