@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_generate, in the ranks too
 
-from sparsegen.tp_engine import ModelSource, TPEngine  # noqa: E402
+from sparsegen.parallel.executor import ModelSource, TPEngine  # noqa: E402
 
 
 def measure(ctx, short: int, long: int, big_batch: int, steps: int, warm: int, graphs: bool) -> dict:

@@ -25,7 +25,7 @@ import torch
 from .engine import LLMEngine
 from .engine.checks import check_prompt
 from .engine.sampling_params import SEED_LIMIT, SamplingParams
-from .engine_stats import EngineStats, engine_stats
+from .engine.stats import EngineStats, engine_stats
 from .errors import InputError
 from .serve.chat import ChatTemplate, eos_token_ids
 from .serve.outputs import CompletionTracker, RequestOutput
@@ -143,7 +143,7 @@ class LLM:
     `random="tiny"|"7b"`. `dtype` defaults to bf16 on a GPU and fp32 on the CPU; `device` to
     cuda when available. Other keyword arguments go to `LLMEngine` (`max_num_seqs`,
     `max_model_len`, `page_size`, `num_pages`, `kv_cache_bytes`, ...). `tensor_parallel_size=N`
-    runs the model over N processes (one GPU each), driven from this one (`sparsegen.tp_engine`)."""
+    runs the model over N processes (one GPU each), driven from this one (`sparsegen.parallel.executor`)."""
 
     def __init__(
         self,
@@ -176,8 +176,8 @@ class LLM:
         if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
             raise InputError(f"tensor_parallel_size must be an int, got {tensor_parallel_size!r}")
         dev = resolve_device(device)
-        if tensor_parallel_size != 1:  # ranks in their own processes (sparsegen.tp_engine)
-            from .tp_engine import tp_engine_for
+        if tensor_parallel_size != 1:  # ranks in their own processes (sparsegen.parallel.executor)
+            from .parallel.executor import tp_engine_for
 
             self.engine = tp_engine_for(model, random, tokenizer, dev, resolve_dtype(dtype, dev), force_dense,
                                         seed, tensor_parallel_size, engine_options)  # fmt: skip

@@ -11,12 +11,12 @@ from click.testing import CliRunner
 from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, write_checkpoint
 
 from sparsegen import DistributedError, InputError
-from sparsegen import distributed as D
 from sparsegen.cli import cli
 from sparsegen.models import CheckpointError, named_config
-from sparsegen.models.tensor_parallel import TensorParallelPhi3Small, TPShard
-from sparsegen.models.tp_loader import load_tp_checkpoint
-from sparsegen.tp_engine import ModelSource, TPEngine, _describe, _reraise
+from sparsegen.parallel import distributed as D
+from sparsegen.parallel.executor import ModelSource, TPEngine, _describe, _reraise
+from sparsegen.parallel.loader import load_tp_checkpoint
+from sparsegen.parallel.sharding import TensorParallelPhi3Small, TPShard
 
 
 @pytest.mark.parametrize(

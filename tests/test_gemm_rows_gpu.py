@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sparsegen.engine.graph_capture import capture
 from sparsegen.errors import InputError
-from sparsegen.graph_capture import capture
 from sparsegen.models import gemm_rows as gr
 from sparsegen.models.gemm_rows import Tile
 

@@ -20,7 +20,7 @@ from helpers_tp import WIDE_HF_CONFIG, die_on_forward, exited, hang_on_forward, 
 from sparsegen import DistributedError
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import load_checkpoint
-from sparsegen.tp_engine import ModelSource, TPEngine
+from sparsegen.parallel.executor import ModelSource, TPEngine
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -188,7 +188,7 @@ def test_cli_generate_tp2_prints_the_tokens_of_tp1():
 def test_ranks_exit_when_their_driver_is_killed():
     driver = (
         "import os\n"
-        "from sparsegen.tp_engine import ModelSource, TPEngine\n"
+        "from sparsegen.parallel.executor import ModelSource, TPEngine\n"
         "engine = TPEngine(ModelSource(random='tiny'), 2)\n"
         "print(' '.join(str(p.pid) for p in engine._procs), flush=True)\n"
         "os._exit(9)\n"  # like a SIGKILL: no finalizer stops the ranks

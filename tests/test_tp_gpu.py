@@ -13,7 +13,7 @@ from helpers_tp import rank_facts
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model
-from sparsegen.tp_engine import ModelSource, RankContext, TPEngine
+from sparsegen.parallel.executor import ModelSource, RankContext, TPEngine
 
 pytestmark = [
     pytest.mark.gpu,

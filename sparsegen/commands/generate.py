@@ -158,7 +158,7 @@ def _generate(
     engine_kwargs = dict(max_num_seqs=max_batch, **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs))
     check_tp(tp, model_dir, random_size, device)
     if tp > 1:  # ranks are separate processes; this one drives them
-        from ..tp_engine import tp_engine_for
+        from ..parallel.executor import tp_engine_for
 
         engine = tp_engine_for(model_dir, random_size, tokenizer_path, device, dtype, force_dense, 0, tp,
                                {**engine_kwargs, "warmup": not no_warmup})  # fmt: skip

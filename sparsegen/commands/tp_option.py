@@ -17,8 +17,8 @@ def check_tp(tp: int, model_dir, random_size: str | None, device: str) -> None:
     if tp == 1:
         return
     from ..errors import InputError
-    from ..tp_engine import check_tensor_parallel
-    from ..tp_source import ModelSource
+    from ..parallel.executor import check_tensor_parallel
+    from ..parallel.source import ModelSource
 
     source = ModelSource(model_dir=str(model_dir) if model_dir is not None else None, random=random_size)
     try:

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..graph_capture import capture
 from ..models.batch import ForwardBatch
 from ..models.phi3small import Phi3SmallForCausalLM
+from .graph_capture import capture
 from .kv_cache import KVCache, pages_for
 from .transfer import copy_in
 

@@ -1,6 +1,6 @@
 """One tensor-parallel rank's process: build its shard and engine, then run the driver's commands.
 
-Every rank runs the same engine calls in the same order (see `tp_engine`); only rank 0 sends
+Every rank runs the same engine calls in the same order (see `executor`); only rank 0 sends
 values back, each with its engine's `has_unfinished` and `EngineStats` after the call. Anything
 a rank raises is reported as a `Failure` and the process exits at once.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
+from ..engine.stats import engine_stats
+from ..errors import InputError, SparsegenError
 from . import distributed
-from .engine_stats import engine_stats
-from .errors import InputError, SparsegenError
-from .tp_failures import Refused, check_pickles, describe
+from .failures import Refused, check_pickles, describe
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,14 @@ class RankContext:
     """What a function sent with `TPEngine.call` gets on each rank."""
 
     info: distributed.RankInfo
-    model: Any  # models.tensor_parallel.TensorParallelPhi3Small
+    model: Any  # sharding.TensorParallelPhi3Small
     engine: Any  # engine.LLMEngine
 
 
 def engine_on_rank(model, info, tokenizer, engine_kwargs: dict):
-    from .engine import LLMEngine
-    from .engine.config import EngineConfig
-    from .engine.model_runner import default_num_pages, max_step_tokens
+    from ..engine import LLMEngine
+    from ..engine.config import EngineConfig
+    from ..engine.model_runner import default_num_pages, max_step_tokens
 
     kw = dict(engine_kwargs)
     kv_bytes = kw.pop("kv_cache_bytes", None)
@@ -75,7 +75,7 @@ def rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs, 
     os.environ.update(distributed.rank_env(rank, world, port))
     distributed.ParentWatchdog().start()
     try:
-        from .models.tensor_parallel import TPShard
+        from .sharding import TPShard
 
         if device_type == "cpu":  # ranks share the cores
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

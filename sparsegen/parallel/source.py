@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,10 @@ class ModelSource:
             raise InputError(f"ModelSource.dtype must name a floating-point torch dtype, got {self.dtype!r}")
 
     def load_config(self):
-        from .models import Phi3SmallConfig, named_config
+        from ..models import Phi3SmallConfig, named_config
 
         if self.model_dir is not None:
-            from .models.loader import contained_file
+            from ..models.loader import contained_file
 
             folder = Path(self.model_dir)
             return Phi3SmallConfig.from_file(
@@ -46,9 +46,9 @@ class ModelSource:
         return named_config(self.random) if self.random is not None else self.config
 
     def build(self, shard, device: torch.device, group=None):
-        from .models.options import ModelOptions
-        from .models.tensor_parallel import random_tp_model
-        from .models.tp_loader import load_tp_checkpoint
+        from ..models.options import ModelOptions
+        from .loader import load_tp_checkpoint
+        from .sharding import random_tp_model
 
         options = ModelOptions(
             device=device,

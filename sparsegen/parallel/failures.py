@@ -12,7 +12,7 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 
-from .errors import DistributedError, InputError, SparsegenError
+from ..errors import DistributedError, InputError, SparsegenError
 
 
 @dataclass(frozen=True)

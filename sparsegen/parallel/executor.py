@@ -4,10 +4,10 @@
         results = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=32))
 
 This process (the driver) spawns ranks 0..N-1 with torch.multiprocessing (each with torchrun's
-variables, see `sparsegen.distributed`), sends every rank the same commands over a queue, and
+variables, see `distributed`), sends every rank the same commands over a queue, and
 gets rank 0's answers and any rank's errors back over another. This module is the driver; a
-rank's process is `tp_rank`, the weights every rank builds are described by `tp_source`, and a
-rank's failure travels back as `tp_failures.Failure`.
+rank's process is `rank`, the weights every rank builds are described by `source`, and a
+rank's failure travels back as `failures.Failure`.
 
 **Scheduling: every rank runs the scheduler and the sampler itself, deterministically.** Each
 rank holds an `LLMEngine` over its shard of the model and its own KV cache (its KV groups only,
@@ -43,15 +43,15 @@ from dataclasses import dataclass
 
 import torch
 
+from ..engine.stats import EngineStats
+from ..errors import DistributedError, InputError
+from ..log import get_logger
 from . import distributed
-from .engine_stats import EngineStats
-from .errors import DistributedError, InputError
-from .log import get_logger
-from .tp_failures import Failure, Refused, check_pickles, exit_text, reraise
-from .tp_failures import describe as _describe  # noqa: F401 - tests import these two from here
-from .tp_failures import reraise as _reraise  # noqa: F401
-from .tp_rank import RankContext, rank_main
-from .tp_source import ModelSource
+from .failures import Failure, Refused, check_pickles, exit_text, reraise
+from .failures import describe as _describe  # noqa: F401 - tests import these two from here
+from .failures import reraise as _reraise  # noqa: F401
+from .rank import RankContext, rank_main
+from .source import ModelSource
 
 log = get_logger(__name__)
 
@@ -284,7 +284,7 @@ class TPEngine:
 def tp_engine_for(model_dir, random, tokenizer_path, device, dtype, force_dense, seed, tp, engine_options):
     """`LLM(..., tensor_parallel_size=tp)`'s engine: a TPEngine over the same weights and tokenizer
     that `llm.build_model` would give one process."""
-    from .llm import build_tokenizer
+    from ..llm import build_tokenizer
 
     tokenizer = build_tokenizer(model_dir, random, tokenizer_path)
     source = ModelSource(
