@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python3 benchmarks/bench_generate_tp.py --tp 1 2 [--quick] [--out tp.json]
     PYTHONPATH=$PWD python3 benchmarks/bench_generate_tp.py --smoke   # CPU (gloo), tiny model
 
-Every size runs through `TPEngine` (TP=1 too: one rank process), so the sizes differ only in
-the split. On each rank the measurements are `bench_generate.py`'s: TTFT of one 8K and one
+Every size runs through the tensor-parallel executor (`MultiprocExecutor`; TP=1 too: one rank
+process), so the sizes differ only in the split. On each rank the measurements are `bench_generate.py`'s: TTFT of one 8K and one
 32K-token prompt, and decode tokens/s at batch 1 and batch 32 with 8K-token prompts, CUDA-graph
 replays, after warm-up steps. Rank 0's clock is reported. Targets (issue 15): batch-32 decode
 at TP=2 >= 1.8x TP=1; batch-1 step time at TP=2 <= 0.6x TP=1.
@@ -22,7 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_generate, in the ranks too
 
-from sparsegen.parallel.executor import ModelSource, TPEngine  # noqa: E402
+from sparsegen.engine.config import EngineConfig  # noqa: E402
+from sparsegen.parallel.executor import MultiprocExecutor  # noqa: E402
+from sparsegen.parallel.source import ModelSource  # noqa: E402
 
 
 def measure(ctx, short: int, long: int, big_batch: int, steps: int, warm: int, graphs: bool) -> dict:
@@ -58,10 +60,15 @@ def main() -> None:
     rows = {}
     for tp in args.tp:
         t0 = time.perf_counter()
-        with TPEngine(source, tp, device=device) as engine:
+        max_model_len = source.load_config().max_position_embeddings
+        ranks = MultiprocExecutor(source, EngineConfig(tensor_parallel_size=tp), max_model_len=max_model_len,
+                                  device_type=device)  # fmt: skip
+        try:
             print(f"TP={tp}: {tp} rank(s) up with {source.random} weights in {time.perf_counter() - t0:.1f} s",
                   flush=True)  # fmt: skip
-            r = engine.call(measure, short, long, big_batch, steps, warm, graphs)
+            r = ranks.call(measure, short, long, big_batch, steps, warm, graphs)
+        finally:
+            ranks.close()
         rows[tp] = r
         print(
             f"TP={tp}  TTFT {short} {r['ttft_8k_s'] * 1e3:8.1f} ms   TTFT {long} {r['ttft_32k_s'] * 1e3:8.1f} ms   "

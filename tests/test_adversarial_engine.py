@@ -215,7 +215,7 @@ def test_an_exception_in_on_token_aborts_the_call(engine, baseline, after):
 @pytest.mark.parametrize("fail_at", [0, 1, 3])
 def test_an_exception_in_the_forward_pass_aborts_the_call(model, baseline, fail_at):
     engine = LLMEngine(model, num_pages=40, max_num_batched_tokens=16)
-    forward, calls = engine._forward, []
+    forward, calls = engine.runner.run, []
 
     def flaky(plan):
         calls.append(plan)
@@ -223,10 +223,10 @@ def test_an_exception_in_the_forward_pass_aborts_the_call(model, baseline, fail_
             raise Boom
         return forward(plan)
 
-    engine._forward = flaky
+    engine.runner.run = flaky
     with pytest.raises(Boom):
         engine.generate([[1] * 40, [2, 3]], PARAMS)
-    engine._forward = forward
+    engine.runner.run = forward
     assert_clean(engine, baseline)
 
 

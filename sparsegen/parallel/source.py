@@ -1,4 +1,9 @@
-"""`ModelSource`: where every tensor-parallel rank gets its weights, sent to each rank as is."""
+"""`ModelSource`: where a model's weights come from, as plain data that any process can build from.
+
+`LLMEngine(ModelSource(...), tensor_parallel_size=N)` sends it to each of N ranks as is (each
+builds its shard with `build`); with N = 1 the engine builds the whole model in this process
+(`build_model`), exactly as `models.load_checkpoint` / `models.random_model` would.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +50,18 @@ class ModelSource:
             )
         return named_config(self.random) if self.random is not None else self.config
 
+    def build_model(self, device: torch.device):
+        """The whole model in this process, with the default options for `device`."""
+        from ..models import load_checkpoint, random_model
+
+        fields = dict(device=device, dtype=getattr(torch, self.dtype), force_dense=self.force_dense,
+                      attn_impl=self.attn_impl, dummy_token_indices=self.dummy_token_indices)  # fmt: skip
+        if self.model_dir is not None:
+            return load_checkpoint(self.model_dir, **fields)
+        return random_model(self.load_config(), seed=self.seed, **fields)
+
     def build(self, shard, device: torch.device, group=None):
+        """One rank's shard (a `sharding.TensorParallelPhi3Small`) of the same weights."""
         from ..models.options import ModelOptions
         from .loader import load_tp_checkpoint
         from .sharding import random_tp_model
