@@ -35,10 +35,9 @@ def check_optional_int(name: str, value: object, low: int, high: int | None = No
 # step, so the chunk size does not bound how long running sequences wait; it bounds a step's
 # activations (bench_generate's peak GPU memory with the 7b model: 63.6 GiB with 8K chunks,
 # 66.7 GiB with 32K), which the model runner checks against free memory with the KV cache
-# (models.memory.prefill_activation_bytes). On the H200 a 32K-token prompt in
-# one chunk took 970-978 ms to its first token, in 8K chunks 986-998 ms (session 12,
-# benchmarks/ab_prefill.py --chunks): no K/V gather of earlier chunks, one attention launch a
-# layer.
+# (models.memory.prefill_activation_bytes). On the H200 a 32K-token prompt in one chunk took
+# 970-978 ms to its first token, in 8K chunks 986-998 ms (benchmarks/ab_prefill.py --chunks): no
+# K/V gather of earlier chunks, one attention launch a layer.
 PREFILL_CHUNK_TOKENS = 32768
 
 

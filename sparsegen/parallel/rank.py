@@ -68,8 +68,9 @@ class RankSteps:
 
     def launch(self, msg: StepMessage) -> None:
         plan = self.seqs.plan(msg)
-        after = self.last if msg.lookahead else None
-        self.last = self.runner.launch(plan, after, msg.eos_token_id, read_back=self.rank == 0)
+        eos_token_id = msg[-1]
+        after = self.last if plan.lookahead else None
+        self.last = self.runner.launch(plan, after, eos_token_id, read_back=self.rank == 0)
         if self.rank == 0:
             self.launched[self.count] = self.last
         self.count += 1

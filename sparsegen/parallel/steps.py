@@ -13,34 +13,24 @@ Sequences that ended are named once in `forget`, and the ranks drop them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..engine.sampling_params import SamplingParams
 from ..engine.sequence import Chunk, Plan, Sequence
 
-
-@dataclass(frozen=True, slots=True)
-class SeqUpdate:
-    """One sequence's news for the ranks."""
-
-    seq_id: int
-    tokens: list[int]  # output tokens booked since it was last sent
-    pages: list[int]  # pages appended since, or the whole block table when `whole_table`
-    whole_table: bool
-    prompt_ids: list[int] | None = None  # the first time only
-    params: SamplingParams | None = None  # the first time only
-
-
-@dataclass(frozen=True, slots=True)
-class StepMessage:
-    """One launched step: the plan by sequence id, with the updates it needs."""
-
-    is_decode: bool
-    lookahead: bool  # input ids are the previous step's tokens, which every rank keeps
-    chunks: tuple[tuple[int, int, int], ...]  # (seq_id, start, stop)
-    updates: tuple[SeqUpdate, ...]
-    forget: tuple[int, ...]  # sequences that ended: the ranks drop their copies
-    eos_token_id: int | None
+# The messages are plain tuples: a queue pickles them in C, where a dataclass or NamedTuple per
+# sequence would cost a Python call each way (several times the whole tuple's cost for 32 rows).
+#
+# One sequence's news for the ranks:
+#   (seq_id, tokens, pages, whole_table, prompt_ids, params)
+#   tokens: output tokens booked since it was last sent; pages: pages appended since, or the
+#   whole block table when whole_table; prompt_ids and params: the first time only, else None.
+SeqUpdate = tuple[int, list[int], list[int], bool, "list[int] | None", "SamplingParams | None"]
+# One launched step:
+#   (is_decode, lookahead, chunks, updates, forget, eos_token_id)
+#   lookahead: input ids are the previous step's tokens, which every rank keeps; chunks:
+#   (seq_id, start, stop) each; forget: sequences that ended, whose copies the ranks drop.
+StepMessage = tuple[
+    bool, bool, tuple[tuple[int, int, int], ...], tuple[SeqUpdate, ...], tuple[int, ...], "int | None"
+]
 
 
 class StepEncoder:
@@ -52,25 +42,26 @@ class StepEncoder:
 
     def encode(self, plan: Plan, eos_token_id: int | None) -> StepMessage:
         """The message for `plan`, as its sequences are now (called when it is launched)."""
-        forget = tuple(i for i, (s, *_) in self._sent.items() if s.finish_reason is not None)
+        sent = self._sent
+        forget = tuple(i for i, known in sent.items() if known[0].finish_reason is not None)
         for i in forget:
-            del self._sent[i]
-        updates = []
+            del sent[i]
+        updates, chunks = [], []
         for c in plan.chunks:
             seq = c.seq
-            known = self._sent.get(seq.seq_id)
+            known = sent.get(seq.seq_id)
             if known is None:
-                update = SeqUpdate(seq.seq_id, list(seq.output_ids), list(seq.pages), True,
-                                   seq.prompt_ids, seq.params)  # fmt: skip
+                updates.append(
+                    (seq.seq_id, list(seq.output_ids), list(seq.pages), True, seq.prompt_ids, seq.params)
+                )
             else:
                 _, n_out, epoch, n_pages = known
                 whole = epoch != seq.page_epoch
                 pages = list(seq.pages) if whole else seq.pages[n_pages:]
-                update = SeqUpdate(seq.seq_id, seq.output_ids[n_out:], pages, whole)
-            self._sent[seq.seq_id] = (seq, len(seq.output_ids), seq.page_epoch, len(seq.pages))
-            updates.append(update)
-        chunks = tuple((c.seq.seq_id, c.start, c.stop) for c in plan.chunks)
-        return StepMessage(plan.is_decode, plan.lookahead, chunks, tuple(updates), forget, eos_token_id)
+                updates.append((seq.seq_id, seq.output_ids[n_out:], pages, whole, None, None))
+            sent[seq.seq_id] = (seq, len(seq.output_ids), seq.page_epoch, len(seq.pages))
+            chunks.append((seq.seq_id, c.start, c.stop))
+        return plan.is_decode, plan.lookahead, tuple(chunks), tuple(updates), forget, eos_token_id
 
 
 class RankSequences:
@@ -80,16 +71,19 @@ class RankSequences:
         self.seqs: dict[int, Sequence] = {}
 
     def plan(self, msg: StepMessage) -> Plan:
-        for i in msg.forget:
-            self.seqs.pop(i, None)
-        for u in msg.updates:
-            seq = self.seqs.get(u.seq_id)
+        is_decode, lookahead, chunks, updates, forget, _ = msg
+        seqs = self.seqs
+        for i in forget:
+            seqs.pop(i, None)
+        for seq_id, tokens, pages, whole_table, prompt_ids, params in updates:
+            seq = seqs.get(seq_id)
             if seq is None:
-                seq = self.seqs[u.seq_id] = Sequence(u.seq_id, u.prompt_ids, u.params)
-            seq.output_ids += u.tokens
-            if u.whole_table:
-                seq.pages = list(u.pages)  # a new list: the copy's page_epoch moves on too
+                seq = seqs[seq_id] = Sequence(seq_id, prompt_ids, params)
+            seq.output_ids.extend(tokens)
+            if whole_table:
+                seq.pages = list(pages)  # a new list: the copy's page_epoch moves on too
             else:
-                seq.pages += u.pages
-        chunks = tuple(Chunk(self.seqs[i], start, stop) for i, start, stop in msg.chunks)
-        return Plan(msg.is_decode, chunks, lookahead=msg.lookahead)
+                seq.pages.extend(pages)
+        return Plan(
+            is_decode, tuple(Chunk(seqs[i], start, stop) for i, start, stop in chunks), lookahead=lookahead
+        )
