@@ -194,6 +194,21 @@ def test_cli_generate_tp2_prints_the_tokens_of_tp1():
     assert len(rows[1]) == 2 and all(len(x["output_ids"]) == 6 for x in rows[1])
 
 
+def test_a_tp2_command_ends_without_a_leaked_semaphore_warning():
+    """The ranks log through tqdm (torch loads it), whose default lock is a named semaphore
+    registered with the driver's resource tracker; a rank that left without unregistering it made
+    the tracker warn at the driver's exit."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARSEGEN_QUIET"}
+    env["SPARSEGEN_LOG_LEVEL"] = "info"  # the ranks log their KV cache: the lines that took the lock
+    args = [sys.executable, "-m", "sparsegen", "generate", "--random", "tiny", "--prompt-ids", "1,2,3",
+            "--tp", "2", "--device", "cpu", "--max-tokens", "3", "--no-warmup", "--json"]  # fmt: skip
+    res = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert len(json.loads(res.stdout)["output_ids"]) == 3
+    assert res.stderr.count("KV cache:") == 2  # both ranks logged
+    assert "leaked" not in res.stderr and "resource_tracker" not in res.stderr, res.stderr
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
 def test_ranks_exit_when_their_driver_is_killed():
     driver = (

@@ -73,6 +73,9 @@ def model_facts(model: object, config: EngineConfig, device) -> ModelFacts:
     dev = _source_device(device)
     cfg = model.load_config()
     if config.tensor_parallel_size != 1:
+        # imported here, not at the top: a spawned rank imports parallel.rank first, which
+        # imports sparsegen.engine, whose __init__ imports this module; a top-level import of
+        # parallel.executor here would then import the half-initialised parallel.rank
         from ..parallel.executor import check_tensor_parallel
 
         check_tensor_parallel(cfg, config.tensor_parallel_size, dev.type)
