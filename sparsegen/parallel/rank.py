@@ -113,10 +113,11 @@ def rank_main(rank: int, world: int, port: int, device_type: str, source: ModelS
         while (cmd := cmds.get()) is not None:
             answers, value = run_command(ctx, steps, *cmd)
             if rank == 0 and answers:
-                try:  # else the queue's feeder thread drops it silently and the driver waits
-                    check_pickles(value, f"the result of {cmd[0]!r}")
-                except InputError as exc:
-                    value = Refused(describe(exc))
+                if cmd[0] == "call":  # a step's tokens are plain data; a call's value may not pickle
+                    try:  # else the queue's feeder thread drops it silently and the driver waits
+                        check_pickles(value, f"the result of {cmd[0]!r}")
+                    except InputError as exc:
+                        value = Refused(describe(exc))
                 out.put(("done", 0, value))
     except BaseException as exc:  # report everything, even KeyboardInterrupt, then leave at once
         out.put(("error", rank, describe(exc)))
