@@ -27,16 +27,18 @@ from sparsegen.parallel.executor import MultiprocExecutor  # noqa: E402
 from sparsegen.parallel.source import ModelSource  # noqa: E402
 
 
-def measure(ctx, short: int, long: int, big_batch: int, steps: int, warm: int, graphs: bool) -> dict:
+def measure(
+    ctx, short: int, long: int, big_batch: int, steps: int, warm: int, graphs: bool, kv_gib: float
+) -> dict:
     """On every rank, in lockstep: bench_generate's measurements over this rank's shard."""
-    from bench_generate import decode_rate, ttft
+    from bench_generate import Setup, decode_rate, ttft
 
-    model = ctx.model
+    model, setup = ctx.model, Setup(graphs=graphs, compiled=False, kv_gib=kv_gib, chunk=None)
     return {
-        "ttft_8k_s": ttft(model, short, graphs),
-        "ttft_32k_s": ttft(model, long, graphs),
-        "decode_b1": decode_rate(model, 1, short, steps, warm, graphs),
-        "decode_b32": decode_rate(model, big_batch, short, steps, warm, graphs),
+        "ttft_8k_s": ttft(model, short, setup)["ttft_s"],
+        "ttft_32k_s": ttft(model, long, setup)["ttft_s"],
+        "decode_b1": decode_rate(model, 1, short, steps, warm, setup),
+        "decode_b32": decode_rate(model, big_batch, short, steps, warm, setup),
     }
 
 
@@ -46,6 +48,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     ap.add_argument("--quick", action="store_true", help="fewer decode steps")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per rank (GPU)")
     ap.add_argument("--smoke", action="store_true", help="check the script on a CPU: tiny model, gloo")
     args = ap.parse_args()
     graphs = not args.no_cuda_graphs
@@ -66,7 +69,7 @@ def main() -> None:
         try:
             print(f"TP={tp}: {tp} rank(s) up with {source.random} weights in {time.perf_counter() - t0:.1f} s",
                   flush=True)  # fmt: skip
-            r = ranks.call(measure, short, long, big_batch, steps, warm, graphs)
+            r = ranks.call(measure, short, long, big_batch, steps, warm, graphs, args.kv_gib)
         finally:
             ranks.close()
         rows[tp] = r
