@@ -25,8 +25,9 @@ import torch
 from .engine import LLMEngine
 from .engine.checks import check_prompt
 from .engine.sampling_params import SEED_LIMIT, SamplingParams
-from .engine_stats import EngineStats, engine_stats
+from .engine.stats import EngineStats, engine_stats
 from .errors import InputError
+from .parallel.source import ModelSource
 from .serve.chat import ChatTemplate, eos_token_ids
 from .serve.outputs import CompletionTracker, RequestOutput
 
@@ -41,8 +42,12 @@ DTYPE_NAMES = {
     "float": torch.float32,
 }
 RANDOM_SIZES = ("tiny", "7b")
+# the LLMEngine keywords that LLM passes through (LLM takes the model, tokenizer, device and
+# tensor_parallel_size itself)
 ENGINE_OPTIONS = tuple(
-    p for p in inspect.signature(LLMEngine.__init__).parameters if p not in ("self", "model")
+    p
+    for p in inspect.signature(LLMEngine.__init__).parameters
+    if p not in ("self", "model", "tokenizer", "device", "tensor_parallel_size")
 )
 
 
@@ -90,27 +95,19 @@ def build_tokenizer(model_dir, random, tokenizer_path):
     return ByteTokenizer(named, config.vocab_size)
 
 
-def build_model(model_dir, random, tokenizer_path, device, dtype, force_dense=False, seed=0):
-    """(model, tokenizer or None) for a checkpoint folder or a named random size."""
-    from .models import load_checkpoint, named_config, random_model
-
+def model_source(model_dir, random, tokenizer_path, dtype, force_dense=False, seed=0):
+    """(ModelSource, tokenizer or None) for a checkpoint folder or a named random size: the weights
+    that `LLMEngine` builds in this process or in its tensor-parallel ranks."""
     tokenizer = build_tokenizer(model_dir, random, tokenizer_path)
-    if model_dir is not None:
-        dummies = tokenizer.dummy_token_indices if tokenizer is not None else ()
-        model = load_checkpoint(
-            model_dir, device=device, dtype=dtype, force_dense=force_dense, dummy_token_indices=dummies
-        )
-        return model, tokenizer
-    config = named_config(random)
-    model = random_model(
-        config,
-        device=device,
-        dtype=dtype,
+    source = ModelSource(
+        model_dir=str(model_dir) if model_dir is not None else None,
+        random=random,
         seed=seed,
+        dtype=str(dtype).removeprefix("torch."),
         force_dense=force_dense,
-        dummy_token_indices=tokenizer.dummy_token_indices,
+        dummy_token_indices=tuple(tokenizer.dummy_token_indices) if tokenizer is not None else (),
     )
-    return model, tokenizer
+    return source, tokenizer
 
 
 def turn_end_ids(folder: Path | None, tokenizer, eos_token_id: int, vocab_size: int) -> tuple[int, ...]:
@@ -143,7 +140,8 @@ class LLM:
     `random="tiny"|"7b"`. `dtype` defaults to bf16 on a GPU and fp32 on the CPU; `device` to
     cuda when available. Other keyword arguments go to `LLMEngine` (`max_num_seqs`,
     `max_model_len`, `page_size`, `num_pages`, `kv_cache_bytes`, ...). `tensor_parallel_size=N`
-    runs the model over N processes (one GPU each), driven from this one (`sparsegen.tp_engine`)."""
+    runs the model over N processes (one GPU each) below the engine (`sparsegen.parallel`);
+    `close()` stops them."""
 
     def __init__(
         self,
@@ -176,17 +174,10 @@ class LLM:
         if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
             raise InputError(f"tensor_parallel_size must be an int, got {tensor_parallel_size!r}")
         dev = resolve_device(device)
-        if tensor_parallel_size != 1:  # ranks in their own processes (sparsegen.tp_engine)
-            from .tp_engine import tp_engine_for
-
-            self.engine = tp_engine_for(model, random, tokenizer, dev, resolve_dtype(dtype, dev), force_dense,
-                                        seed, tensor_parallel_size, engine_options)  # fmt: skip
-            tok, model_config = self.engine.tokenizer, self.engine.model_config
-        else:
-            net, tok = build_model(
-                model, random, tokenizer, dev, resolve_dtype(dtype, dev), force_dense, seed
-            )
-            self.engine, model_config = LLMEngine(net, tokenizer=tok, **engine_options), net.config
+        source, tok = model_source(model, random, tokenizer, resolve_dtype(dtype, dev), force_dense, seed)
+        self.engine = LLMEngine(source, tokenizer=tok, device=dev, tensor_parallel_size=tensor_parallel_size,
+                                **engine_options)  # fmt: skip
+        model_config = self.engine.model_config
         self.tensor_parallel_size = tensor_parallel_size
         self.model_name = str(model) if model is not None else f"random-{random}"
         self.tokenizer = tok
@@ -204,9 +195,12 @@ class LLM:
         return self.engine.max_model_len
 
     def stats(self) -> EngineStats:
-        """The engine's queue, batch and KV-cache occupancy (with tensor parallelism, rank 0's
-        after the last call)."""
-        return self.engine.stats() if self.tensor_parallel_size != 1 else engine_stats(self.engine)
+        """The engine's queue, batch and KV-cache occupancy."""
+        return engine_stats(self.engine)
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel ranks (nothing to stop with one process)."""
+        self.engine.close()
 
     def encode(self, prompt, where: str = "prompt") -> list[int]:
         """Token ids of a str (encoded) or a list of ids (checked)."""
@@ -321,8 +315,6 @@ class LLM:
                 engine.abort(seqs[i].seq_id)
             if bar is not None:
                 bar.close()
-        if self.tensor_parallel_size != 1:
-            engine.results(seqs)  # the ranks keep each submitted request until its result is taken
         base = next(self._ids)
         return [
             RequestOutput(

@@ -1,4 +1,4 @@
-"""Functions that `TPEngine.call` runs on every tensor-parallel rank (module level, so they pickle),
+"""Functions that `MultiprocExecutor.call` runs on every tensor-parallel rank (module level, so they pickle),
 the configs of the tensor-parallel tests, and process-state checks read from /proc."""
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ WIDE_HF_CONFIG = {
 
 def rank_facts(ctx) -> list[dict]:
     """Every rank's layer specs, KV cache shape and page count, gathered to rank 0."""
-    model, engine = ctx.model, ctx.engine
+    model, runner = ctx.model, ctx.runner
     facts = {
         "rank": ctx.info.rank,
         "offsets": [[h.vert_offset for h in layer.heads] for layer in model.spec.layers],
         "global_offsets": [[h.vert_offset for h in layer.heads] for layer in model.global_spec.layers],
         "attn_layer_offsets": [[h.vert_offset for h in b.self_attn.layer.heads] for b in model.model.layers],
         "num_heads": model.spec.layers[0].num_heads,
-        "kv_cache_shape": tuple(engine.cache.k[0].shape),
-        "num_pages": engine.cache.num_pages,
+        "kv_cache_shape": tuple(runner.cache.k[0].shape),
+        "num_pages": runner.cache.num_pages,
         "lm_head_rows": model.lm_head.weight.shape[0],
     }
     out = [None] * ctx.info.world_size

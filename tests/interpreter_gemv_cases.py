@@ -291,7 +291,7 @@ def test_tensor_parallel_model_keeps_its_own_layers_under_triton_gemv():
     up_proj go through the GEMV, its row-parallel dense/down_proj and vocab-parallel lm_head (which
     communicate) run themselves; logits equal the plain model's."""
     from sparsegen.models import ForwardBatch, named_config, random_model
-    from sparsegen.models.tensor_parallel import TPShard, random_tp_model
+    from sparsegen.parallel.sharding import TPShard, random_tp_model
 
     _gemv()
     cfg = named_config("tiny")

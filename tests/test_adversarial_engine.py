@@ -215,7 +215,7 @@ def test_an_exception_in_on_token_aborts_the_call(engine, baseline, after):
 @pytest.mark.parametrize("fail_at", [0, 1, 3])
 def test_an_exception_in_the_forward_pass_aborts_the_call(model, baseline, fail_at):
     engine = LLMEngine(model, num_pages=40, max_num_batched_tokens=16)
-    forward, calls = engine._forward, []
+    forward, calls = engine.runner.run, []
 
     def flaky(plan):
         calls.append(plan)
@@ -223,10 +223,10 @@ def test_an_exception_in_the_forward_pass_aborts_the_call(model, baseline, fail_
             raise Boom
         return forward(plan)
 
-    engine._forward = flaky
+    engine.runner.run = flaky
     with pytest.raises(Boom):
         engine.generate([[1] * 40, [2, 3]], PARAMS)
-    engine._forward = forward
+    engine.runner.run = forward
     assert_clean(engine, baseline)
 
 
@@ -431,7 +431,7 @@ def test_model_options_and_keywords_build_the_same_model():
 
 def test_triton_gemv_defaults_to_on_for_a_cuda_device_only():
     from sparsegen.models import ModelOptions
-    from sparsegen.tp_source import ModelSource
+    from sparsegen.parallel.source import ModelSource
 
     assert ModelOptions().triton_gemv is None and not ModelOptions().gemv_on  # CPU
     assert ModelOptions(device="cuda").gemv_on and ModelOptions(device="cuda:1").gemv_on
@@ -445,7 +445,7 @@ def test_triton_gemv_defaults_to_on_for_a_cuda_device_only():
     assert not model.gemv and model.lm_head.weight.stride(0) == 1
     assert all(not b.mlp.gemv and b.mlp.down_proj.weight.stride(0) == 1 for b in model.model.layers)
     # tensor-parallel ranks keep cuBLAS (the tuned tiles are for whole layers)
-    from sparsegen.models.tensor_parallel import TPShard
+    from sparsegen.parallel.sharding import TPShard
 
     rank = ModelSource(random="tiny").build(TPShard(0, 1), torch.device("cpu"))
     assert rank.options.triton_gemv is False

@@ -11,12 +11,14 @@ from click.testing import CliRunner
 from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, write_checkpoint
 
 from sparsegen import DistributedError, InputError
-from sparsegen import distributed as D
 from sparsegen.cli import cli
+from sparsegen.engine import LLMEngine
 from sparsegen.models import CheckpointError, named_config
-from sparsegen.models.tensor_parallel import TensorParallelPhi3Small, TPShard
-from sparsegen.models.tp_loader import load_tp_checkpoint
-from sparsegen.tp_engine import ModelSource, TPEngine, _describe, _reraise
+from sparsegen.parallel import distributed as D
+from sparsegen.parallel.failures import describe, reraise
+from sparsegen.parallel.loader import load_tp_checkpoint
+from sparsegen.parallel.sharding import TensorParallelPhi3Small, TPShard
+from sparsegen.parallel.source import ModelSource
 
 
 @pytest.mark.parametrize(
@@ -52,16 +54,37 @@ def test_uneven_splits_are_refused():
         TensorParallelPhi3Small(odd_ff, TPShard(0, 2))
 
 
-def test_tp_engine_refuses_before_spawning(tmp_path):
+def test_tensor_parallel_engine_refuses_before_spawning(tmp_path, model):
     before = multiprocessing.active_children()
     with pytest.raises(InputError, match="does not divide the model's 2 KV heads"):
-        TPEngine(ModelSource(random="tiny"), 4)
+        LLMEngine(ModelSource(random="tiny"), tensor_parallel_size=4, device="cpu")
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match="needs 2 GPUs, but 0 are visible"):
-            TPEngine(ModelSource(random="tiny"), 2, device="cuda")
+            LLMEngine(ModelSource(random="tiny"), tensor_parallel_size=2, device="cuda")
     with pytest.raises(CheckpointError, match="config.json"):
-        TPEngine(ModelSource(model_dir=str(tmp_path / "nowhere")), 2)
+        LLMEngine(ModelSource(model_dir=str(tmp_path / "nowhere")), tensor_parallel_size=2, device="cpu")
+    with pytest.raises(InputError, match="tensor_parallel_size must be >= 1, got 0"):
+        LLMEngine(ModelSource(random="tiny"), tensor_parallel_size=0, device="cpu")
+    with pytest.raises(
+        InputError, match="collective_timeout_s must be None or a number of seconds > 0, got 0"
+    ):
+        LLMEngine(ModelSource(random="tiny"), tensor_parallel_size=2, device="cpu", collective_timeout_s=0)
+    with pytest.raises(
+        InputError, match="needs a ModelSource"
+    ):  # a whole model cannot be split after the fact
+        LLMEngine(model, tensor_parallel_size=2)
+    with pytest.raises(InputError, match="model must be a Phi3SmallForCausalLM or a ModelSource, got str"):
+        LLMEngine("tiny")
+    with pytest.raises(InputError, match="device must be cpu or cuda, got 'mps'"):
+        LLMEngine(ModelSource(random="tiny"), tensor_parallel_size=2, device="mps")
     assert multiprocessing.active_children() == before
+
+
+@pytest.fixture(scope="module")
+def model():
+    from sparsegen.models import random_model
+
+    return random_model("tiny", seed=0)
 
 
 @pytest.mark.parametrize(
@@ -105,11 +128,11 @@ def test_rank_errors_keep_their_type_or_name_the_rank():
         try:
             raise exc
         except Exception as e:
-            return _describe(e)
+            return describe(e)
 
-    err = _reraise(1, failure(CheckpointError("tensor 'x' is bad")), "")
+    err = reraise(1, failure(CheckpointError("tensor 'x' is bad")), "")
     assert type(err) is CheckpointError and str(err) == "tensor 'x' is bad"
-    err = _reraise(1, failure(RuntimeError("CUDA out of memory\nmore")), " (also: rank 0 exited with code 3)")
+    err = reraise(1, failure(RuntimeError("CUDA out of memory\nmore")), " (also: rank 0 exited with code 3)")
     assert type(err) is DistributedError
     assert (
         str(err)

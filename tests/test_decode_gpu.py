@@ -14,8 +14,8 @@ from test_decode_codegen import eight_class_hybrid_layer
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec
+from sparsegen.engine.graph_capture import capture
 from sparsegen.errors import InputError
-from sparsegen.graph_capture import capture
 from sparsegen.presets import blocksparse_heads
 from sparsegen.testing import DecodeProblem, rel_err, sample_layer_spec
 

@@ -30,7 +30,7 @@ class PlanLog:
 
     def __init__(self, engine: LLMEngine):
         self.plans, self.dropped = [], 0  # dropped: rows read back for a sequence that had ended
-        forward, complete = engine._forward, engine._complete
+        forward, complete = engine.runner.run, engine._complete
 
         def logged(plan):
             self.plans.append(
@@ -42,7 +42,7 @@ class PlanLog:
             self.dropped += sum(s.finish_reason is not None for s in done.plan.sampled)
             return complete(done)
 
-        engine._forward, engine._complete = logged, counted
+        engine.runner.run, engine._complete = logged, counted
 
     @property
     def lookahead(self) -> int:
@@ -233,7 +233,7 @@ def test_a_failed_lookahead_step_is_dropped_and_the_engine_goes_on(model, prompt
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     want = per_request(drive(LLMEngine(model, async_decode=False), prompts[:2], params))
     engine = LLMEngine(model)
-    forward, failed = engine._forward, []
+    forward, failed = engine.runner.run, []
 
     def flaky(plan):
         if plan.lookahead and not failed:
@@ -241,7 +241,7 @@ def test_a_failed_lookahead_step_is_dropped_and_the_engine_goes_on(model, prompt
             raise RuntimeError("boom")
         return forward(plan)
 
-    engine._forward = flaky
+    engine.runner.run = flaky
     engine.submit(prompts[:2], params)
     events = []
     while engine.has_unfinished:

@@ -86,14 +86,14 @@ def test_batched_equals_one_at_a_time(model, prompts, oracle):
 class _LogitsRecorder:
     def __init__(self, engine):
         self.rows: list[torch.Tensor] = []
-        forward = engine._forward
+        forward = engine.runner.run
 
         def wrapped(plan):
             logits = forward(plan)
             self.rows += list(logits)
             return logits
 
-        engine._forward = wrapped
+        engine.runner.run = wrapped
 
 
 def test_chunked_prefill_equals_whole_prefill(model, prompts):

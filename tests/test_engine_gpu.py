@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.graph_capture import capture
+from sparsegen.engine.graph_capture import capture
 from sparsegen.models import ForwardBatch, named_config, random_model
 
 pytestmark = pytest.mark.gpu
@@ -43,10 +43,10 @@ def _keep(cfg):
 
 
 def _check_decode_steps(engine, eager_model, cfg, *, agree: list | None = None) -> list[float]:
-    """Wrap `engine._forward`: after each decode step (replayed from a graph), run `eager_model`
+    """Wrap `engine.runner.run`: after each decode step (replayed from a graph), run `eager_model`
     on the very same batch (it rewrites the same cache slots) and record the logits' rel err
     (and, given `agree`, the share of equal argmax tokens). Returns the list the errors go to."""
-    forward, errors = engine._forward, []
+    forward, errors = engine.runner.run, []
 
     def checked(plan):
         out = forward(plan)
@@ -59,7 +59,7 @@ def _check_decode_steps(engine, eager_model, cfg, *, agree: list | None = None) 
                 agree.append(float((out.argmax(-1) == eager.argmax(-1)).float().mean()))
         return out
 
-    engine._forward = checked
+    engine.runner.run = checked
     return errors
 
 
@@ -119,14 +119,14 @@ def test_last_layer_on_the_sampled_rows_matches_the_whole_layer_bf16():
 
 class _Recorder:
     def __init__(self, engine):
-        self.rows, forward = [], engine._forward
+        self.rows, forward = [], engine.runner.run
 
         def wrapped(plan):
             out = forward(plan)
             self.rows.append(out.clone())
             return out
 
-        engine._forward = wrapped
+        engine.runner.run = wrapped
 
 
 @pytest.mark.parametrize("use_graphs", [False, True])
@@ -375,13 +375,13 @@ class _Plans:
     """Counts an engine's lookahead steps and checks its pages after every step() call."""
 
     def __init__(self, engine):
-        self.lookahead, forward = 0, engine._forward
+        self.lookahead, forward = 0, engine.runner.run
 
         def counted(plan):
             self.lookahead += plan.lookahead
             return forward(plan)
 
-        engine._forward = counted
+        engine.runner.run = counted
 
 
 def _pages_ok(engine) -> None:

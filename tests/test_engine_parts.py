@@ -199,7 +199,7 @@ def test_kept_host_tables_follow_growth_reuse_and_replaced_tables():
     reads equal tables built from scratch."""
     import random
 
-    from sparsegen.engine.model_runner import DecodeInputs
+    from sparsegen.engine.decode_inputs import DecodeInputs
 
     model = random_model("tiny", seed=0)
     engine = LLMEngine(model, max_num_seqs=6, num_pages=64, page_size=8)

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sparsegen.engine.graph_capture import capture
 from sparsegen.errors import InputError
-from sparsegen.graph_capture import capture
+from sparsegen.engine.graph_capture import capture
 from sparsegen.kernels.linear import gemm_rows as gr
 from sparsegen.kernels.linear.gemm_rows_tiles import TUNED_TILES, Tile
 

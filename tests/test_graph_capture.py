@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 
-from sparsegen.graph_capture import capture, gc_paused
+from sparsegen.engine.graph_capture import capture, gc_paused
 
 
 class _Cycle:

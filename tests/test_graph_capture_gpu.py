@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.graph_capture import capture
+from sparsegen.engine.graph_capture import capture
 from sparsegen.models import named_config, random_model
 
 pytestmark = pytest.mark.gpu

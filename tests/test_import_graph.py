@@ -67,8 +67,6 @@ MOVING: dict[str, str] = {
 ALLOWED_ARROWS: frozenset[tuple[str, str]] = frozenset(
     {
         # circles
-        ("engine.cuda_graphs", "engine.model_runner"),  # engine (under TYPE_CHECKING)
-        ("tp_engine", "llm"),  # engine; also runs back up (parallel -> llm)
         ("kernels.base", "kernels.prefill"),  # lifecycle: the family registry imports by name
         ("kernels.base", "kernels.prefill_gluon"),  # lifecycle: the family registry
         ("kernels.base", "kernels.decode"),  # lifecycle: the family registry
@@ -78,20 +76,19 @@ ALLOWED_ARROWS: frozenset[tuple[str, str]] = frozenset(
         ("kernels.base", "kernels.fused.gegelu"),  # lifecycle: the family registry
         ("kernels.base", "kernels.fused.add_norm"),  # lifecycle: the family registry
         # back arrows
+        ("engine.engine", "parallel.source"),  # engine: the engine package above and below parallel
+        ("engine.executor", "parallel.executor"),  # engine
+        ("engine.executor", "parallel.source"),  # engine
         ("jit.triton_compile", "kernels.gluon_api"),  # lifecycle: jit -> kernels
-        ("models.tensor_parallel", "distributed"),  # engine: models -> parallel
         ("llm", "serve.chat"),  # outputs: llm -> serve
         ("llm", "serve.outputs"),  # outputs: llm -> serve
     }
 )
 # Top-level modules whose name prefix stands in for a folder (engine moves them):
-ALLOWED_PREFIX_FILES: frozenset[str] = frozenset(
-    {"tp_engine.py", "tp_failures.py", "tp_rank.py", "tp_source.py", "engine_stats.py"}
-)
+ALLOWED_PREFIX_FILES: frozenset[str] = frozenset()
 # Files that still carry session / call / date notes (their owners remove them):
 ALLOWED_HISTORY: frozenset[str] = frozenset(
     {
-        "sparsegen/graph_capture.py",  # engine
     }
 )
 

@@ -1,7 +1,8 @@
 """Tensor parallelism on the CPU (gloo): N spawned ranks give the tokens of one process.
 
-Each `TPEngine` start spawns N Python processes (a few seconds each on a 2-core machine), so
-every engine here is started once and asked several things.
+Each tensor-parallel `LLMEngine` spawns N Python processes (a few seconds each on a 2-core
+machine), so every engine here is started once and asked several things. What the ranks hold is
+asked through `engine.executor.call` (functions in helpers_tp).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from helpers_tp import WIDE_HF_CONFIG, die_on_forward, exited, hang_on_forward, 
 
 from sparsegen import DistributedError
 from sparsegen.engine import LLMEngine, SamplingParams
+from sparsegen.engine.stats import engine_stats
 from sparsegen.models import load_checkpoint
-from sparsegen.tp_engine import ModelSource, TPEngine
+from sparsegen.parallel.source import ModelSource
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -30,6 +32,12 @@ PROMPTS = [list(range(1, 90)), [5, 6, 7], [(7 * i) % 250 for i in range(61)]]
 ENGINE = dict(max_num_batched_tokens=64, page_size=16)  # 89 tokens: a chunked prefill over a prefix
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.9, top_k=40, seed=1234)
+
+
+def tp_engine(folder, tp: int, **kw) -> LLMEngine:
+    return LLMEngine(
+        ModelSource(model_dir=str(folder)), tensor_parallel_size=tp, device="cpu", **ENGINE, **kw
+    )
 
 
 def reference(folder, params):
@@ -45,7 +53,7 @@ def tiny_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tp2(tiny_ckpt):
-    with TPEngine(ModelSource(model_dir=str(tiny_ckpt)), 2, **ENGINE) as engine:
+    with tp_engine(tiny_ckpt, 2) as engine:
         yield engine
 
 
@@ -78,7 +86,7 @@ def test_tp2_refused_requests_and_aborts_keep_the_ranks_in_step(tp2, tiny_ckpt):
     got = [r.output_ids for r in tp2.generate(PROMPTS, GREEDY, on_token=stop_second_after_three)]
     want = reference(tiny_ckpt, GREEDY)
     assert got[1] == want[1][:3] and got[0] == want[0] and got[2] == want[2]
-    stats = tp2.stats()  # rank 0's: the refused and the aborted requests hold no page
+    stats = engine_stats(tp2)  # the refused and the aborted requests hold no page
     assert stats.kv_pages_used == 0 and stats.running == stats.waiting == 0 and not tp2.has_unfinished
     assert [r.output_ids for r in tp2.generate(PROMPTS, GREEDY)] == want  # still in step
 
@@ -89,10 +97,10 @@ def test_tp2_what_cannot_be_pickled_is_an_error_not_a_hang(tp2):
     from sparsegen import InputError
 
     with pytest.raises(InputError, match="cannot be sent between tensor-parallel processes"):
-        tp2.call(lambda ctx: 1)  # refused before it is sent
+        tp2.executor.call(lambda ctx: 1)  # refused before it is sent
     with pytest.raises(InputError, match="the result of 'call' cannot be sent"):
-        tp2.call(unpicklable_result)
-    assert [f["rank"] for f in tp2.call(rank_facts)] == [0, 1]  # every rank went on
+        tp2.executor.call(unpicklable_result)
+    assert [f["rank"] for f in tp2.executor.call(rank_facts)] == [0, 1]  # every rank went on
 
 
 def test_tp2_logits_match_the_whole_model(tp2, tiny_ckpt):
@@ -101,13 +109,13 @@ def test_tp2_logits_match_the_whole_model(tp2, tiny_ckpt):
 
     with torch.inference_mode():
         want = whole(torch.tensor(PROMPTS[0]), ForwardBatch.whole_sequences([len(PROMPTS[0])]))[-1]
-    got = tp2.call(last_logits, PROMPTS[0])
+    got = tp2.executor.call(last_logits, PROMPTS[0])
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_tp2_ranks_hold_global_heads_and_their_own_kv_groups(tp2):
-    facts = tp2.call(rank_facts)
+    facts = tp2.executor.call(rank_facts)
     assert [f["rank"] for f in facts] == [0, 1]
     whole = facts[0]["global_offsets"]
     assert whole == facts[1]["global_offsets"]
@@ -127,9 +135,9 @@ def test_tp2_ranks_hold_global_heads_and_their_own_kv_groups(tp2):
 def test_tp4_wide_config_with_padded_vocab(tmp_path):
     folder = write_checkpoint(tmp_path / "wide", cfg=WIDE_HF_CONFIG, with_lm_head=True, seed=5)
     want = reference(folder, GREEDY)
-    with TPEngine(ModelSource(model_dir=str(folder)), 4, **ENGINE) as engine:
+    with tp_engine(folder, 4) as engine:
         got = [r.output_ids for r in engine.generate(PROMPTS, GREEDY)]
-        facts = engine.call(rank_facts)
+        facts = engine.executor.call(rank_facts)
     assert got == want
     assert [f["offsets"][0] for f in facts] == [[0, 1], [2, 3], [0, 1], [2, 3]]  # global h % 4
     assert [f["kv_cache_shape"][2] for f in facts] == [1, 1, 1, 1]
@@ -137,13 +145,13 @@ def test_tp4_wide_config_with_padded_vocab(tmp_path):
 
 
 def _all_gone(engine) -> bool:
-    return all(p.exitcode is not None for p in engine._procs)
+    return all(p.exitcode is not None for p in engine.executor.procs)
 
 
 def test_a_rank_that_dies_stops_the_others_with_a_clear_error(tiny_ckpt):
-    engine = TPEngine(ModelSource(model_dir=str(tiny_ckpt)), 2, **ENGINE)
+    engine = tp_engine(tiny_ckpt, 2)
     try:
-        engine.call(die_on_forward, 1, 3, 7)
+        engine.executor.call(die_on_forward, 1, 3, 7)
         start = time.monotonic()
         with pytest.raises(DistributedError, match=r"rank 1 exited with code 7") as info:
             engine.generate(PROMPTS, GREEDY)
@@ -152,14 +160,16 @@ def test_a_rank_that_dies_stops_the_others_with_a_clear_error(tiny_ckpt):
         assert _all_gone(engine)
         with pytest.raises(DistributedError, match="closed"):
             engine.generate(PROMPTS, GREEDY)
+        assert not engine.has_unfinished  # the failed call's requests were aborted in the driver
+        assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
     finally:
         engine.close(kill=True)
 
 
 def test_a_rank_that_hangs_is_ended_by_the_collective_timeout(tiny_ckpt):
-    engine = TPEngine(ModelSource(model_dir=str(tiny_ckpt)), 2, timeout_s=3, **ENGINE)
+    engine = tp_engine(tiny_ckpt, 2, collective_timeout_s=3)
     try:
-        engine.call(hang_on_forward, 1)
+        engine.executor.call(hang_on_forward, 1)
         start = time.monotonic()
         with pytest.raises(DistributedError, match=r"rank 0: all-reduce failed"):
             engine.generate(PROMPTS, GREEDY)
@@ -184,13 +194,29 @@ def test_cli_generate_tp2_prints_the_tokens_of_tp1():
     assert len(rows[1]) == 2 and all(len(x["output_ids"]) == 6 for x in rows[1])
 
 
+def test_a_tp2_command_ends_without_a_leaked_semaphore_warning():
+    """The ranks log through tqdm (torch loads it), whose default lock is a named semaphore
+    registered with the driver's resource tracker; a rank that left without unregistering it made
+    the tracker warn at the driver's exit."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARSEGEN_QUIET"}
+    env["SPARSEGEN_LOG_LEVEL"] = "info"  # the ranks log their KV cache: the lines that took the lock
+    args = [sys.executable, "-m", "sparsegen", "generate", "--random", "tiny", "--prompt-ids", "1,2,3",
+            "--tp", "2", "--device", "cpu", "--max-tokens", "3", "--no-warmup", "--json"]  # fmt: skip
+    res = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert len(json.loads(res.stdout)["output_ids"]) == 3
+    assert res.stderr.count("KV cache:") == 2  # both ranks logged
+    assert "leaked" not in res.stderr and "resource_tracker" not in res.stderr, res.stderr
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
 def test_ranks_exit_when_their_driver_is_killed():
     driver = (
         "import os\n"
-        "from sparsegen.tp_engine import ModelSource, TPEngine\n"
-        "engine = TPEngine(ModelSource(random='tiny'), 2)\n"
-        "print(' '.join(str(p.pid) for p in engine._procs), flush=True)\n"
+        "from sparsegen.engine import LLMEngine\n"
+        "from sparsegen.parallel.source import ModelSource\n"
+        "engine = LLMEngine(ModelSource(random='tiny'), tensor_parallel_size=2, device='cpu')\n"
+        "print(' '.join(str(p.pid) for p in engine.executor.procs), flush=True)\n"
         "os._exit(9)\n"  # like a SIGKILL: no finalizer stops the ranks
     )
     res = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120,
@@ -224,4 +250,4 @@ def test_llm_tensor_parallel_size_2_equals_one_process():
         )
         assert [o.token_ids for o in two.generate(prompts, plain, use_tqdm=False)] == want
     finally:
-        two.engine.close()
+        two.close()

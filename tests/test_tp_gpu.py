@@ -13,7 +13,8 @@ from helpers_tp import rank_facts
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model
-from sparsegen.tp_engine import ModelSource, RankContext, TPEngine
+from sparsegen.parallel.rank import RankContext
+from sparsegen.parallel.source import ModelSource
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,7 +41,7 @@ def _one_gpu(size, prompts, params, graphs=True):
 
 
 def graph_counts(ctx: RankContext) -> int:
-    graphs = ctx.engine.graphs
+    graphs = ctx.runner.graphs
     return 0 if graphs is None else len(graphs.graphs)
 
 
@@ -52,10 +53,10 @@ def test_random_7b_greedy_tokens_equal_one_gpu_for_32_steps(tp):
     params = SamplingParams(max_tokens=32, ignore_eos=True)
     want = _one_gpu("7b", prompts, params)
     source = ModelSource(random="7b", dtype="bfloat16", seed=0)
-    with TPEngine(source, tp, device="cuda", **ENGINE) as engine:
+    with LLMEngine(source, tensor_parallel_size=tp, device="cuda", **ENGINE) as engine:
         got = [r.output_ids for r in engine.generate(prompts, params)]
-        facts = engine.call(rank_facts)
-        counts = engine.call(graph_counts)
+        facts = engine.executor.call(rank_facts)
+        counts = engine.executor.call(graph_counts)
     for i, (a, b) in enumerate(zip(want, got, strict=True)):
         first = next((j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
         assert first is None, (
@@ -75,9 +76,11 @@ def test_tp2_cuda_graph_replays_equal_eager_steps():
     source = ModelSource(random="7b", dtype="bfloat16", seed=0)
     out = {}
     for graphs in (False, True):
-        with TPEngine(source, 2, device="cuda", use_cuda_graphs=graphs, **ENGINE) as engine:
+        with LLMEngine(
+            source, tensor_parallel_size=2, device="cuda", use_cuda_graphs=graphs, **ENGINE
+        ) as engine:
             out[graphs] = [r.output_ids for r in engine.generate(prompts, params)]
-            assert (engine.call(graph_counts) > 0) == graphs
+            assert (engine.executor.call(graph_counts) > 0) == graphs
     assert out[True] == out[False]
 
 
@@ -104,4 +107,4 @@ def test_serve_tp2_over_http_equals_offline_generate():
                      if ln.startswith("sparsegen_kv_pages_total ")]  # fmt: skip
             assert float(total[0].split()[1]) == llm.engine.kv_capacity[0] > 0
     finally:
-        llm.engine.close()
+        llm.close()

@@ -11,14 +11,14 @@ from helpers_checkpoint import single_thread, write_checkpoint  # noqa: F401
 from sparsegen import reference
 from sparsegen.models import load_checkpoint, named_config, random_model
 from sparsegen.models.phi3small import gegelu, model_spec
-from sparsegen.models.tensor_parallel import (
+from sparsegen.parallel.loader import load_tp_checkpoint
+from sparsegen.parallel.sharding import (
     TPShard,
     random_tp_model,
     shard_layer_spec,
     shard_range,
     take_shard,
 )
-from sparsegen.models.tp_loader import load_tp_checkpoint
 from sparsegen.presets import blocksparse_heads, get_pattern
 from sparsegen.spec import LayerSpec
 

@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate_tp.py --tp 1 2 [--quick] [--out tp.json]
     PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate_tp.py --smoke   # CPU (gloo), tiny model
 
-Every size runs through `TPEngine` (TP=1 too: one rank process), so the sizes differ only in
-the split. On each rank the measurements are `bench_generate.py`'s: TTFT of one 8K and one
+Every size runs through the tensor-parallel executor (`MultiprocExecutor`; TP=1 too: one rank
+process), so the sizes differ only in the split. On each rank the measurements are `bench_generate.py`'s: TTFT of one 8K and one
 32K-token prompt, and decode tokens/s at batch 1 and batch 32 with 8K-token prompts, CUDA-graph
 replays, after warm-up steps. Rank 0's clock is reported. Targets (issue 15): batch-32 decode
 at TP=2 >= 1.8x TP=1; batch-1 step time at TP=2 <= 0.6x TP=1.
@@ -22,7 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_generate, in the ranks too
 
-from sparsegen.tp_engine import ModelSource, TPEngine  # noqa: E402
+from sparsegen.engine.config import EngineConfig  # noqa: E402
+from sparsegen.parallel.executor import MultiprocExecutor  # noqa: E402
+from sparsegen.parallel.source import ModelSource  # noqa: E402
 
 
 def measure(
@@ -31,8 +33,7 @@ def measure(
     """On every rank, in lockstep: bench_generate's measurements over this rank's shard."""
     from bench_generate import Setup, decode_rate, ttft
 
-    model = ctx.model
-    setup = Setup(graphs=graphs, compiled=False, kv_gib=kv_gib, chunk=None)
+    model, setup = ctx.model, Setup(graphs=graphs, compiled=False, kv_gib=kv_gib, chunk=None)
     return {
         "ttft_8k_s": ttft(model, short, setup)["ttft_s"],
         "ttft_32k_s": ttft(model, long, setup)["ttft_s"],
@@ -47,7 +48,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     ap.add_argument("--quick", action="store_true", help="fewer decode steps")
     ap.add_argument("--no-cuda-graphs", action="store_true")
-    ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per rank's engine (GPU)")
+    ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per rank (GPU)")
     ap.add_argument("--smoke", action="store_true", help="check the script on a CPU: tiny model, gloo")
     args = ap.parse_args()
     graphs = not args.no_cuda_graphs
@@ -62,10 +63,15 @@ def main() -> None:
     rows = {}
     for tp in args.tp:
         t0 = time.perf_counter()
-        with TPEngine(source, tp, device=device) as engine:
+        max_model_len = source.load_config().max_position_embeddings
+        ranks = MultiprocExecutor(source, EngineConfig(tensor_parallel_size=tp), max_model_len=max_model_len,
+                                  device_type=device)  # fmt: skip
+        try:
             print(f"TP={tp}: {tp} rank(s) up with {source.random} weights in {time.perf_counter() - t0:.1f} s",
                   flush=True)  # fmt: skip
-            r = engine.call(measure, short, long, big_batch, steps, warm, graphs, args.kv_gib)
+            r = ranks.call(measure, short, long, big_batch, steps, warm, graphs, args.kv_gib)
+        finally:
+            ranks.close()
         rows[tp] = r
         print(
             f"TP={tp}  TTFT {short} {r['ttft_8k_s'] * 1e3:8.1f} ms   TTFT {long} {r['ttft_32k_s'] * 1e3:8.1f} ms   "

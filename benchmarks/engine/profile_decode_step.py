@@ -180,10 +180,10 @@ def split_sweep(engine: LLMEngine) -> list[dict]:
 
 def timed_engine(model, args, report: dict, name: str, compiled: bool, async_decode: bool = True) -> None:
     engine = engine_at(model, args, graphs=True, compiled=compiled, async_decode=async_decode)
-    plans, forward = [], engine._forward
-    engine._forward = lambda plan: (plans.append(plan.lookahead), forward(plan))[1]
+    plans, forward = [], engine.runner.run
+    engine.runner.run = lambda plan: (plans.append(plan.lookahead), forward(plan))[1]
     ms = step_ms(engine, args.steps)
-    engine._forward = forward
+    engine.runner.run = forward
     rep = replay_ms(engine)
     report[name] = {"step_ms": ms, "tokens_per_s": args.batch * 1e3 / ms, "replay_ms": rep,
                     "lookahead_steps": sum(plans), "steps": len(plans)}  # fmt: skip

@@ -152,21 +152,15 @@ def _generate(
     import torch
 
     from ..engine import LLMEngine, SamplingParams
-    from ..llm import build_model, turn_end_ids
+    from ..llm import model_source, turn_end_ids
 
     device = torch_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
     engine_kwargs = dict(max_num_seqs=max_batch, **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs))
     check_tp(tp, model_dir, random_size, device)
-    if tp > 1:  # ranks are separate processes; this one drives them
-        from ..tp_engine import tp_engine_for
-
-        engine = tp_engine_for(model_dir, random_size, tokenizer_path, device, dtype, force_dense, 0, tp,
-                               {**engine_kwargs, "warmup": not no_warmup})  # fmt: skip
-        tokenizer, config = engine.tokenizer, engine.model_config
-    else:
-        model, tokenizer = build_model(model_dir, random_size, tokenizer_path, device, dtype, force_dense)
-        engine, config = LLMEngine(model, tokenizer=tokenizer, **engine_kwargs), model.config
+    source, tokenizer = model_source(model_dir, random_size, tokenizer_path, dtype, force_dense)
+    engine = LLMEngine(source, tokenizer=tokenizer, device=device, tensor_parallel_size=tp, **engine_kwargs)
+    config = engine.model_config
     vocab = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
     if chat and prompt_ids:
         raise click.UsageError("--chat takes text prompts (--prompt, --prompts-file), not --prompt-ids")
@@ -232,8 +226,7 @@ def _generate(
     if watch is not None:
         results = watch.apply(results)
     wall = time.perf_counter() - start
-    if tp > 1:
-        engine.close()  # on an error, the TPEngine's finalizer stops the ranks
+    engine.close()  # the ranks exit (with --tp); on an error, the executor's finalizer stops them
     if as_json:
         for res in results:
             click.echo(json.dumps(res.to_json_dict()))

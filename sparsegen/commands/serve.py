@@ -119,5 +119,4 @@ def command(
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
     finally:
-        if tp > 1:
-            llm.engine.close()  # the ranks exit; on a crash, the TPEngine's finalizer stops them
+        llm.close()  # the ranks exit (with --tp); on a crash, the executor's finalizer stops them

@@ -16,12 +16,13 @@ def check_tp(tp: int, model_dir, random_size: str | None, device: str) -> None:
     GPUs, before any weight is read or any rank started; a bad one is a usage error naming --tp."""
     if tp == 1:
         return
+    from ..engine.config import EngineConfig
+    from ..engine.executor import model_facts
     from ..errors import InputError
-    from ..tp_engine import check_tensor_parallel
-    from ..tp_source import ModelSource
+    from ..parallel.source import ModelSource
 
     source = ModelSource(model_dir=str(model_dir) if model_dir is not None else None, random=random_size)
     try:
-        check_tensor_parallel(source.load_config(), tp, device.split(":")[0])
+        model_facts(source, EngineConfig(tensor_parallel_size=tp), device)
     except InputError as exc:
         raise click.BadParameter(str(exc), param_hint="'--tp'") from None

@@ -58,6 +58,11 @@ class EngineConfig:
     # greedy and seeded tokens are the same either way
     async_decode: bool = True
     kv_layout: str = "head"  # one of KV_LAYOUTS
+    # ranks that run the model (one GPU each), below the engine (engine.executor); 1: this process
+    tensor_parallel_size: int = 1
+    # tensor parallelism: seconds a collective may wait for a peer before it fails
+    # (None: parallel.distributed.DEFAULT_TIMEOUT_S)
+    collective_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         check_int("page_size", self.page_size, 1, MAX_PAGE_SIZE)
@@ -71,3 +76,9 @@ class EngineConfig:
                 raise InputError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.kv_layout not in KV_LAYOUTS:
             raise InputError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
+        check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        t = self.collective_timeout_s
+        if t is not None and (
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")
+        ):
+            raise InputError(f"collective_timeout_s must be None or a number of seconds > 0, got {t!r}")

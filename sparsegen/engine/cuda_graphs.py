@@ -19,18 +19,15 @@ bucket, after one eager warm-up run (which also compiles the kernels) on a side 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..graph_capture import capture
 from ..models.batch import ForwardBatch
 from ..models.phi3small import Phi3SmallForCausalLM
+from .decode_inputs import DecodeInputs
+from .graph_capture import capture
 from .kv_cache import KVCache, pages_for
 from .transfer import copy_in
-
-if TYPE_CHECKING:
-    from .model_runner import DecodeInputs
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_WIDTH_PAGES = 64

@@ -5,14 +5,21 @@
         print(event.index, event.token_id, event.finish_reason)
     results = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=32))
 
-Each `step()` asks the `Scheduler` for a plan (one prefill or one decode forward), has the
-`ModelRunner` run it (on a GPU, decode steps replay CUDA graphs; `use_cuda_graphs=False` turns
-that off), samples the rows that reached the end of their sequence, and hands the tokens back
-to `Scheduler.postprocess`. With `async_decode` (the default) a decode step's successor is
-launched before its tokens are read back, so the host's work overlaps the GPU's
-(`engine.inflight`; greedy and seeded tokens are the same as with `async_decode=False`).
-Requests may be added between steps: they join the batch as others finish. The engine itself
-builds each `Sequence` and keeps the request index of each.
+Each `step()` asks the `Scheduler` for a plan (one prefill or one decode forward) and hands it
+to the engine's executor (`engine.executor`), which runs the forward pass (on a GPU, decode
+steps replay CUDA graphs; `use_cuda_graphs=False` turns that off) and samples the rows that
+reached the end of their sequence; the tokens go back to `Scheduler.postprocess`. The executor
+is this process's `ModelRunner`, or with `tensor_parallel_size=N` the driver of N rank
+processes that each run one over a shard of the model (`parallel.executor`); nothing else in the
+engine changes. With `async_decode` (the default) a decode step's successor is launched before
+its tokens are read back, so the host's work overlaps the GPU's (`engine.inflight`; greedy and
+seeded tokens are the same as with `async_decode=False`). Requests may be added between steps:
+they join the batch as others finish. The engine itself builds each `Sequence` and keeps the
+request index of each.
+
+    engine = LLMEngine(ModelSource(random="tiny"), tensor_parallel_size=2, device="cpu")
+    with engine:  # close() stops the ranks
+        results = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=8))
 """
 
 from __future__ import annotations
@@ -23,15 +30,15 @@ from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 
-import torch
-
 from ..errors import EngineError, InputError
 from ..models.phi3small import Phi3SmallForCausalLM
+from ..parallel.source import ModelSource
 from .checks import check_params, check_prompt, expand_params
 from .config import KERNEL_PAGE_SIZES, PREFILL_CHUNK_TOKENS, EngineConfig
+from .executor import model_facts, open_executor
 from .inflight import InFlight, overlappable
 from .model_runner import ModelRunner
-from .sampling import SamplingParams, TokenLogprobs, sample_on_device
+from .sampling import SamplingParams, TokenLogprobs
 from .scheduler import Plan, Scheduler
 from .sequence import Sequence
 
@@ -78,13 +85,18 @@ class LLMEngine:
     carries `request_id`); `stream()` and `generate()` drive `step()` until their own requests
     are done. Aborting: `abort(request_id)` drops a request and frees its pages at once; an
     exception (or a closed generator) out of `generate()`/`stream()` aborts that call's requests.
+
+    `model` is a model in this process, or a `ModelSource` that the engine builds here, or in
+    `tensor_parallel_size` rank processes (one GPU each) on `device`'s type. `close()` (or a
+    `with` block) stops the ranks; it does nothing for a model in this process.
     """
 
     def __init__(
         self,
-        model: Phi3SmallForCausalLM,
+        model: Phi3SmallForCausalLM | ModelSource,
         *,
         tokenizer=None,
+        device=None,
         page_size: int = 16,
         num_pages: int | None = None,
         kv_cache_bytes: int | None = None,
@@ -95,6 +107,8 @@ class LLMEngine:
         compile_model: bool = False,
         async_decode: bool = True,
         kv_layout: str = "head",
+        tensor_parallel_size: int = 1,
+        collective_timeout_s: float | None = None,
     ):
         config = EngineConfig(
             page_size=page_size,
@@ -107,27 +121,30 @@ class LLMEngine:
             compile_model=compile_model,
             async_decode=async_decode,
             kv_layout=kv_layout,
+            tensor_parallel_size=tensor_parallel_size,
+            collective_timeout_s=collective_timeout_s,
         )
-        if not isinstance(model, Phi3SmallForCausalLM):
-            raise InputError(f"model must be a Phi3SmallForCausalLM, got {type(model).__name__}")
-        cfg = model.config
+        facts = model_facts(model, config, device)  # reads nothing but a config.json
+        cfg = self.model_config = facts.config
         if max_model_len is not None and max_model_len > cfg.max_position_embeddings:
             raise InputError(
                 f"max_model_len={max_model_len} exceeds the model's max_position_embeddings "
                 f"({cfg.max_position_embeddings})"
             )
-        kernel_decode = model.device.type == "cuda" and model.attn_impl != "reference"
+        kernel_decode = facts.device.type == "cuda" and facts.attn_impl != "reference"
         if kernel_decode and page_size not in KERNEL_PAGE_SIZES:
             raise InputError(
                 f"page_size must be in {KERNEL_PAGE_SIZES.start}..{KERNEL_PAGE_SIZES.stop - 1} for the compiled "
                 f"decode kernel, got {page_size}"
             )
         self.config = config
-        self.model = model
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or cfg.max_position_embeddings
-        self.runner = ModelRunner(model, config, max_model_len=self.max_model_len)
-        self.cache = self.runner.cache
+        self.executor = open_executor(model, facts, config, self.max_model_len)
+        # the model and its runner when they are in this process (None with tensor parallelism)
+        self.runner = self.executor if isinstance(self.executor, ModelRunner) else None
+        self.model: Phi3SmallForCausalLM | None = self.runner.model if self.runner is not None else None
+        self.cache = self.executor.cache  # the pages the scheduler hands out
         self.scheduler = Scheduler(
             self.cache,
             max_num_seqs=max_num_seqs,
@@ -150,17 +167,30 @@ class LLMEngine:
 
     @property
     def graphs(self):
-        """The runner's CUDA graphs of decode steps (None on a CPU or with use_cuda_graphs=False)."""
-        return self.runner.graphs
+        """The runner's CUDA graphs of decode steps (None on a CPU, with use_cuda_graphs=False, or
+        when the model runs in tensor-parallel ranks)."""
+        return self.runner.graphs if self.runner is not None else None
 
     @property
     def kv_capacity(self) -> tuple[int, int]:
         """(pages, tokens) of KV cache that sequences can hold at once."""
-        return self.runner.kv_capacity
+        pages = self.cache.allocator.capacity
+        return pages, pages * self.cache.page_size
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the executor's rank processes (`kill`: without waiting for them); the engine
+        cannot step after it. Nothing to stop for a model in this process."""
+        self.executor.close(kill)
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(kill=exc[0] is not None)
 
     # -- requests -------------------------------------------------------------------------
     def _checked(self, prompt: object, params: object, where: str) -> tuple[list[int], SamplingParams]:
-        vocab = self.model.config.vocab_size
+        vocab = self.model_config.vocab_size
         ids = check_prompt(prompt, vocab, where)
         params = check_params(params, vocab, f"params of {where}")
         self.scheduler.check(len(ids), params.max_tokens, where)
@@ -214,32 +244,11 @@ class LLMEngine:
         return not self.scheduler.idle
 
     # -- one step ---------------------------------------------------------------------------
-    def _forward(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
-        return self.runner.run(plan)
-
-    @torch.inference_mode()
     def _launch(self, plan: Plan, after: InFlight | None = None) -> InFlight:
-        """Run `plan`'s forward pass and sampler without reading the tokens back. `after` is the
-        in-flight step whose sampled tokens are `plan`'s input ids (a lookahead plan). The sampler
-        runs in inference mode too, so that those ids are inference tensors like the ids a
-        synchronous step builds (torch.compile would otherwise guard on the difference and
-        recompile)."""
-        if after is not None:
-            plan = replace(plan, input_ids=after.tokens)
-        logits = self._forward(plan)
-        seqs = plan.sampled
-        if not seqs:
-            return InFlight(plan, None, None)
-        ahead = 1 if plan.lookahead else 0  # a lookahead row's previous token is not booked yet
-        out = sample_on_device(
-            logits,
-            [s.params for s in seqs],
-            [s.output_ids for s in seqs],
-            [s.prompt_ids for s in seqs],
-            eos_token_id=self.eos_token_id,
-            num_generated=[len(s.output_ids) + ahead for s in seqs],
-        )
-        return InFlight(plan, out.token_ids, out.to_host())
+        """Hand `plan` to the executor: its forward pass and sampler run without the tokens being
+        read back. `after` is the in-flight step whose sampled tokens are `plan`'s input ids (a
+        lookahead plan)."""
+        return self.executor.launch(plan, after, self.eos_token_id)
 
     def _complete(self, done: InFlight) -> list[TokenEvent]:
         """Read `done`'s tokens and book them. Rows whose sequence ended while the step was in

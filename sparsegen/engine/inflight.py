@@ -21,11 +21,19 @@ pinned buffers of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from .sampling import DeviceSample, SamplerOutput
+from .sampling import SamplerOutput
 from .sequence import Plan
+
+
+class PendingOutput(Protocol):
+    """Where a launched step's tokens are read from: a `sampling.DeviceSample` on its way to
+    pinned host memory, or a tensor-parallel executor's answer from rank 0."""
+
+    def output(self) -> SamplerOutput: ...
 
 
 @dataclass(frozen=True)
@@ -33,8 +41,10 @@ class InFlight:
     """A launched step whose tokens the host has not read yet."""
 
     plan: Plan
-    tokens: torch.Tensor | None  # [len(plan.sampled)] int64 on the device; None if nothing sampled
-    host: DeviceSample | None  # the sampler output on its way to pinned host memory
+    # [len(plan.sampled)] int64 on this process's device; None if nothing was sampled, or if the
+    # step runs in tensor-parallel ranks (each keeps its own copy for the next lookahead step)
+    tokens: torch.Tensor | None
+    host: PendingOutput | None  # None if nothing was sampled
 
     def output(self) -> SamplerOutput:
         """The sampled tokens (and log-probabilities); waits for the step to end on a GPU."""

@@ -4,7 +4,9 @@ Each layer owns `k` and `v` pools seen as `[num_pages, page_size, Hkv, D]`. A se
 a list of page ids (its block table); token position p lives in page `pages[p // page_size]`
 at offset `p % page_size`, i.e. flat slot `pages[p // page_size] * page_size + p % page_size`.
 The last page is kept back as a scratch page: padded rows of a captured decode batch write
-there, so they never touch a live sequence.
+there, so they never touch a live sequence. `CachePages` is that page accounting alone (what
+the scheduler allocates from); `KVCache` adds the pools. With tensor parallelism the driver holds
+a `CachePages` and every rank a `KVCache` of the same number of pages.
 
 Memory layout (`layout`): "head" (the default) stores each pool as `[num_pages, Hkv, page_size,
 D]` and hands out its `.transpose(1, 2)` view, so one KV head's part of a page is one
@@ -25,7 +27,7 @@ import torch
 from ..errors import CacheOutOfMemory, EngineError
 from .config import KV_LAYOUTS
 
-__all__ = ["KV_LAYOUTS", "CacheOutOfMemory", "KVCache", "PageAllocator", "pages_for"]
+__all__ = ["KV_LAYOUTS", "CacheOutOfMemory", "CachePages", "KVCache", "PageAllocator", "pages_for"]
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -56,7 +58,20 @@ class PageAllocator:
         self._free.extend(pages)
 
 
-class KVCache:
+class CachePages:
+    """The cache's pages without their memory: `num_pages` of `page_size` tokens, the last one
+    kept as scratch, the others handed out by `allocator`."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        if num_pages < 2:
+            raise CacheOutOfMemory(f"the KV cache needs at least 2 pages (one is scratch), got {num_pages}")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.scratch_page = num_pages - 1
+        self.allocator = PageAllocator(num_pages - 1)
+
+
+class KVCache(CachePages):
     def __init__(
         self,
         *,
@@ -71,10 +86,7 @@ class KVCache:
     ):
         if layout not in KV_LAYOUTS:
             raise EngineError(f"KV cache layout must be one of {KV_LAYOUTS}, got {layout!r}")
-        if num_pages < 2:
-            raise CacheOutOfMemory(f"the KV cache needs at least 2 pages (one is scratch), got {num_pages}")
-        self.page_size = page_size
-        self.num_pages = num_pages
+        super().__init__(num_pages, page_size)
         self.layout = layout
 
         def pool() -> torch.Tensor:  # [num_pages, page_size, Hkv, D], in `layout`'s memory order
@@ -93,8 +105,6 @@ class KVCache:
                 f"cannot allocate a KV cache of {num_pages} pages ({need / 2**30:.1f} GiB) on {device}; "
                 "ask for fewer pages or less memory"
             ) from None
-        self.scratch_page = num_pages - 1
-        self.allocator = PageAllocator(num_pages - 1)
 
     @staticmethod
     def bytes_per_page(

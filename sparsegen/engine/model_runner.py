@@ -1,18 +1,23 @@
 """`ModelRunner`: the model's side of the engine. It sizes and allocates the paged KV cache, turns
 a scheduler `Plan` into token ids and a `ForwardBatch` (positions, cache slots, block tables,
 the LongRoPE factor choice), runs the forward pass (replaying a CUDA graph for decode steps on
-a GPU), and returns the logits of the rows to sample.
+a GPU), and samples the rows that reached the end of their sequence.
 
     runner = ModelRunner(model, EngineConfig(page_size=16), max_model_len=4096)
     logits = runner.run(plan)                # [len(plan.sampled), vocab] float32
+    step = runner.launch(plan, None, eos)    # run + sample, tokens still on the device
+    step.output().token_ids                  # read back
     runner.kv_capacity                       # (pages, tokens) usable by sequences
+
+It is the in-process `engine.executor.Executor`: `LLMEngine` calls `launch` directly. With
+tensor parallelism every rank runs one over its shard (`parallel.rank`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -23,9 +28,13 @@ from ..models.batch import ForwardBatch
 from ..models.memory import check_fits, prefill_activation_bytes
 from ..models.phi3small import Phi3SmallForCausalLM
 from .config import EngineConfig
+from .cuda_graphs import DecodeGraphs
+from .decode_inputs import DecodeInputs, padded_tables
+from .inflight import InFlight
 from .kv_cache import KVCache
+from .sampling import sample_on_device
 from .sequence import Chunk, Plan, Sequence
-from .transfer import packed_to_device, to_device
+from .transfer import packed_to_device
 
 log = get_logger(__name__)
 
@@ -102,50 +111,6 @@ def token_ids(seq: Sequence, start: int, stop: int) -> np.ndarray:  # [stop - st
     return np.array(part, dtype=np.int64)
 
 
-def padded_tables(pages: list[list[int]], scratch: int, width: int | None = None) -> np.ndarray:
-    """Block tables as one [len(pages), width] int32 array, each row padded with the scratch page
-    to `width` (default: the longest)."""
-    width = max((len(p) for p in pages), default=0) if width is None else width
-    tables = np.full((len(pages), width), scratch, dtype=np.int32)
-    for row, p in enumerate(pages):
-        tables[row, : len(p)] = p
-    return tables
-
-
-@dataclass(frozen=True)
-class DecodeInputs:
-    """One decode step, one row per sequence, on the host."""
-
-    ids: list[int]  # the newest token of each sequence
-    positions: list[int]  # its position
-    slots: list[int]  # its flat cache slot
-    seq_lens: list[int]  # tokens including it
-    pages: list[list[int]]  # each sequence's block table (its own list: read, never changed here)
-    keys: list[tuple[int, int]]  # (seq_id, page_epoch) per row: which block table each row holds
-    width: int  # the longest block table
-    scratch: int  # the scratch page, which pads the tables
-    use_long: list[bool] | None  # LongRoPE long factors per row; None without LongRoPE
-
-    def to_batch(
-        self, device: torch.device, input_ids: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, ForwardBatch]:
-        """The step as tensors on `device`; `input_ids` ([B] int64, on `device`) replaces `ids`."""
-
-        def t(x, dtype=torch.long):
-            return to_device(torch.tensor(x, dtype=dtype), device)
-
-        tables = padded_tables(self.pages, self.scratch, self.width)  # [B, width]
-        batch = ForwardBatch(
-            is_decode=True,
-            positions=t(self.positions),  # [B]
-            use_long_rope=t(self.use_long, torch.bool) if self.use_long is not None else None,  # [B]
-            slot_mapping=t(self.slots),  # [B]
-            block_tables=t(tables, torch.int32),  # [B, width]
-            seq_lens=t(self.seq_lens, torch.int32),  # [B]
-        )
-        return (t(self.ids) if input_ids is None else input_ids), batch  # ids: [B]
-
-
 class ModelRunner:
     def __init__(self, model: Phi3SmallForCausalLM, config: EngineConfig, *, max_model_len: int):
         self.model = model
@@ -188,8 +153,6 @@ class ModelRunner:
         self.decode_forward = compiled_decode(model) if config.compile_model else model
         self.graphs = None
         if config.use_cuda_graphs and model.device.type == "cuda":
-            from .cuda_graphs import DecodeGraphs
-
             self.graphs = DecodeGraphs(
                 model, self.cache, config.max_num_seqs, max_model_len, forward=self.decode_forward
             )
@@ -303,3 +266,33 @@ class ModelRunner:
             return self.decode_forward(ids, batch, self.cache.layers)
         ids, batch = self.prepare_prefill(plan.chunks)
         return self.model(ids, batch, self.cache.layers)
+
+    @torch.inference_mode()
+    def launch(
+        self, plan: Plan, after: InFlight | None, eos_token_id: int | None, read_back: bool = True
+    ) -> InFlight:
+        """Run `plan`'s forward pass and sampler without reading the tokens back. `after` is the
+        in-flight step whose sampled tokens are `plan`'s input ids (a lookahead plan). The sampler
+        runs in inference mode too, so that those ids are inference tensors like the ids a
+        synchronous step builds (torch.compile would otherwise guard on the difference and
+        recompile). `read_back=False` leaves the tokens on the device only (a tensor-parallel rank
+        whose results nobody reads)."""
+        if after is not None:
+            plan = replace(plan, input_ids=after.tokens)
+        logits = self.run(plan)
+        seqs = plan.sampled
+        if not seqs:
+            return InFlight(plan, None, None)
+        ahead = 1 if plan.lookahead else 0  # a lookahead row's previous token is not booked yet
+        out = sample_on_device(
+            logits,
+            [s.params for s in seqs],
+            [s.output_ids for s in seqs],
+            [s.prompt_ids for s in seqs],
+            eos_token_id=eos_token_id,
+            num_generated=[len(s.output_ids) + ahead for s in seqs],
+        )
+        return InFlight(plan, out.token_ids, out.to_host() if read_back else None)
+
+    def close(self, kill: bool = False) -> None:
+        """Nothing to stop in this process (the executor interface's close)."""

@@ -229,7 +229,7 @@ class Phi3SmallForCausalLM(nn.Module):
     @property
     def local_num_kv_heads(self) -> int:
         """KV heads whose cache this process holds: all of them here; a rank's own groups under
-        tensor parallelism (`models.tensor_parallel`). The engine sizes its KV cache by this."""
+        tensor parallelism (`parallel.sharding`). The engine sizes its KV cache by this."""
         return self.config.num_key_value_heads
 
     @property

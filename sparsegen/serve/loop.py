@@ -6,8 +6,8 @@ cancelled ones), runs `engine.step()` while anything is unfinished, turns each e
 with the request's `CompletionTracker`s, and hands every step's updates back to the event loop
 in one `call_soon_threadsafe`. So requests from any number of connections share one
 continuous batch, and nothing but this thread drives the engine or touches the model (the event
-loop only reads `LLM.stats()` for admission and /metrics). The engine is an `LLMEngine` or, with
-tensor parallelism, a `TPEngine`: both offer add_request, step, abort and has_unfinished.
+loop only reads `LLM.stats()` for admission and /metrics). The engine is the `LLMEngine`,
+whether its model runs in this process or in tensor-parallel ranks below it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ What each rank holds (H query heads, Hkv KV heads, G = H / Hkv, D head_dim, F in
 - `lm_head`, vocab-parallel: the largest single matrix read every step (0.8 GB at 7b); each rank
   reads 1/w of it and the logits are all-gathered. The gather copies values without arithmetic,
   so every rank holds bitwise the same logits and samples the same tokens: this is what lets
-  every rank run the scheduler and the sampler itself (see `sparsegen.tp_engine`).
+  every rank run the scheduler and the sampler itself (see `sparsegen.parallel.executor`).
 - LayerNorms and their biases, replicated.
 
 Each rank's `LayerSpec`s keep the **global** head numbers (DESIGN §1): rank r's heads are
@@ -34,14 +34,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import distributed
 from ..errors import InputError
+from ..models.config import Phi3SmallConfig
+from ..models.loader import init_random_
+from ..models.memory import check_fits, weight_bytes
+from ..models.options import ModelOptions
+from ..models.phi3small import Linear, Phi3SmallForCausalLM, model_spec
 from ..spec import LayerSpec, ModelSpec
-from .config import Phi3SmallConfig
-from .loader import init_random_
-from .memory import check_fits, weight_bytes
-from .options import ModelOptions
-from .phi3small import Linear, Phi3SmallForCausalLM, model_spec
+from . import distributed
 
 
 @dataclass(frozen=True)

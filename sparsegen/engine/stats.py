@@ -1,8 +1,8 @@
 """`EngineStats`: how full an engine is now (its queue, its batch, its KV cache), for the server.
 
-The HTTP server reads these for admission (`max_num_seqs`) and for `/metrics`; through
-`LLM.stats()` they come from the engine in this process, or from tensor-parallel rank 0 (every
-rank schedules alike, so rank 0's numbers are every rank's).
+The HTTP server reads these for admission (`max_num_seqs`) and for `/metrics`, through
+`LLM.stats()`. The scheduler and the page allocator are in the engine's process whatever runs the
+model, so the numbers are always read there.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""`ModelSource`: where every tensor-parallel rank gets its weights, sent to each rank as is."""
+"""`ModelSource`: where a model's weights come from, as plain data that any process can build from.
+
+`LLMEngine(ModelSource(...), tensor_parallel_size=N)` sends it to each of N ranks as is (each
+builds its shard with `build`); with N = 1 the engine builds the whole model in this process
+(`build_model`), exactly as `models.load_checkpoint` / `models.random_model` would.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 
 
 @dataclass(frozen=True)
@@ -34,10 +39,10 @@ class ModelSource:
             raise InputError(f"ModelSource.dtype must name a floating-point torch dtype, got {self.dtype!r}")
 
     def load_config(self):
-        from .models import Phi3SmallConfig, named_config
+        from ..models import Phi3SmallConfig, named_config
 
         if self.model_dir is not None:
-            from .models.loader import contained_file
+            from ..models.loader import contained_file
 
             folder = Path(self.model_dir)
             return Phi3SmallConfig.from_file(
@@ -45,10 +50,21 @@ class ModelSource:
             )
         return named_config(self.random) if self.random is not None else self.config
 
+    def build_model(self, device: torch.device):
+        """The whole model in this process, with the default options for `device`."""
+        from ..models import load_checkpoint, random_model
+
+        fields = dict(device=device, dtype=getattr(torch, self.dtype), force_dense=self.force_dense,
+                      attn_impl=self.attn_impl, dummy_token_indices=self.dummy_token_indices)  # fmt: skip
+        if self.model_dir is not None:
+            return load_checkpoint(self.model_dir, **fields)
+        return random_model(self.load_config(), seed=self.seed, **fields)
+
     def build(self, shard, device: torch.device, group=None):
-        from .models.options import ModelOptions
-        from .models.tensor_parallel import random_tp_model
-        from .models.tp_loader import load_tp_checkpoint
+        """One rank's shard (a `sharding.TensorParallelPhi3Small`) of the same weights."""
+        from ..models.options import ModelOptions
+        from .loader import load_tp_checkpoint
+        from .sharding import random_tp_model
 
         options = ModelOptions(
             device=device,

@@ -1,7 +1,7 @@
 """Process groups for tensor parallelism: set-up from torchrun's variables, collectives, watchdogs.
 
 A rank learns who it is from the variables torchrun sets (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-`MASTER_ADDR`, `MASTER_PORT`); `sparsegen.tp_engine` sets the same ones in the processes it
+`MASTER_ADDR`, `MASTER_PORT`); `parallel.executor` sets the same ones in the processes it
 spawns, so a rank runs the same way under either launcher. The backend is NCCL on GPUs and
 gloo on CPUs, and `NCCL_NVLS_ENABLE=0` is always set before NCCL starts (NVLink multicast must
 stay off on the machines this runs on).
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .errors import DistributedError, InputError
-from .log import get_logger
+from ..errors import DistributedError, InputError
+from ..log import get_logger
 
 log = get_logger(__name__)
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .config import CheckpointError
-from .loader import checked_values, load_into
-from .options import ModelOptions
-from .tensor_parallel import TensorParallelPhi3Small, TPShard, full_shape, shard_range, take_shard
+from ..models.config import CheckpointError
+from ..models.loader import checked_values, load_into
+from ..models.options import ModelOptions
+from .sharding import TensorParallelPhi3Small, TPShard, full_shape, shard_range, take_shard
 
 
 def _read(f, name: str, path: Path, model_param: torch.Tensor, config, shard) -> torch.Tensor:

@@ -6,9 +6,9 @@ invalidates the capture in progress. Python frees objects held in reference cycl
 cyclic collector runs, and an automatic collection can start at any allocation of a container,
 including the many that a capture's Python code makes. torch.cuda.graph no longer collects before
 it begins (torch.compiler.config.force_cudagraph_gc is off by default), so an unreachable cycle
-holding an old engine's graphs (an engine caught in a closure, say) could be freed mid-capture.
-That is how session 11's whole GPU tier in one process broke three captures ("CUDAGraph reset:
-operation not permitted when stream is capturing").
+holding an old engine's graphs (an engine caught in a closure, say) could be freed mid-capture,
+which fails the capture with "CUDAGraph reset: operation not permitted when stream is capturing"
+(benchmarks/gc_capture_hazard.py shows it with plain torch.cuda.graph).
 
 `capture` collects once before the capture begins, where destroying graphs is allowed, and keeps
 the automatic collector off until the capture has ended.
