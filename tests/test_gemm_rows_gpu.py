@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from sparsegen.engine.graph_capture import capture
 from sparsegen.errors import InputError
-from sparsegen.engine.graph_capture import capture
 from sparsegen.kernels.linear import gemm_rows as gr
 from sparsegen.kernels.linear.gemm_rows_tiles import TUNED_TILES, Tile
 
