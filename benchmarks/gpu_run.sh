@@ -90,6 +90,24 @@ if want compare; then
   fi
 fi
 
+if want compare-engine; then
+  # The 7b engine (bench_generate --quick, sparse layers) in this tree and in BASE, one process
+  # each, alternating: TTFT 8K / 32K and decode tokens/s at batch 1 and 32.
+  base=${BASE:-.gpu/base}
+  for round in 1 2; do
+    for tree in "$PWD" "$(cd "$base" && pwd)"; do
+      script=$tree/benchmarks/engine/bench_generate.py
+      [[ -f $script ]] || script=$tree/benchmarks/bench_generate.py
+      tag=$([[ $tree == "$PWD" ]] && echo new || echo base)
+      (cd "$tree" && PYTHONPATH=$PWD timeout "${ENGINE_TIMEOUT:-200}" python3 "$script" --quick --modes sparse \
+        --out "$OUT/generate_${tag}_$round.json") > "$LOGS/generate_${tag}_$round.log" 2>&1
+      echo "engine $tag round $round rc=$?" >> "$summary"
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], json.dumps(d)[:600])" \
+        "$OUT/generate_${tag}_$round.json" "$tag" >> "$summary" 2>&1
+    done
+  done
+fi
+
 if want ab; then
   # One process each: the last layer on every row against the sampled rows only (TTFT), and the
   # b32 decode step before / after the output projection went through gemm_rows.
@@ -108,8 +126,9 @@ fi
 
 if want tests; then
   echo "== gpu tests"
-  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -m gpu -q -s -p no:cacheprovider --durations=15 ${TESTS:-tests} \
-    > "$LOGS/gpu_tests.log" 2>&1
+  # PYTEST_ARGS: e.g. "-n 3 --dist loadfile" (pytest-xdist) to spread the files over workers.
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -m gpu -q -s -p no:cacheprovider --durations=15 ${PYTEST_ARGS:-} \
+    ${TESTS:-tests} > "$LOGS/gpu_tests.log" 2>&1
   rc=$?
   tail -n 25 "$LOGS/gpu_tests.log"
   echo "gpu tests rc=$rc: $(grep -E '(passed|failed|error)' "$LOGS/gpu_tests.log" | tail -n 1)" >> "$summary"
