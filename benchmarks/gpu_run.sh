@@ -94,7 +94,7 @@ if want compare-engine; then
   # The 7b engine (bench_generate --quick, sparse layers) in this tree and in BASE, one process
   # each, alternating: TTFT 8K / 32K and decode tokens/s at batch 1 and 32.
   base=${BASE:-.gpu/base}
-  for round in 1 2; do
+  for round in $(seq "${ENGINE_ROUNDS:-2}"); do
     for tree in "$PWD" "$(cd "$base" && pwd)"; do
       script=$tree/benchmarks/engine/bench_generate.py
       [[ -f $script ]] || script=$tree/benchmarks/bench_generate.py

@@ -280,6 +280,7 @@ def gemm_rows(
         raise InputError(f"gemm_rows: rope must be a RopeWrite, got {type(rope).__name__}")
     rope_spec, rope_args, _keep = _rope_args(rope, n, x) if rope is not None else (None, _NO_ROPE, ())
     build = build_for(n, k, row.name, bias is not None, gegelu, rope_spec, tile, skip_mma)
+    tile = build.tile  # the tile the build chose when the caller named none
     mod = _module(build, x.device)  # InputError for a bad tile or epilogue before anything is allocated
     n_out = n // 2 if gegelu else n // (rope_spec[1] + 2) * rope_spec[1] if rope_spec else n
     if out is None:
