@@ -47,7 +47,7 @@ _LAZY = {
     "ModelSpec": ".spec",
     # the serving API loads the model code and jinja2's sandbox: only when first asked for
     "LLM": ".llm",
-    "SamplingParams": ".engine.sampling",
+    "SamplingParams": ".request.sampling_params",
 }
 
 

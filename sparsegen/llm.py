@@ -24,10 +24,10 @@ import torch
 
 from .engine import LLMEngine
 from .engine.checks import check_prompt
-from .engine.sampling_params import SEED_LIMIT, SamplingParams
 from .engine.stats import EngineStats, engine_stats
 from .errors import InputError
 from .parallel.source import ModelSource
+from .request.sampling_params import SEED_LIMIT, SamplingParams
 from .serve.chat import ChatTemplate, eos_token_ids
 from .serve.outputs import CompletionTracker, RequestOutput
 

@@ -74,7 +74,7 @@ def test_fused_rotary_qkv_matches_plain(dtype, with_cache, t, tiled, monkeypatch
         pages = -(-t // page) + 1
         if with_cache == "token":  # [pages, page, Hkv, D]
             cache = tuple(torch.full((pages, page, hkv, d), float("nan"), dtype=dtype) for _ in range(2))
-        else:  # the same view of [pages, Hkv, page, D] (engine.kv_cache's head-major pages)
+        else:  # the same view of [pages, Hkv, page, D] (runner.kv_cache's head-major pages)
             cache = tuple(
                 torch.full((pages, hkv, page, d), float("nan"), dtype=dtype).transpose(1, 2) for _ in range(2)
             )

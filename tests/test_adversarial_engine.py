@@ -333,7 +333,7 @@ def test_kv_cache_larger_than_memory_fails_from_the_estimate(model, monkeypatch)
 def test_a_prefill_step_too_big_for_memory_fails_from_the_estimate(model, monkeypatch):
     """A KV cache that fits, but not with one prefill step's activations beside it: refused at
     construction, naming the step's tokens and max_num_batched_tokens; a smaller step fits."""
-    from sparsegen.engine.model_runner import kv_bytes_per_page
+    from sparsegen.runner.model_runner import kv_bytes_per_page
 
     pages = 64
     kv = pages * kv_bytes_per_page(model, 16)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sparsegen.engine.sampling import MAX_LOGPROBS, SamplingParams
 from sparsegen.errors import InputError
+from sparsegen.runner.sampling import MAX_LOGPROBS, SamplingParams
 
 NOT_NUMBERS = [True, False, "1", None, [1], {"a": 1}, b"1", 1j]
 NON_FINITE = [math.nan, math.inf, -math.inf]

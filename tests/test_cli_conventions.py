@@ -134,7 +134,7 @@ def test_missing_extras_name_the_extra(monkeypatch):
 def test_engine_step_defaults_are_the_engine_configs(command):
     """--chunk-size and --page-size write EngineConfig's defaults out (so that --help imports no
     torch): they must not drift from it."""
-    from sparsegen.engine.config import EngineConfig
+    from sparsegen.runner.config import EngineConfig
 
     params = {p.name: p.default for p in cli.get_command(None, command).params}
     want = EngineConfig()

@@ -14,9 +14,9 @@ from test_decode_codegen import eight_class_hybrid_layer
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec
-from sparsegen.engine.graph_capture import capture
 from sparsegen.errors import InputError
 from sparsegen.presets import blocksparse_heads
+from sparsegen.runner.graph_capture import capture
 from sparsegen.testing import DecodeProblem, rel_err, sample_layer_spec
 
 pytestmark = pytest.mark.gpu

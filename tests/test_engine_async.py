@@ -1,4 +1,4 @@
-"""The one-step lookahead (`async_decode`, `engine.inflight`) against the synchronous engine (CPU).
+"""The one-step lookahead (`async_decode`, `runner.inflight`) against the synchronous engine (CPU).
 
 On a CPU the lookahead runs the same code with synchronous copies: step n+1 is planned and run
 from step n's sampled tokens (passed as a tensor) before step n's tokens are booked. Every test
@@ -13,8 +13,8 @@ import torch
 from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.engine.sampling import sample, sample_on_device
 from sparsegen.errors import InputError
+from sparsegen.runner.sampling import sample, sample_on_device
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -59,7 +59,7 @@ def test_two_stage_greedy_argmax_in_the_engine_equals_full_recompute(
 ):
     """The tiny vocabulary is below the default ARGMAX_CHUNK, so the other engine tests take
     torch.argmax; here the sampler's two-stage argmax picks every greedy token."""
-    monkeypatch.setattr("sparsegen.engine.sampling.ARGMAX_CHUNK", chunk)
+    monkeypatch.setattr("sparsegen.runner.sampling.ARGMAX_CHUNK", chunk)
     engine = LLMEngine(model, max_num_batched_tokens=64, max_num_seqs=3, page_size=16)
     results = engine.generate(prompts, GREEDY)
     assert [r.output_ids for r in results] == oracle
@@ -124,8 +124,8 @@ def test_both_kv_page_layouts_equal_full_recompute(model, prompts, oracle, layou
 
 
 def test_kv_cache_refuses_an_unknown_layout():
-    from sparsegen.engine.kv_cache import KVCache
     from sparsegen.errors import EngineError
+    from sparsegen.runner.kv_cache import KVCache
 
     with pytest.raises(EngineError, match="layout"):
         KVCache(num_layers=1, num_pages=4, page_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float32,

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.engine.graph_capture import capture
 from sparsegen.models import ForwardBatch, named_config, random_model
+from sparsegen.runner.graph_capture import capture
 
 pytestmark = pytest.mark.gpu
 
@@ -84,7 +84,7 @@ def test_last_layer_on_the_sampled_rows_matches_the_whole_layer_bf16():
     cache just written); against the same batch with the whole last layer: the logits agree to
     bf16 rounding and every cache write is bitwise the same. A batch of a continued chunk (its
     prefix in the cache), a fresh prompt and a chunk that samples nothing."""
-    from sparsegen.engine.sequence import Chunk, Sequence
+    from sparsegen.request.sequence import Chunk, Sequence
 
     model = random_model(tiny_config(64), device=DEV, dtype=BF16, seed=0)
     engine = LLMEngine(model, kv_cache_bytes=TINY_KV, max_num_seqs=8, use_cuda_graphs=False)

@@ -7,10 +7,10 @@ import torch
 from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen.engine import CacheOutOfMemory, LLMEngine, PageAllocator, SamplingParams
-from sparsegen.engine.cuda_graphs import DecodeGraphs, width_bucket
-from sparsegen.engine.sampling import filter_logits, sample
 from sparsegen.errors import InputError
 from sparsegen.models import ForwardBatch, random_model
+from sparsegen.runner.cuda_graphs import DecodeGraphs, width_bucket
+from sparsegen.runner.sampling import filter_logits, sample
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -199,7 +199,7 @@ def test_kept_host_tables_follow_growth_reuse_and_replaced_tables():
     reads equal tables built from scratch."""
     import random
 
-    from sparsegen.engine.decode_inputs import DecodeInputs
+    from sparsegen.runner.decode_inputs import DecodeInputs
 
     model = random_model("tiny", seed=0)
     engine = LLMEngine(model, max_num_seqs=6, num_pages=64, page_size=8)
@@ -236,7 +236,7 @@ def test_kept_host_tables_follow_growth_reuse_and_replaced_tables():
 
 
 def test_sequence_page_epoch_counts_replaced_tables_only():
-    from sparsegen.engine.sequence import Sequence
+    from sparsegen.request.sequence import Sequence
 
     seq = Sequence(0, [1, 2, 3], SamplingParams())
     assert seq.page_epoch == 0 and seq.last_token == 3

@@ -16,11 +16,11 @@ import torch
 from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.engine.model_runner import token_ids
-from sparsegen.engine.sequence import Chunk, Sequence
-from sparsegen.engine.transfer import ALIGN, packed_to_device
 from sparsegen.errors import InputError
 from sparsegen.models import LongRopeConfig, named_config, random_model
+from sparsegen.request.sequence import Chunk, Sequence
+from sparsegen.runner.model_runner import token_ids
+from sparsegen.runner.transfer import ALIGN, packed_to_device
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -225,8 +225,8 @@ def test_chunked_and_whole_prefill_still_give_the_same_tokens(longrope_model):
 
 def test_slots_equal_the_per_position_formula_on_random_tables():
     """KVCache.slots (a broadcast over whole pages, then a slice) against pages[p // ps] * ps + p % ps."""
-    from sparsegen.engine.kv_cache import KVCache
     from sparsegen.errors import EngineError
+    from sparsegen.runner.kv_cache import KVCache
 
     gen = random.Random(7)
     for ps in (1, 3, 16):

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sparsegen.engine.graph_capture import capture
 from sparsegen.errors import InputError
 from sparsegen.kernels.linear import gemm_rows as gr
 from sparsegen.kernels.linear.gemm_rows_tiles import TUNED_TILES, Tile
+from sparsegen.runner.graph_capture import capture
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2  # one bf16 / fp16 rounding of each output (~4e-3), float32 sums

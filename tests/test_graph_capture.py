@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 
-from sparsegen.engine.graph_capture import capture, gc_paused
+from sparsegen.runner.graph_capture import capture, gc_paused
 
 
 class _Cycle:

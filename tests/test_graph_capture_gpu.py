@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.engine.graph_capture import capture
 from sparsegen.models import named_config, random_model
+from sparsegen.runner.graph_capture import capture
 
 pytestmark = pytest.mark.gpu
 

@@ -13,10 +13,10 @@ import pytest
 from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.engine.inflight import InFlight
 from sparsegen.models import random_model
 from sparsegen.parallel.rank import RankSteps
 from sparsegen.parallel.steps import StepEncoder
+from sparsegen.runner.inflight import InFlight
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

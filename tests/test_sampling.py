@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sparsegen.engine.sampling import (
+from sparsegen.runner.sampling import (
     SamplingParams,
     apply_min_p,
     apply_penalties,
@@ -53,7 +53,7 @@ def _ref_argmax(row: list[float]) -> int:
 def test_greedy_argmax_matches_a_plain_reference(monkeypatch, v, kind):
     """The two-stage argmax: first maximal index, NaN as the maximum, -inf rows, ties across
     chunk borders, a vocabulary that pads its last chunk; and the plain torch.argmax it replaces."""
-    monkeypatch.setattr("sparsegen.engine.sampling.ARGMAX_CHUNK", 1024)
+    monkeypatch.setattr("sparsegen.runner.sampling.ARGMAX_CHUNK", 1024)
     x = _rows(v, 4, v)
     if kind == "ties":
         x = x.round().clamp(max=2.0)  # many entries equal the maximum, in several chunks
@@ -71,7 +71,7 @@ def test_greedy_argmax_matches_a_plain_reference(monkeypatch, v, kind):
     got = greedy_argmax(x)
     assert got.dtype == torch.int64 and got.shape == (4,)
     assert got.tolist() == [_ref_argmax(r) for r in x.tolist()] == x.argmax(dim=-1).tolist()
-    monkeypatch.setattr("sparsegen.engine.sampling.ARGMAX_CHUNK", 0)
+    monkeypatch.setattr("sparsegen.runner.sampling.ARGMAX_CHUNK", 0)
     assert greedy_argmax(x).tolist() == got.tolist()
 
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from sparsegen.engine.sampling import SamplingParams, sample, seeded_exponentials
+from sparsegen.runner.sampling import SamplingParams, sample, seeded_exponentials
 
 pytestmark = pytest.mark.gpu
 

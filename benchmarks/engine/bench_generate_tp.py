@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_generate, in the ranks too
 
-from sparsegen.engine.config import EngineConfig  # noqa: E402
 from sparsegen.parallel.executor import MultiprocExecutor  # noqa: E402
 from sparsegen.parallel.source import ModelSource  # noqa: E402
+from sparsegen.runner.config import EngineConfig  # noqa: E402
 
 
 def measure(

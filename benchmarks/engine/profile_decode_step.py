@@ -35,8 +35,8 @@ from torch.autograd import DeviceType
 
 from sparsegen.commands.bench.common import graph_us
 from sparsegen.engine import LLMEngine, SamplingParams
-from sparsegen.engine.cuda_graphs import width_bucket
 from sparsegen.models import random_model
+from sparsegen.runner.cuda_graphs import width_bucket
 
 GROUPS = (  # (label, substrings of kernel names), first match wins
     ("linear layers (GEMV/GEMM)", ("nvjet", "gemm", "gemv", "cublas", "splitkreduce", "cutlass")),

@@ -1,4 +1,4 @@
-"""The failure that sparsegen.engine.graph_capture.capture guards against, shown with plain
+"""The failure that sparsegen.runner.graph_capture.capture guards against, shown with plain
 torch.cuda.graph: a reference cycle holding a captured CUDA graph becomes unreachable during
 another capture, an automatic collection starts there and destroys the old graph, which CUDA
 forbids while a stream captures. Prints what happened and exits 0 either way; on a GPU:

@@ -16,10 +16,10 @@ def check_tp(tp: int, model_dir, random_size: str | None, device: str) -> None:
     GPUs, before any weight is read or any rank started; a bad one is a usage error naming --tp."""
     if tp == 1:
         return
-    from ..engine.config import EngineConfig
     from ..engine.executor import model_facts
     from ..errors import InputError
     from ..parallel.source import ModelSource
+    from ..runner.config import EngineConfig
 
     source = ModelSource(model_dir=str(model_dir) if model_dir is not None else None, random=random_size)
     try:

@@ -12,7 +12,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from ..errors import InputError
-from .sampling_params import SamplingParams
+from ..request.sampling_params import SamplingParams
 
 SEED_LIMIT = 1 << 64  # torch.Generator.manual_seed takes 0..2**64 - 1
 

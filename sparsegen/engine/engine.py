@@ -12,7 +12,7 @@ reached the end of their sequence; the tokens go back to `Scheduler.postprocess`
 is this process's `ModelRunner`, or with `tensor_parallel_size=N` the driver of N rank
 processes that each run one over a shard of the model (`parallel.executor`); nothing else in the
 engine changes. With `async_decode` (the default) a decode step's successor is launched before
-its tokens are read back, so the host's work overlaps the GPU's (`engine.inflight`; greedy and
+its tokens are read back, so the host's work overlaps the GPU's (`runner.inflight`; greedy and
 seeded tokens are the same as with `async_decode=False`). Requests may be added between steps:
 they join the batch as others finish. The engine itself builds each `Sequence` and keeps the
 request index of each.
@@ -33,14 +33,14 @@ from dataclasses import dataclass, replace
 from ..errors import EngineError, InputError
 from ..models.phi3small import Phi3SmallForCausalLM
 from ..parallel.source import ModelSource
+from ..request.sampling_params import SamplingParams, TokenLogprobs
+from ..request.sequence import Sequence
+from ..runner.config import KERNEL_PAGE_SIZES, PREFILL_CHUNK_TOKENS, EngineConfig
+from ..runner.inflight import InFlight, overlappable
+from ..runner.model_runner import ModelRunner
 from .checks import check_params, check_prompt, expand_params
-from .config import KERNEL_PAGE_SIZES, PREFILL_CHUNK_TOKENS, EngineConfig
 from .executor import model_facts, open_executor
-from .inflight import InFlight, overlappable
-from .model_runner import ModelRunner
-from .sampling import SamplingParams, TokenLogprobs
 from .scheduler import Plan, Scheduler
-from .sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ class LLMEngine:
         """Run one step and return the tokens it produced (possibly none).
 
         With `async_decode`, a decode step is launched before the previous one's tokens are
-        read, where that is exact (see `engine.inflight`): a call launches the next decode step,
+        read, where that is exact (see `runner.inflight`): a call launches the next decode step,
         then reads and books the step in flight and returns its events. Each call still returns
         one step's tokens; at most one step is left in flight between calls."""
         if self._inflight is None:

@@ -4,7 +4,7 @@ The engine (scheduler, page allocator, sampling parameters, results) never knows
 processes run the model. It hands each step's `Plan` to `Executor.launch`, which runs the forward
 pass and the sampler and returns the step `InFlight`; the engine reads its tokens later.
 
-- `ModelRunner` (engine.model_runner) runs the model in this process: `launch` is a direct
+- `ModelRunner` (runner.model_runner) runs the model in this process: `launch` is a direct
   method call, with no queue and no copy.
 - `parallel.executor.MultiprocExecutor` runs it in `tensor_parallel_size` rank processes, each a
   ModelRunner over its shard and its own KV cache (the same number of pages on every rank): it
@@ -25,11 +25,11 @@ from ..errors import InputError
 from ..models.config import Phi3SmallConfig
 from ..models.phi3small import Phi3SmallForCausalLM
 from ..parallel.source import ModelSource
-from .config import EngineConfig
-from .inflight import InFlight
-from .kv_cache import CachePages
-from .model_runner import ModelRunner
-from .sequence import Plan
+from ..request.sequence import Plan
+from ..runner.config import EngineConfig
+from ..runner.inflight import InFlight
+from ..runner.kv_cache import CachePages
+from ..runner.model_runner import ModelRunner
 
 
 class Executor(Protocol):

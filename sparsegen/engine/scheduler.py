@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import deque
 
 from ..errors import InputError
-from .kv_cache import CacheOutOfMemory, KVCache, pages_for
-from .sequence import Chunk, Plan, Sequence
+from ..request.sequence import Chunk, Plan, Sequence
+from ..runner.kv_cache import CacheOutOfMemory, KVCache, pages_for
 
 __all__ = ["Chunk", "Plan", "Scheduler", "Sequence"]
 

@@ -1,7 +1,7 @@
 """Writing new keys and values into the paged KV cache, as an op that torch.compile keeps whole.
 
 Eagerly, `write_kv` is two indexed stores through the caches' strides (any memory layout of the
-[num_pages, page_size, Hkv, D] view: engine.kv_cache's head- or token-major pages). Under
+[num_pages, page_size, Hkv, D] view: runner.kv_cache's head- or token-major pages). Under
 torch.compile / torch.export it goes through the registered op `sparsegen_model::write_kv`,
 which declares that it mutates the two cache tensors: traced as a plain indexed store on a graph
 input, the functional graph would copy the whole cache (gigabytes) back into place every step.

@@ -13,7 +13,7 @@ module spawns ranks 0..N-1 with torch.multiprocessing (each with torchrun's vari
 what changed since the last step) and keeps it; reading the step's tokens (`InFlight.output()`)
 sends every kept message and "collect this step" in one command to every rank's queue, and waits
 for rank 0's tokens on the answer queue. The engine launches a lookahead decode step before it
-reads the step in flight (engine.inflight), so the ranks launch step n+1 before rank 0 reads step
+reads the step in flight (runner.inflight), so the ranks launch step n+1 before rank 0 reads step
 n, and the GPUs go from one step to the next without waiting for the driver. The per-step cost of
 tensor parallelism is one queue round trip and the model's collectives (two all-reduces per layer
 and one all-gather), which the ranks' CUDA graphs capture.
@@ -36,12 +36,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..engine.config import EngineConfig
-from ..engine.inflight import InFlight
-from ..engine.kv_cache import CachePages
-from ..engine.sampling_params import SamplerOutput
-from ..engine.sequence import Plan
 from ..errors import DistributedError, InputError
+from ..request.sampling_params import SamplerOutput
+from ..request.sequence import Plan
+from ..runner.config import EngineConfig
+from ..runner.inflight import InFlight
+from ..runner.kv_cache import CachePages
 from . import distributed
 from .failures import Refused, check_pickles, collect_reports, failure_error, reraise
 from .rank import rank_main
@@ -76,7 +76,7 @@ def _terminate(procs) -> None:
 
 
 class RankOutput:
-    """A step's tokens as rank 0 will send them (`engine.inflight.PendingOutput`)."""
+    """A step's tokens as rank 0 will send them (`runner.inflight.PendingOutput`)."""
 
     def __init__(self, executor: MultiprocExecutor, step: int):
         self.executor, self.step = executor, step

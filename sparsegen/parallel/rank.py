@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from ..engine.config import EngineConfig
-from ..engine.inflight import InFlight
-from ..engine.model_runner import ModelRunner, default_num_pages, max_step_tokens
 from ..errors import InputError
+from ..runner.config import EngineConfig
+from ..runner.inflight import InFlight
+from ..runner.model_runner import ModelRunner, default_num_pages, max_step_tokens
 from . import distributed
 from .failures import Refused, check_pickles, describe
 from .sharding import TPShard

@@ -13,8 +13,8 @@ Sequences that ended are named once in `forget`, and the ranks drop them.
 
 from __future__ import annotations
 
-from ..engine.sampling_params import SamplingParams
-from ..engine.sequence import Chunk, Plan, Sequence
+from ..request.sampling_params import SamplingParams
+from ..request.sequence import Chunk, Plan, Sequence
 
 # The messages are plain tuples: a queue pickles them in C, where a dataclass or NamedTuple per
 # sequence would cost a Python call each way (several times the whole tuple's cost for 32 rows).

@@ -21,9 +21,9 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..engine.sampling_params import SamplingParams, TokenLogprobs
 from ..errors import DistributedError, RequestError, ServerOverloaded
 from ..llm import LLM
+from ..request.sampling_params import SamplingParams, TokenLogprobs
 from .outputs import CompletionTracker
 
 log = logging.getLogger("sparsegen")

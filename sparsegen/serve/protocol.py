@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.sampling_params import MAX_LOGPROBS, SEED_LIMIT, SamplingParams
 from ..errors import RequestError
+from ..request.sampling_params import MAX_LOGPROBS, SEED_LIMIT, SamplingParams
 
 MAX_N = 16  # completions per request
 MAX_STOP = 16  # stop strings per request

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ...engine.graph_capture import capture
+from ...runner.graph_capture import capture
 
 
 def median_ms(fn, *, warmup_ms: int = 25, rep_ms: int = 100, min_reps: int = 10) -> float:

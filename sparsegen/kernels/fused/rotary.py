@@ -54,7 +54,7 @@ def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
     """qkv: [T, Hkv, G + 2, D] (per KV group: G queries, then k, then v); cos, sin: [T, D].
     Returns q [T, Hkv * G, D] and k, v [T, Hkv, D], q and k rotated; with `cache` = (k_cache,
     v_cache), [pages, page_size, Hkv, D] with equal strides and a contiguous last dim (any page
-    layout: engine.kv_cache), and `slots` [T] int64 (page * page_size + offset), writes k and v
+    layout: runner.kv_cache), and `slots` [T] int64 (page * page_size + offset), writes k and v
     there."""
     q, k, v, launch = _plan(qkv, cos, sin, cache, slots, target_of(qkv.device))
     if launch is not None:

@@ -1,7 +1,7 @@
 """Host-to-device copies that never make the host wait for the GPU.
 
 A plain `.to("cuda")` or `torch.tensor(..., device="cuda")` from pageable memory synchronises
-with the stream, i.e. waits for a decode step still running (`engine.inflight` launches the next
+with the stream, i.e. waits for a decode step still running (`runner.inflight` launches the next
 step before the last one ends). These go through pinned memory with a non-blocking copy; the
 caching host allocator keeps each pinned block until its copy has run, so nothing overwrites
 it early. On a CPU they are plain copies.

@@ -5,7 +5,7 @@ longest context. A step builds the rows on the host, the real ones and a harmles
 for the rest (token 0 at position 0, writing into the cache's scratch page, reading only that
 page), copies them in with three non-blocking host-to-device copies from pinned memory
 (ids/positions/slots, seq_lens, block tables; a fourth for LongRoPE flags), replays, and returns
-the real rows' logits. A lookahead step (`engine.inflight`) takes its ids from the previous
+the real rows' logits. A lookahead step (`runner.inflight`) takes its ids from the previous
 step's sampled tokens instead, by a device-to-device copy after the host rows. The host copy
 of the block tables is kept across steps and only the pages added since are written into it
 (a row whose sequence or `page_epoch` changed is rewritten whole).

@@ -1,7 +1,7 @@
 """Sampling parameters (vLLM's names and meanings) and the types a sampler returns.
 
 `SamplingParams` checks every field when it is made, so a bad request is an InputError before
-anything runs; the sampler that reads them is `engine.sampling`.
+anything runs; the sampler that reads them is `runner.sampling`.
 """
 
 from __future__ import annotations

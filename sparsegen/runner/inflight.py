@@ -14,7 +14,7 @@ may still be written by the step in flight (the discarded extra token of a finis
 or an aborted row), but whatever is given that page later is written by a step launched later,
 so it runs after the in-flight one. No host buffer is handed to a pending copy either: host to
 device copies go through pinned blocks of the caching host allocator, which keeps each block
-until its copy has run (`engine.transfer`), and each launched step reads its tokens into
+until its copy has run (`runner.transfer`), and each launched step reads its tokens into
 pinned buffers of its own.
 """
 
@@ -25,8 +25,8 @@ from typing import Protocol
 
 import torch
 
+from ..request.sequence import Plan
 from .sampling import SamplerOutput
-from .sequence import Plan
 
 
 class PendingOutput(Protocol):

@@ -1,4 +1,4 @@
-"""The sampler, vectorised over the batch (its parameters: `engine.sampling_params`).
+"""The sampler, vectorised over the batch (its parameters: `request.sampling_params`).
 
 `sample()` turns one step's logits into one token per row:
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import InputError
-from .sampling_params import MAX_LOGPROBS, SEED_LIMIT, SamplerOutput, SamplingParams, TokenLogprobs
+from ..request.sampling_params import MAX_LOGPROBS, SEED_LIMIT, SamplerOutput, SamplingParams, TokenLogprobs
 from .transfer import on_device
 
 # The parameters and result types live in sampling_params; callers may import them from here too.

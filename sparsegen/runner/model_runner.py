@@ -27,13 +27,13 @@ from ..log import get_logger
 from ..models.batch import ForwardBatch
 from ..models.memory import check_fits, prefill_activation_bytes
 from ..models.phi3small import Phi3SmallForCausalLM
+from ..request.sequence import Chunk, Plan, Sequence
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .decode_inputs import DecodeInputs, padded_tables
 from .inflight import InFlight
 from .kv_cache import KVCache
 from .sampling import sample_on_device
-from .sequence import Chunk, Plan, Sequence
 from .transfer import packed_to_device
 
 log = get_logger(__name__)

@@ -14,7 +14,7 @@ from ..errors import InputError
 # pages longer than 128 tokens only waste the tail page of every sequence.
 MAX_PAGE_SIZE = 128
 KERNEL_PAGE_SIZES = range(8, MAX_PAGE_SIZE + 1)
-KV_LAYOUTS = ("head", "token")  # the KV pages' memory order: head-major or token-major (engine.kv_cache)
+KV_LAYOUTS = ("head", "token")  # the KV pages' memory order: head-major or token-major (runner.kv_cache)
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -54,7 +54,7 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + generated tokens per sequence
     use_cuda_graphs: bool = True
     compile_model: bool = False  # decode steps through torch.compile (inductor), inside the graphs
-    # launch each decode step before the previous one's tokens reach the host (engine.inflight);
+    # launch each decode step before the previous one's tokens reach the host (runner.inflight);
     # greedy and seeded tokens are the same either way
     async_decode: bool = True
     kv_layout: str = "head"  # one of KV_LAYOUTS
