@@ -79,7 +79,6 @@ ALLOWED_ARROWS: frozenset[tuple[str, str]] = frozenset(
         ("engine.engine", "parallel.source"),  # engine: the engine package above and below parallel
         ("engine.executor", "parallel.executor"),  # engine
         ("engine.executor", "parallel.source"),  # engine
-        ("jit.triton_compile", "kernels.gluon_api"),  # lifecycle: jit -> kernels
         ("llm", "serve.chat"),  # outputs: llm -> serve
         ("llm", "serve.outputs"),  # outputs: llm -> serve
     }

@@ -74,7 +74,7 @@ def aot_compile(
         options={"num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]},
         module_name=module_name,
         source_file=SOURCE_FILE,
-        gluon=True,
+        ast_source=gluon_api.AST_SOURCE,
     )
 
 
