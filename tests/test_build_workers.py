@@ -37,7 +37,7 @@ def code_lines(ptx: bytes) -> list[str]:
 def test_a_worker_builds_what_this_process_builds():
     pytest.importorskip("triton")
     here = triton_build.compile_in_process(
-        {**JOB, "source": SOURCE, "aligned": list(JOB["aligned"]), "gluon": False}
+        {**JOB, "source": SOURCE, "aligned": list(JOB["aligned"]), "ast_source": None}
     )
     with build_workers.BuildWorkers(1) as workers, build_workers.using(workers):
         there = triton_build.aot_compile(SOURCE, **JOB)

@@ -30,7 +30,7 @@ def aot_compile(
     options: dict[str, int],
     module_name: str,
     source_file: str,
-    gluon: bool = False,
+    ast_source: str | None = None,
     constexprs: dict[int, object] | None = None,
     attrs: dict[int, list] | None = None,
 ) -> dict[str, bytes]:
@@ -39,11 +39,12 @@ def aot_compile(
     `signature` maps argument names (in order) to Triton types ("constexpr" for compile-time
     arguments, whose values `constexprs` gives by argument index); the `aligned` ones are
     compiled as divisible by 16, which the launcher must guarantee, and `attrs` gives any other
-    argument's Triton attributes by index. `gluon`: the kernel is `@gluon.jit`. Inside
+    argument's Triton attributes by index. `ast_source`: "module:attribute" of the AST
+    source class for a kernel that is not `@triton.jit` (Gluon's). Inside
     `build_workers.using(...)` the build runs in a worker process (the same function)."""
     job = {"source": source, "fn_name": fn_name, "signature": dict(signature), "aligned": list(aligned),
            "arch": arch, "options": dict(options), "module_name": module_name, "source_file": source_file,
-           "gluon": gluon, "constexprs": sorted([i, v] for i, v in (constexprs or {}).items()),
+           "ast_source": ast_source, "constexprs": sorted([i, v] for i, v in (constexprs or {}).items()),
            "attrs": sorted([i, a] for i, a in (attrs or {}).items())}  # fmt: skip
     workers = build_workers.current()
     return workers.compile(job) if workers is not None else compile_in_process(job)

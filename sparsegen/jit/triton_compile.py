@@ -11,11 +11,16 @@ A job is a JSON-able dict:
     constexprs                         [[argument index, value], ...]   (optional)
     aligned                            [argument name, ...] compiled as divisible by 16
     attrs                              [[argument index, Triton attribute list], ...] (optional)
-    arch, options, gluon               the target, Triton's compile options, a @gluon.jit kernel
+    arch, options                      the target, Triton's compile options
+    ast_source                         "module:attribute" of the AST source class that wraps the
+                                       kernel (Gluon's, from the caller's side); None: Triton's
+                                       ASTSource. A name, not a class, so the job stays JSON-able
+                                       and this layer imports nothing above it.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import tempfile
@@ -51,6 +56,15 @@ def job_attrs(job: dict) -> dict[tuple[int, ...], list]:
     return attrs
 
 
+def ast_source_class(name: str):
+    """The class a "module:attribute" name points at (a job's `ast_source`)."""
+    module, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise CompileError(f"ast_source {name!r} names no class: {exc}") from exc
+
+
 def compile_in_process(job: dict) -> dict[str, bytes]:
     """Compile the job's kernel in this process; Triton's files (cubin, metadata JSON, IRs) by name."""
     import triton
@@ -66,19 +80,17 @@ def compile_in_process(job: dict) -> dict[str, bytes]:
         module = import_module(path, module_name)
         try:
             fn = getattr(module, fn_name)
-            if job["gluon"]:
-                from ..kernels.gluon_api import GluonASTSource
-
-                src = GluonASTSource(fn, signature, constexprs, attrs)
+            if job.get("ast_source"):
+                src = ast_source_class(job["ast_source"])(fn, signature, constexprs, attrs)
             else:
                 src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
             try:
                 target = GPUTarget("cuda", parse_arch(arch), 32)
                 compiled = triton.compile(src, target=target, options=dict(job["options"]))
             except Exception as exc:
-                kind = "Gluon kernel" if job["gluon"] else "kernel"
+                via = f" (through {job['ast_source']})" if job.get("ast_source") else ""
                 raise CompileError(
-                    f"Triton failed to compile the {kind} {fn_name} for {arch}: {exc}"
+                    f"Triton failed to compile the kernel {fn_name}{via} for {arch}: {exc}"
                 ) from exc
         finally:
             sys.modules.pop(module_name, None)

@@ -39,7 +39,6 @@ are not AttentionParams) that ends with `register(TheFamily())`, and one line in
 
 from __future__ import annotations
 
-import abc
 import importlib
 import os
 import time
@@ -51,8 +50,8 @@ from .. import dtypes, env
 from ..errors import ArchError, InputError
 from ..jit import cache
 from ..spec import LayerSpec
+from .family import INTERPRETER_ARCH, AttentionParams, Family, Kernel, Request, register, registered
 
-INTERPRETER_ARCH = "interpreter"  # pseudo-arch of kernels that run in Triton's interpreter
 KINDS = ("prefill", "decode")  # attention kinds (`sparsegen.get_kernel`)
 MODEL_KINDS = ("gemv", "gemm_rows", "rotary_kv_write", "gegelu", "add_norm")  # the model's kernels
 FAMILY_MODULES: dict[tuple[str, str], str] = {
@@ -96,47 +95,9 @@ def checked_knobs(knobs: object) -> tuple[tuple[str, int], ...]:
 
 
 @dataclass(frozen=True)
-class AttentionParams:
-    """What decides an attention kernel besides dtype and arch."""
-
-    layer: LayerSpec
-    page_size: int  # decode: tokens per KV-cache page; prefill: 0
-    knobs: tuple[tuple[str, int], ...] = ()  # sorted (name, value): settings beyond the defaults
-
-    def to_json(self) -> str:
-        return self.layer.to_json()
-
-    def key_extra(self) -> dict[str, Any]:
-        """Key fields besides the spec: page_size, and the knobs when there are any (so a default
-        kernel's key is what it was before knobs existed)."""
-        extra: dict[str, Any] = {"page_size": self.page_size}
-        if self.knobs:
-            extra["knobs"] = dict(self.knobs)
-        return extra
-
-
-@dataclass(frozen=True)
-class KernelRequest:
-    """Everything that decides one kernel. Build it with `make` (attention) or `of` (any family),
-    which check every field."""
-
-    kind: str  # one of KINDS or MODEL_KINDS
-    params: Any  # the family's frozen params (AttentionParams for prefill / decode)
-    dtype: str  # dtype name: "bf16" | "fp16" (| "fp32" in the interpreter)
-    arch: str  # "sm_90", ... or INTERPRETER_ARCH
-    variant: str  # a registered variant of the kind
-
-    @property
-    def layer(self) -> LayerSpec:
-        return self.params.layer
-
-    @property
-    def page_size(self) -> int:
-        return self.params.page_size
-
-    @property
-    def knobs(self) -> dict[str, int]:
-        return dict(self.params.knobs)
+class KernelRequest(Request):
+    """A checked request: build it with `make` (attention) or `of` (any family), which check
+    every field, the family's own checks included."""
 
     @classmethod
     def make(
@@ -180,94 +141,12 @@ class KernelRequest:
         return request
 
 
-class Kernel(abc.ABC):
-    """A built kernel for one request: `name`, `key`, `path`, `source`, `arch`; `launch` runs it.
-    Immutable after construction (apart from caches of loaded GPU modules)."""
-
-    def __init__(self, request: KernelRequest, key: str, name: str, path: Path, source: str) -> None:
-        self.request, self.key, self.name, self.path, self.source = request, key, name, Path(path), source
-
-    @property
-    def layer(self) -> LayerSpec:
-        return self.request.layer
-
-    @property
-    def arch(self) -> str:
-        return self.request.arch
-
-    @property
-    def dtype_name(self) -> str:
-        return self.request.dtype
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.key}, arch={self.arch})"
-
-    @abc.abstractmethod
-    def launch(self, *args, **kwargs):
-        """Run on the current stream; inputs already validated (each family's own signature)."""
-
-
-class Family(abc.ABC):
-    """One (kind, variant): how to name, render, build and load its kernels."""
-
-    kind: str
-    variant: str
-    source_file: str
-
-    def check(self, request: KernelRequest) -> None:
-        """Refuse requests this family cannot build (typed errors); the default refuses knobs."""
-        if isinstance(request.params, AttentionParams) and request.params.knobs:
-            raise InputError(f"{self.kind} kernels of variant {self.variant!r} take no knobs, got "
-                             f"{request.knobs}")  # fmt: skip
-
-    def config(self, request: KernelRequest) -> dict[str, Any]:
-        """Launch shape / tile sizes: ints only, pinned in the key."""
-        return {}
-
-    def spec_json(self, request: KernelRequest) -> str:
-        """The canonical JSON of the request's params, hashed into the key."""
-        return request.params.to_json()
-
-    def key_extra(self, request: KernelRequest, config: dict[str, Any]) -> dict[str, Any]:
-        """The key's fields besides the spec, the source, the arch and the toolchain."""
-        return {"kind": request.kind, "variant": request.variant, "dtype": request.dtype, "config": config,
-                **request.params.key_extra()}  # fmt: skip
-
-    @abc.abstractmethod
-    def name(self, request: KernelRequest) -> str:
-        """Every family defines it."""
-
-    @abc.abstractmethod
-    def render(self, request: KernelRequest) -> str:
-        """Every family defines it."""
-
-    @abc.abstractmethod
-    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
-        """The entry's files besides the source (compiled artefacts)."""
-
-    def required(self, request: KernelRequest) -> tuple[str, ...]:
-        """The files `load` needs (the cache rebuilds an entry lacking any of them)."""
-        return (self.source_file,)
-
-    @abc.abstractmethod
-    def load(self, request: KernelRequest, files: dict[str, Path], key: str, path: Path, module_name: str):
-        """Every family defines it."""
-
-
-_FAMILIES: dict[tuple[str, str], Family] = {}
-
-
-def register(fam: Family) -> Family:
-    _FAMILIES[(fam.kind, fam.variant)] = fam
-    return fam
-
-
-def family(request: KernelRequest) -> Family:
-    key = (request.kind, request.variant)
-    fam = _FAMILIES.get(key)
+def family(request: Request) -> Family:
+    """The family of a request, importing its module (FAMILY_MODULES) on first use."""
+    fam = registered(request.kind, request.variant)
     if fam is None:
-        importlib.import_module(FAMILY_MODULES[key])
-        fam = _FAMILIES[key]
+        importlib.import_module(FAMILY_MODULES[(request.kind, request.variant)])
+        fam = registered(request.kind, request.variant)
     return fam
 
 
@@ -386,6 +265,6 @@ def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, kno
 
 
 __all__ = [
-    "ArchError", "AttentionParams", "Family", "Kernel", "KernelRequest", "Keyed", "Lookup", "forget", "get",
-    "key_of", "lookup", "on_forget", "register",
+    "INTERPRETER_ARCH", "ArchError", "AttentionParams", "Family", "Kernel", "KernelRequest", "Keyed", "Lookup",
+    "Request", "forget", "get", "key_of", "lookup", "on_forget", "register",
 ]  # fmt: skip

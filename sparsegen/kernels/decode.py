@@ -31,7 +31,6 @@ from ..jit import nvrtc_build as nb
 from ..spec import MAX_SEQ_LEN, LayerSpec
 from ..validate import check_bool, check_decode_inputs, softmax_scale
 from . import base
-from .base import Family, Kernel, KernelRequest
 from .decode_merge import COUNTERS, use_fused
 from .decode_template import (
     DEFAULT_KNOBS,
@@ -47,6 +46,7 @@ from .decode_template import (
     render_source,
     template_constants,
 )
+from .family import Family, Kernel, Request, register
 
 BLOCKS_PER_SM = 4  # resident blocks of the default build (128 registers x 4 warps)
 MIN_SPLIT_TOKENS = 160  # fewest tokens per split (2.5 CHUNKs of TILE): see num_splits
@@ -60,7 +60,7 @@ class DecodeKernel(Kernel):
 
     def __init__(
         self,
-        request: KernelRequest,
+        request: Request,
         key: str,
         name: str,
         path,
@@ -189,7 +189,7 @@ class CudaDecode(Family):
     variant = "cuda"
     source_file = SOURCE_FILE
 
-    def check(self, request: KernelRequest) -> None:
+    def check(self, request: Request) -> None:
         ps = request.page_size
         if isinstance(ps, bool) or not isinstance(ps, int) or ps not in PAGE_SIZES:
             raise InputError(
@@ -198,19 +198,19 @@ class CudaDecode(Family):
         if request.params.knobs:  # unknown or bad template knobs: InputError now, before any build
             template_constants(request.layer, request.dtype, ps, **request.knobs)
 
-    def name(self, request: KernelRequest) -> str:
+    def name(self, request: Request) -> str:
         """kernel_name, with each template knob of the request spelled after it (`_fused_merge0`)."""
         knobs = "".join(f"_{k}{int(v)}" for k, v in request.params.knobs)
         return kernel_name(request.layer, request.dtype, request.page_size) + knobs
 
-    def render(self, request: KernelRequest) -> str:
+    def render(self, request: Request) -> str:
         return render_source(request.layer, request.dtype, request.page_size, **request.knobs)
 
-    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+    def build(self, request: Request, source: str, module_name: str) -> dict[str, bytes]:
         cubin, _log = nb.compile_cubin(source, request.arch, name=f"{self.name(request)}.cu")
         return {"kernel.cubin": cubin}
 
-    def required(self, request: KernelRequest) -> tuple[str, ...]:
+    def required(self, request: Request) -> tuple[str, ...]:
         return (SOURCE_FILE, "kernel.cubin")
 
     def load(self, request, files, key: str, path, module_name: str) -> DecodeKernel:
@@ -223,7 +223,7 @@ class CudaDecode(Family):
         return DecodeKernel(request, key, self.name(request), path, source, cubin, fused_merge=fused_merge)
 
 
-base.register(CudaDecode())
+register(CudaDecode())
 forget = base.forget
 
 

@@ -43,6 +43,11 @@ if _IMPORT_ERROR is None:
     SliceLayout = gl.SliceLayout
 
 
+# The builder's AST source class, by name (`jit.triton_build.aot_compile(ast_source=...)`): jit
+# sits below kernels and imports it by this name, in a build worker too.
+AST_SOURCE = f"{__name__}:GluonASTSource"
+
+
 def available() -> str | None:
     """None when the installed Triton has the Gluon pieces the Hopper kernel uses, else why not."""
     return _IMPORT_ERROR

@@ -24,7 +24,7 @@ from ..spec import LayerSpec
 from ..validate import check_cu_seqlens_values, check_prefill_inputs, softmax_scale
 from . import base
 from . import prefill_template as tpl
-from .base import INTERPRETER_ARCH, Family, Kernel, KernelRequest
+from .family import INTERPRETER_ARCH, Family, Kernel, Request, register
 
 LOG2E = 1.4426950408889634
 current_arch = env.current_arch  # kept for callers of the old name
@@ -136,7 +136,7 @@ class TritonPrefill(Family):
     variant = "tl"
     source_file = tpl.SOURCE_FILE
 
-    def check(self, request: KernelRequest) -> None:
+    def check(self, request: Request) -> None:
         super().check(request)  # the tl kernel takes no knobs
         if request.dtype == "bf16" and request.arch == INTERPRETER_ARCH:
             raise ImplUnavailableError(
@@ -148,16 +148,16 @@ class TritonPrefill(Family):
                 "dtype fp32 runs only in Triton's interpreter; compiled kernels take fp16 or bf16"
             )
 
-    def config(self, request: KernelRequest) -> dict[str, int]:
+    def config(self, request: Request) -> dict[str, int]:
         return tpl.pick_config(request.dtype, request.layer.head_dim, request.arch)
 
-    def name(self, request: KernelRequest) -> str:
+    def name(self, request: Request) -> str:
         return tpl.kernel_name(request.layer, request.dtype, request.variant)
 
-    def render(self, request: KernelRequest) -> str:
+    def render(self, request: Request) -> str:
         return tpl.render_source(request.layer, self.config(request))
 
-    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+    def build(self, request: Request, source: str, module_name: str) -> dict[str, bytes]:
         if request.arch == INTERPRETER_ARCH:
             return {}
         config = self.config(request)
@@ -169,7 +169,7 @@ class TritonPrefill(Family):
             arch=request.arch, options=options, module_name=module_name, source_file=tpl.SOURCE_FILE,
         )  # fmt: skip
 
-    def required(self, request: KernelRequest) -> tuple[str, ...]:
+    def required(self, request: Request) -> tuple[str, ...]:
         if request.arch == INTERPRETER_ARCH:
             return (tpl.SOURCE_FILE,)
         return (tpl.SOURCE_FILE, f"{tpl.KERNEL_FN}.cubin", f"{tpl.KERNEL_FN}.json")
@@ -186,7 +186,7 @@ class TritonPrefill(Family):
         return PrefillKernel(request, key, self.name(request), path, source, self.config(request), entry)
 
 
-base.register(TritonPrefill())
+register(TritonPrefill())
 
 
 def get_prefill_kernel(layer: LayerSpec, *, dtype, arch: str | None = None, variant=None) -> PrefillKernel:

@@ -26,7 +26,7 @@ from ..jit import triton_build
 from ..spec import LayerSpec
 from . import base, gluon_api
 from . import prefill_gluon_template as tpl
-from .base import Family, KernelRequest
+from .family import Family, Request, register
 from .naming import pattern_name
 from .prefill import Launch, PrefillKernel
 
@@ -74,7 +74,7 @@ def aot_compile(
         options={"num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]},
         module_name=module_name,
         source_file=SOURCE_FILE,
-        gluon=True,
+        ast_source=gluon_api.AST_SOURCE,
     )
 
 
@@ -161,7 +161,7 @@ class GluonPrefill(Family):
     variant = "gluon"
     source_file = SOURCE_FILE
 
-    def check(self, request: KernelRequest) -> None:
+    def check(self, request: Request) -> None:
         if request.arch != ARCH:
             raise ImplUnavailableError(
                 f"the Gluon prefill kernel is built for {ARCH} only, not {request.arch}"
@@ -178,23 +178,23 @@ class GluonPrefill(Family):
         if request.params.knobs:
             self.config(request)  # a knob the layer cannot take: InputError before any build
 
-    def config(self, request: KernelRequest) -> dict[str, Any]:
+    def config(self, request: Request) -> dict[str, Any]:
         return tpl.config(request.layer, **request.knobs)
 
-    def name(self, request: KernelRequest) -> str:
+    def name(self, request: Request) -> str:
         """prefill_gluon_<dtype>_<shapes>_<pattern>, then each config knob of the request (`_stages2`)."""
         layer = request.layer
         shapes = f"hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}"
         knobs = "".join(f"_{k}{int(v)}" for k, v in request.params.knobs)
         return f"prefill_gluon_{request.dtype}_{shapes}_{pattern_name(layer)}{knobs}"
 
-    def render(self, request: KernelRequest) -> str:
+    def render(self, request: Request) -> str:
         return tpl.render_source(request.layer, request.dtype, self.config(request))
 
-    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+    def build(self, request: Request, source: str, module_name: str) -> dict[str, bytes]:
         return aot_compile(source, request.layer, request.dtype, self.config(request), module_name)
 
-    def required(self, request: KernelRequest) -> tuple[str, ...]:
+    def required(self, request: Request) -> tuple[str, ...]:
         return (SOURCE_FILE, f"{KERNEL_FN}.cubin", f"{KERNEL_FN}.json", f"{KERNEL_FN}.ptx")
 
     def load(
@@ -209,7 +209,7 @@ class GluonPrefill(Family):
         return GluonPrefillKernel(request, key, self.name(request), path, source, cfg, entry)
 
 
-base.register(GluonPrefill())
+register(GluonPrefill())
 
 
 def get_gluon_prefill_kernel(layer: LayerSpec, *, dtype, **overrides) -> GluonPrefillKernel:

@@ -36,7 +36,8 @@ from ..errors import ImplUnavailableError, InputError
 from ..jit import render as jit_render
 from ..jit import triton_build
 from . import base
-from .base import INTERPRETER_ARCH, Family, Kernel, KernelRequest
+from .base import KernelRequest
+from .family import INTERPRETER_ARCH, Family, Kernel, Request, register, registered
 
 SOURCE_FILE = "kernel.py"
 OPTIONS = ("num_warps", "num_stages", "launch_pdl")  # the compile options a launcher may set
@@ -83,7 +84,7 @@ class TritonKernel(Kernel):
                     f"kernel {self.key} was compiled for {self.arch}; GPU {device} is {env.current_arch(device)}"
                 )
             found = triton_build.load_compiled(
-                self.files, self.signature(base.family(self.request)), SOURCE_FILE
+                self.files, self.signature(registered(self.request.kind, self.request.variant)), SOURCE_FILE
             )
             found._init_handles()
             self._compiled[device] = found
@@ -124,7 +125,7 @@ class TritonFamily(Family):
         """The name after `<kind>_<dtype>_`: the constexprs that matter to a reader."""
         raise NotImplementedError
 
-    def check(self, request: KernelRequest) -> None:
+    def check(self, request: Request) -> None:
         p = request.params
         if not isinstance(p, TritonParams):
             raise InputError(f"{self.kind} kernels take TritonParams, got {type(p).__name__}")
@@ -139,14 +140,14 @@ class TritonFamily(Family):
             if not isinstance(value, (bool, int, float)):
                 raise InputError(f"{self.kind}: {name} must be a bool, int or float, got {value!r}")
 
-    def name(self, request: KernelRequest) -> str:
+    def name(self, request: Request) -> str:
         p = request.params
         return f"{self.kind}_{request.dtype}_{self.describe(dict(p.constexprs), dict(p.options))}"
 
-    def render(self, request: KernelRequest) -> str:
+    def render(self, request: Request) -> str:
         return jit_render.render(self.template)
 
-    def compile_inputs(self, request: KernelRequest) -> tuple[dict, dict, dict, dict]:
+    def compile_inputs(self, request: Request) -> tuple[dict, dict, dict, dict]:
         """What `triton.compile(ASTSource(fn, signature, constexprs, attrs), options=...)` gets:
         (signature, constexprs by argument index, attrs by argument index, options), as Triton's
         JIT derives them from a launch (`JITFunction._pack_args`)."""
@@ -159,7 +160,7 @@ class TritonFamily(Family):
         attrs = {i: _parse_attr(spec) for i, (t, spec) in enumerate(p.args) if isinstance(spec, str)}
         return signature, constexprs, attrs, dict(p.options)
 
-    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+    def build(self, request: Request, source: str, module_name: str) -> dict[str, bytes]:
         if request.arch == INTERPRETER_ARCH:
             return {}
         signature, constexprs, attrs, options = self.compile_inputs(request)
@@ -168,7 +169,7 @@ class TritonFamily(Family):
             module_name=module_name, source_file=SOURCE_FILE, constexprs=constexprs, attrs=attrs,
         )  # fmt: skip
 
-    def required(self, request: KernelRequest) -> tuple[str, ...]:
+    def required(self, request: Request) -> tuple[str, ...]:
         if request.arch == INTERPRETER_ARCH:
             return (SOURCE_FILE,)
         return (SOURCE_FILE, f"{self.fn_name}.cubin", f"{self.fn_name}.json")
@@ -216,7 +217,7 @@ class TritonLauncher:
     `base.forget`), for one family."""
 
     def __init__(self, fam: TritonFamily) -> None:
-        self.family = base.register(fam)
+        self.family = register(fam)
         self._flags = tuple(n not in fam.do_not_specialize for n in fam.arg_names)
         self._loaded: dict[tuple, Any] = {}
         self._impl = None  # _specializer() + _runtime(), fetched at the first launch (they import Triton)

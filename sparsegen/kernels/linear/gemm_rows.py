@@ -37,7 +37,8 @@ from ...errors import CompileError, InputError
 from ...jit import nvrtc_build as nb
 from ...jit import render as jit_render
 from .. import base
-from ..base import Family, Kernel, KernelRequest
+from ..base import KernelRequest
+from ..family import Family, Kernel, Request, register
 from .gemm_rows_tiles import MAX_ROWS, TUNED_ROPE_TILES, Tile, tile_for
 from .rope_write import RopeWrite
 
@@ -120,7 +121,7 @@ class GemmRowsFamily(Family):
     variant = "cuda"
     source_file = SOURCE_FILE
 
-    def check(self, request: KernelRequest) -> None:
+    def check(self, request: Request) -> None:
         build = request.params
         if not isinstance(build, Build):
             raise InputError(f"gemm_rows kernels take a linear.gemm_rows.Build, got {type(build).__name__}")
@@ -132,7 +133,7 @@ class GemmRowsFamily(Family):
             )
         build.check()
 
-    def name(self, request: KernelRequest) -> str:
+    def name(self, request: Request) -> str:
         b, t = request.params, request.params.tile
         tile = f"t{t.block_n}x{t.block_k}x{t.split}x{t.stages}" + (
             "_xres" if t.x_resident else f"_r{t.rows_per_warp}"
@@ -141,14 +142,14 @@ class GemmRowsFamily(Family):
         flags = ("" if b.has_bias else "_nobias") + ("_skipmma" if b.skip_mma else "")
         return f"gemm_rows_{b.dtype}_n{b.n}_k{b.k}_{tile}{epilogue}{flags}"
 
-    def render(self, request: KernelRequest) -> str:
+    def render(self, request: Request) -> str:
         return request.params.source()
 
-    def build(self, request: KernelRequest, source: str, module_name: str) -> dict[str, bytes]:
+    def build(self, request: Request, source: str, module_name: str) -> dict[str, bytes]:
         cubin, _log = nb.compile_cubin(source, request.arch, name=f"{self.name(request)}.cu")
         return {"kernel.cubin": cubin}
 
-    def required(self, request: KernelRequest) -> tuple[str, ...]:
+    def required(self, request: Request) -> tuple[str, ...]:
         return (SOURCE_FILE, "kernel.cubin")
 
     def load(self, request, files: dict[str, Path], key: str, path: Path, module_name: str) -> GemmRowsKernel:
@@ -160,7 +161,7 @@ class GemmRowsFamily(Family):
         return GemmRowsKernel(request, key, self.name(request), path, source, cubin)
 
 
-base.register(GemmRowsFamily())
+register(GemmRowsFamily())
 
 
 def lookup(build: Build, arch: str = ARCH) -> base.Lookup:
