@@ -71,13 +71,6 @@ ALLOWED_ARROWS: frozenset[tuple[str, str]] = frozenset(
         ("kernels.base", "kernels.fused.gegelu"),  # lifecycle: the family registry
         ("kernels.base", "kernels.fused.add_norm"),  # lifecycle: the family registry
         # back arrows
-<<<<<<< HEAD
-        ("jit.triton_compile", "kernels.gluon_api"),  # lifecycle: jit -> kernels
-=======
-        ("engine.engine", "parallel.source"),  # engine: the engine package above and below parallel
-        ("engine.executor", "parallel.executor"),  # engine
-        ("engine.executor", "parallel.source"),  # engine
->>>>>>> registry
         ("llm", "serve.chat"),  # outputs: llm -> serve
         ("llm", "serve.outputs"),  # outputs: llm -> serve
     }
