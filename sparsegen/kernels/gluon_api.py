@@ -33,8 +33,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed Triton
 if _IMPORT_ERROR is None:
     jit = gluon.jit
     constexpr_function = gluon.constexpr_function
-    # TMA: global -> shared, completing on an mbarrier (renamed `async_load` after 3.6).
-    tma_load = getattr(tma, "async_copy_global_to_shared", None) or tma.async_load
+    # TMA: global -> shared, completing on an mbarrier. 3.8 added `async_load` beside the old
+    # name; 3.9 keeps the old name only as a stub that raises, so the new name comes first.
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     MBarrierLayout = mbarrier.MBarrierLayout
     NVMMASharedLayout = gl.NVMMASharedLayout
     NVMMADistributedLayout = gl.NVMMADistributedLayout
