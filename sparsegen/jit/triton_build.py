@@ -20,6 +20,7 @@ from types import ModuleType, SimpleNamespace
 
 from ..env import parse_arch
 from ..errors import CompileError
+from .compile_errors import triton_cause, triton_context
 
 
 def import_module(path: Path, name: str) -> ModuleType:
@@ -86,11 +87,14 @@ def compile_in_process(job: dict) -> dict[str, bytes]:
                 src = ASTSource(fn, signature, constexprs={}, attrs=attrs)
             try:
                 target = GPUTarget("cuda", parse_arch(arch), 32)
-                compiled = triton.compile(src, target=target, options=dict(job["options"]))
+                # FP fusion on, as every tested Triton defaults (3.9 warns when it is left unset)
+                options = {"enable_fp_fusion": True, **job["options"]}
+                compiled = triton.compile(src, target=target, options=options)
             except Exception as exc:
                 kind = "Gluon kernel" if job["gluon"] else "kernel"
                 raise CompileError(
-                    f"Triton failed to compile the {kind} {fn_name} for {arch}: {exc}"
+                    f"Triton failed to compile the {kind} {fn_name} for {arch}: {triton_cause(exc)}"
+                    f"\n\n{triton_context(exc)}"
                 ) from exc
         finally:
             sys.modules.pop(module_name, None)

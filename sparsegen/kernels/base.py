@@ -206,9 +206,12 @@ _BY_ID: dict[tuple, tuple[LayerSpec, Any]] = {}
 
 
 def forget() -> None:
-    """Drop this process's kernels (both memos); the disk cache stays."""
+    """Drop this process's kernels (both memos, and the Gluon builds that failed); the disk cache stays."""
+    from . import gluon_fallback
+
     _BY_REQUEST.clear()
     _BY_ID.clear()
+    gluon_fallback.forget()
 
 
 def lookup(request: KernelRequest) -> Lookup:
@@ -251,7 +254,8 @@ def lookup(request: KernelRequest) -> Lookup:
 
 def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, with_status: bool = False):
     """`sparsegen.get_kernel`: the memoised getter. A repeat with the same layer object is one
-    dict lookup on raw arguments (identity-checked); anything else builds a checked request."""
+    dict lookup on raw arguments (identity-checked); anything else builds a checked request. A
+    Gluon prefill that `default_variant` chose may come back as the tl kernel (`gluon_fallback`)."""
     # The raw SPARSEGEN_PREFILL_TL value is part of the key: default_variant reads it.
     fast = (id(layer), kind, dtype, arch, page_size, variant, arch is None and env.interpreting(),
             os.environ.get("SPARSEGEN_PREFILL_TL"))  # fmt: skip
@@ -261,9 +265,13 @@ def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, wit
         fast, hit = None, None
     if hit is not None and hit[0] is layer:
         return Lookup(hit[1], "memory", 0.0) if with_status else hit[1]
-    found = lookup(
-        KernelRequest.make(kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant)
-    )
+    request = KernelRequest.make(kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant)
+    if variant is None and request.variant == "gluon":  # chosen here: may fall back to tl
+        from . import gluon_fallback
+
+        found = gluon_fallback.lookup_defaulted(request, lookup)
+    else:
+        found = lookup(request)
     if fast is not None:
         _BY_ID[fast] = (layer, found.kernel)
     return found if with_status else found.kernel
