@@ -43,3 +43,38 @@ def test_warning_sentences():
     assert "outside the tested range 3.6.0 - 3.9.0" in triton_support.warning("3.10.0")
     assert "not itself tested" in triton_support.warning("3.7.0")
     assert "not installed" in triton_support.warning(None)
+
+
+def test_env_lists_every_extras_packages_as_pyproject_declares_them():
+    from sparsegen.commands.env import EXTRAS, PACKAGES
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {"core": project["dependencies"], **project["optional-dependencies"]}
+    for extra, reqs in declared.items():
+        names = [Requirement(r).name for r in reqs if Requirement(r).name != "sparsegen"]
+        if not names:  # an extra made only of other extras (cuda = sparsegen[cu13])
+            assert extra not in EXTRAS
+            continue
+        assert list(EXTRAS[extra]) == names, extra
+    assert set(EXTRAS) <= set(declared) and set(PACKAGES) >= {n for d in EXTRAS.values() for n in d}
+
+
+def test_env_shows_torch_cuda_and_warns_for_an_untested_triton(monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from sparsegen.cli import cli
+    from sparsegen.commands import env as env_cmd
+
+    res = CliRunner().invoke(cli, ["env", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["torch_cuda"] == __import__("torch").version.cuda
+    assert report["triton_warning"] == triton_support.warning(report["packages"]["triton"])
+    real = env_cmd._version
+    monkeypatch.setattr(env_cmd, "_version", lambda name: "3.10.0" if name == "triton" else real(name))
+    text = CliRunner().invoke(cli, ["env"]).stdout
+    assert "warning: Triton 3.10.0 is outside the tested range" in text
+    assert "CPU-only build" in text or "built for CUDA" in text
+    assert "  [serve]" in text and "prometheus-client" in text
