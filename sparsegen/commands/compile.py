@@ -1,8 +1,8 @@
 """`sparsegen compile`: build (or fetch from the cache) every distinct kernel a pattern needs.
 
 A model's layers often share one spec (Phi-3-Small: one sparse and one dense layer kind), so
-each distinct LayerSpec is built once per kernel kind. Progress goes to stderr; stdout gets a
-summary table, or with --json the list DESIGN §3 promises:
+each distinct LayerSpec is built once per kernel kind. Progress goes to stderr, one line per
+kernel and a summary; stdout gets a table, or with --json the list DESIGN §3 promises:
     [{"kind", "name", "key", "arch", "status", "seconds", "path"}, ...]
 """
 
@@ -42,10 +42,10 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
     Triton builds were checked to give the same PTX as one-at-a-time builds (session 4, 3 x 6
     kernels each).
 
-    Progress: one line per kernel as it finishes (through the "sparsegen" logger, whose handler
-    writes whole lines under a lock, so parallel builds never interleave). On a terminal, one
-    bar over the kernels names the ones building; the cache's own "compiling ..." lines are
-    then left out, since the bar says the same.
+    Progress: one line per kernel as it finishes, its status, arch and seconds (through the
+    "sparsegen" logger, whose handler writes whole lines under a lock, so parallel builds never
+    interleave); the cache's own "compiling ..." / "compiled ..." lines are left out, since that
+    line says the same. On a terminal, one bar over the kernels also names the ones building.
     """
     jobs = [(kind, layer) for kind in kinds for layer, _ in model.distinct_layers()]
     total = len(jobs)
@@ -86,19 +86,18 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
         }
 
     triton_jobs = sum(kind == "prefill" for kind, _ in jobs)  # prefill kernels are Triton builds
-    with _quiet_cache_log(bar.drawn), bar:
+    with _quiet_cache_log(), bar:
         return build_workers.map_in_threads(
             lambda job: build(job[0], *job[1]), list(enumerate(jobs, 1)), triton_builds=triton_jobs
         )  # in job order
 
 
 @contextlib.contextmanager
-def _quiet_cache_log(quiet: bool):
-    """While a bar names the kernels, the cache's INFO lines (compiling / compiled) repeat it."""
+def _quiet_cache_log():
+    """The cache's INFO lines (compiling / compiled) would repeat each kernel's one line."""
     cache_log = logging.getLogger("sparsegen.jit.cache")
     before = cache_log.level
-    if quiet:
-        cache_log.setLevel(max(logging.WARNING, before))
+    cache_log.setLevel(max(logging.WARNING, before))
     try:
         yield
     finally:
