@@ -8,9 +8,7 @@ kernel and a summary; stdout gets a table, or with --json the list DESIGN §3 pr
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import threading
 import time
 
@@ -86,22 +84,10 @@ def build_all(model, kinds, dtype, arch: str, page_size: int, *, as_json: bool =
         }
 
     triton_jobs = sum(kind == "prefill" for kind, _ in jobs)  # prefill kernels are Triton builds
-    with _quiet_cache_log(), bar:
+    with progress.quiet_cache_log(), bar:
         return build_workers.map_in_threads(
             lambda job: build(job[0], *job[1]), list(enumerate(jobs, 1)), triton_builds=triton_jobs
         )  # in job order
-
-
-@contextlib.contextmanager
-def _quiet_cache_log():
-    """The cache's INFO lines (compiling / compiled) would repeat each kernel's one line."""
-    cache_log = logging.getLogger("sparsegen.jit.cache")
-    before = cache_log.level
-    cache_log.setLevel(max(logging.WARNING, before))
-    try:
-        yield
-    finally:
-        cache_log.setLevel(before)
 
 
 @click.command(name="compile")
