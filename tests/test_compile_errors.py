@@ -100,3 +100,51 @@ def test_nvrtc_error_message_leads_with_the_error_line():
     first = str(info.value).splitlines()[0]
     assert first == 'NVRTC failed to compile broken for sm_90: broken(1): error: identifier "y" is undefined'
     assert "\x00" not in str(info.value)
+
+
+DOT = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(X):
+    offs = tl.arange(0, 128)
+    a = tl.load(X + offs[:, None] * 128 + offs[None, :])
+    tl.store(X + offs[:, None] * 128 + offs[None, :], tl.dot(a, a))
+"""
+
+
+@pytest.mark.parametrize(
+    "options, cause",
+    [
+        # ptxas refuses 3 registers: its "fatal" line, not the CalledProcessError below it
+        ({"num_warps": 4, "maxnreg": 3}, "ptxas: (C7602) Insufficient registers"),
+        # an MLIR pass fails: its diagnostics go to fd 2, the exception says "PassManager::run failed"
+        ({"num_warps": 4, "num_ctas": 3}, "dot.py:"),
+    ],
+)
+def test_toolchain_failures_name_their_own_error_line(tmp_path, monkeypatch, capfd, options, cause):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    job = {"source": DOT, "fn_name": "kernel", "signature": {"X": "*fp16"}, "aligned": [], "arch": "sm_90",
+           "options": options, "module_name": "sparsegen_test_dot", "source_file": "dot.py", "gluon": False}  # fmt: skip
+    with pytest.raises(CompileError) as info:
+        triton_build.compile_in_process(job)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("Triton failed to compile the kernel kernel for sm_90: " + cause), first
+    assert "PassManager::run failed" not in first and "exit status" not in first
+    if "num_ctas" in options:
+        assert ": error: " in first and "ConvertTritonToTritonGPU" in first  # the failing pass
+        assert "error: Failures have been detected" in capfd.readouterr().err  # replayed, not swallowed
+
+
+def test_mlir_cause_prefers_a_specific_error():
+    diagnostics = (
+        "/tmp/x/kernel.py:7:12: error: 'ttg.convert_layout' op layouts differ\n"
+        "/tmp/x/kernel.py:4:0: error: Failures have been detected while processing an MLIR pass pipeline\n"
+        "/tmp/x/kernel.py:4:0: note: Pipeline failed while executing [`TritonGPUCoalesce` on 'builtin.module']: ...\n"
+    )
+    assert (
+        compile_errors.mlir_cause(diagnostics)
+        == "kernel.py:7:12: error: 'ttg.convert_layout' op layouts differ"
+    )
+    assert compile_errors.mlir_cause("nothing here") is None
