@@ -98,3 +98,17 @@ def test_a_real_gluon_failure_names_the_compilers_message(fresh_cache, monkeypat
         "tma_load has been removed; call tma_fetch instead (at " in first
         and "of _producer: tma_load(" in first
     )
+
+
+def test_a_triton_without_gluon_gets_tl_and_one_warning(monkeypatch, caplog):
+    from sparsegen.kernels import base, gluon_fallback
+
+    monkeypatch.setattr(gluon_api, "available", lambda: "ImportError: no module gluon")
+    monkeypatch.delenv("SPARSEGEN_PREFILL_TL", raising=False)
+    gluon_fallback.forget()
+    layer = sparsegen.get_pattern("phi3small").layers[0]
+    with caplog.at_level(logging.WARNING, logger="sparsegen"):
+        assert [base.default_variant("prefill", "sm_90", layer, "bf16") for _ in range(3)] == ["tl"] * 3
+    (warning,) = _warnings(caplog)
+    assert "no usable Gluon (ImportError: no module gluon)" in warning and "tl kernel" in warning
+    gluon_fallback.forget()

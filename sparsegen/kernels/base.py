@@ -60,10 +60,13 @@ def default_variant(kind: str, arch: str, layer: LayerSpec | None = None, dtype:
     if kind != "prefill":
         return "cuda"
     if arch == "sm_90" and layer is not None and not env.flag("SPARSEGEN_PREFILL_TL"):
-        from . import gluon_api, prefill_gluon_template
+        from . import gluon_api, gluon_fallback, prefill_gluon_template
 
-        if gluon_api.available() is None and prefill_gluon_template.covers(layer, dtype) is None:
+        missing = gluon_api.available()
+        if missing is None and prefill_gluon_template.covers(layer, dtype) is None:
             return "gluon"
+        if missing is not None:
+            gluon_fallback.warn_once(f"the installed Triton has no usable Gluon ({missing})")
     return "tl"
 
 
