@@ -137,9 +137,9 @@ def triton_cause(exc: BaseException, diagnostics: str = "") -> str:
 
 def triton_context(exc: BaseException) -> str:
     """The innermost located excerpt of the chain (location, source, caret, message), or the
-    innermost exception's text when none is located."""
+    raised exception's own text when none is located (a PTXASError holds ptxas's output)."""
     chain = _chain(exc)
-    return next((str(e).strip() for e in reversed(chain) if _located(str(e))), str(chain[-1]).strip())
+    return next((str(e).strip() for e in reversed(chain) if _located(str(e))), str(exc).strip())
 
 
 def nvrtc_cause(log: str, word: str = "error") -> str:
