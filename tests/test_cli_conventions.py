@@ -71,7 +71,9 @@ def test_quiet_and_log_level(fresh_cache, monkeypatch):
     monkeypatch.delenv("SPARSEGEN_QUIET", raising=False)
     loud = CliRunner().invoke(cli, args)
     assert loud.exit_code == 0, loud.output
-    assert "compiling prefill_" in loud.stderr and "[1/1] compiled prefill_" in loud.stderr
+    lines = loud.stderr.splitlines()  # one line per kernel, then the summary
+    assert len(lines) == 2 and lines[0].startswith("sparsegen: [1/1] compiled prefill_"), lines
+    assert " 1 compiled, 0 cached" in lines[1]
     json.loads(loud.stdout)  # stdout is pure data with --json
     from sparsegen.kernels import prefill as prefill_mod
 

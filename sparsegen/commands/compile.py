@@ -4,15 +4,13 @@ A model's layers often share one spec (Phi-3-Small: one sparse and one dense lay
 each distinct LayerSpec is built once per kernel kind. With --model-kernels the kernels the
 Phi-3-Small model launches besides attention are built too (GEMV, few-row GEMM, rotary + KV
 write, GeGeLU, add + LayerNorm: `models.kernel_plan`), each record with its own kind. Progress
-goes to stderr; stdout gets a summary table, or with --json the list DESIGN §3 promises:
+goes to stderr, one line per kernel and a summary; stdout gets a table, or with --json the list DESIGN §3 promises:
     [{"kind", "name", "key", "arch", "status", "seconds", "path"}, ...]
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import threading
 import time
 from pathlib import Path
@@ -74,10 +72,10 @@ def build_all(
     (`jit.build_workers`), started first so that their start-up overlaps the rest. Parallel
     Triton builds were checked to give the same PTX as one-at-a-time builds (3 x 6 kernels).
 
-    Progress: one line per kernel as it finishes (through the "sparsegen" logger, whose handler
-    writes whole lines under a lock, so parallel builds never interleave). On a terminal, one
-    bar over the kernels names the ones building; the cache's own "compiling ..." lines are
-    then left out, since the bar says the same.
+    Progress: one line per kernel as it finishes, its status, arch and seconds (through the
+    "sparsegen" logger, whose handler writes whole lines under a lock, so parallel builds never
+    interleave); the cache's own "compiling ..." / "compiled ..." lines are left out, since that
+    line says the same. On a terminal, one bar over the kernels also names the ones building.
     """
     jobs = [(kind, layer) for kind in kinds for layer, _ in model.distinct_layers()]
     jobs += [(request.kind, request) for request in model_requests]
@@ -125,23 +123,10 @@ def build_all(
         }
 
     triton_jobs = sum(kind in TRITON_KINDS for kind, _ in jobs)
-    with _quiet_cache_log(bar.drawn), bar:
+    with progress.quiet_cache_log(), bar:
         return build_workers.map_in_threads(
             lambda job: build(job[0], *job[1]), list(enumerate(jobs, 1)), triton_builds=triton_jobs
         )  # in job order
-
-
-@contextlib.contextmanager
-def _quiet_cache_log(quiet: bool):
-    """While a bar names the kernels, the cache's INFO lines (compiling / compiled) repeat it."""
-    cache_log = logging.getLogger("sparsegen.jit.cache")
-    before = cache_log.level
-    if quiet:
-        cache_log.setLevel(max(logging.WARNING, before))
-    try:
-        yield
-    finally:
-        cache_log.setLevel(before)
 
 
 @click.command(name="compile")

@@ -2,7 +2,9 @@
 
 Reads, never builds: no kernel is compiled and the cache directory is not created. With
 --json, one object:
-    {"sparsegen", "python", "platform", "packages": {dist: version or null},
+    {"sparsegen", "python", "platform", "torch_cuda": CUDA version of torch's build or null,
+     "packages": {dist: version or null}, "extras": {extra: [dist, ...]},
+     "triton_tested": [version, ...], "triton_warning": a sentence, or null for a tested Triton,
      "nvrtc", "cuda_include", "gpus": [{"index", "name", "arch", "memory_gib"}],
      "driver": {"version", "cuda"}, "cache": {"dir", "exists", "verdict", "entries"},
      "variables": [{"name", "value", "default", "meaning"}], "other_variables": {name: value}}
@@ -22,9 +24,19 @@ import click
 
 from .. import __version__
 
-PACKAGES = ("torch", "triton", "cuda-core", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc",
-            "nvidia-cuda-nvrtc-cu12", "numpy", "jinja2", "click", "tqdm", "safetensors", "hypothesis",
-            "tiktoken", "matplotlib")  # fmt: skip
+# The distributions of the core requirements and of each extra in pyproject.toml (a test holds
+# the two equal), plus cuda-pathfinder, which cuda-core brings and which finds NVRTC.
+EXTRAS = {
+    "core": ("torch", "triton", "jinja2", "click", "filelock", "safetensors", "tqdm", "numpy"),
+    "cu12": ("cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc-cu12"),
+    "cu13": ("cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc"),
+    "fuzz": ("hypothesis",),
+    "model": ("tiktoken",),
+    "plot": ("matplotlib",),
+    "serve": ("fastapi", "uvicorn", "prometheus-client"),
+    "test": ("pytest", "build", "hatchling", "ruff", "openai", "httpx"),
+}
+PACKAGES = tuple(dict.fromkeys([d for dists in EXTRAS.values() for d in dists] + ["cuda-pathfinder"]))
 
 
 def _version(dist: str) -> str | None:
@@ -113,15 +125,28 @@ def _variables() -> list[dict]:
     ]
 
 
+def _torch_cuda() -> str | None:
+    """The CUDA version torch was built with (None for a CPU-only build)."""
+    import torch
+
+    return torch.version.cuda
+
+
 def collect() -> dict:
     from .. import env
+    from ..jit import triton_support
     from ..jit.cache import nvrtc_version
 
+    packages = {name: _version(name) for name in PACKAGES}
     return {
         "sparsegen": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "packages": {name: _version(name) for name in PACKAGES},
+        "torch_cuda": _torch_cuda(),
+        "packages": packages,
+        "extras": {extra: list(dists) for extra, dists in EXTRAS.items()},
+        "triton_tested": list(triton_support.TESTED),
+        "triton_warning": triton_support.warning(packages["triton"]),
         "nvrtc": nvrtc_version(),
         "cuda_include": _cuda_include(),
         "gpus": _gpus(),
@@ -134,9 +159,25 @@ def collect() -> dict:
 
 def _text(report: dict) -> str:
     lines = [f"sparsegen {report['sparsegen']}  python {report['python']}  {report['platform']}", ""]
-    lines.append("packages")
-    for name, version in report["packages"].items():
-        lines.append(f"  {name:<24} {version or '-'}")
+    cuda = report["torch_cuda"]
+    lines.append(
+        f"torch {report['packages']['torch'] or '-'}: "
+        + (f"built for CUDA {cuda}" if cuda else "CPU-only build")
+    )
+    if report["triton_warning"]:
+        lines.append(f"warning: {report['triton_warning']}")
+    else:
+        tested = ", ".join(report["triton_tested"])
+        lines.append(f"triton {report['packages']['triton']}: a tested release ({tested})")
+    lines += ["", "packages (by the extra that brings them; - = not installed)"]
+    listed = set()
+    for extra, dists in report["extras"].items():
+        lines.append(f"  [{extra}]" if extra != "core" else "  core")
+        for name in dists:
+            lines.append(f"    {name:<22} {report['packages'][name] or '-'}")
+            listed.add(name)
+    for name in (n for n in report["packages"] if n not in listed):
+        lines.append(f"  {name:<24} {report['packages'][name] or '-'}")
     lines.append(f"  {'NVRTC':<24} {report['nvrtc']}")
     lines.append(f"  {'CUDA headers for NVRTC':<24} {report['cuda_include'] or 'not found'}")
     lines += ["", "GPU"]

@@ -137,7 +137,7 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     # For this run only (a caller's process, e.g. a test's, keeps its own environment):
     # TRITON_INTERPRET is read when the kernel is fetched; outputs are NaN-poisoned.
     overrides = {"SPARSEGEN_POISON_OUTPUT": "1", **({} if on_gpu else {"TRITON_INTERPRET": "1"})}
-    with mock.patch.dict(os.environ, overrides):
+    with mock.patch.dict(os.environ, overrides), progress.quiet_cache_log():  # the bar shows progress
         _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu)
 
 
@@ -159,6 +159,7 @@ def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu) 
     )
     page_sizes = [random.Random(seed + i).choice(PAGE_SIZES) for i in range(len(specs))]
     if on_gpu:
+        log.info(f"building {len(specs) * len(kernels)} kernels ...")  # the cache's own lines are left out
         _precompile(specs, kernels, page_sizes)
     failed = 0
     bar = progress.bar(len(kernels) * len(specs) * examples, "fuzz", unit="case")

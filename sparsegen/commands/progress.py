@@ -8,6 +8,7 @@ finish in several threads at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -75,6 +76,19 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def quiet_cache_log():
+    """Leave out the kernel cache's INFO lines ("compiling X ...", "compiled X in ...") for a
+    job that reports its kernels itself (compile's line per kernel, fuzz's bar); warnings stay."""
+    cache_log = logging.getLogger("sparsegen.jit.cache")
+    before = cache_log.level
+    cache_log.setLevel(max(logging.WARNING, before))
+    try:
+        yield
+    finally:
+        cache_log.setLevel(before)
 
 
 def bar(total: int | None, desc: str, unit: str = "it", *, as_json: bool = False) -> Progress:

@@ -18,6 +18,7 @@ from pathlib import Path
 from .. import env
 from ..env import parse_arch
 from ..errors import CompileError
+from .compile_errors import nvrtc_cause
 
 _HEADERS = ("cuda_fp16.h", "cuda_bf16.h")
 
@@ -113,10 +114,15 @@ def compile_cubin(source: str, arch: str, *, name: str = "sparsegen") -> tuple[b
         program = core.Program(source, "c++", options)
         obj = program.compile("cubin", logs=log)
     except Exception as exc:  # noqa: BLE001 - NVRTC errors come as several exception types
-        raise CompileError(f"NVRTC failed to compile {name} for {arch}: {exc}\n{log.text}") from None
-    if "warning" in log.text.lower():  # warnings are errors: a rendered kernel must compile cleanly
+        output = f"{exc}\n{log.text}".replace("\x00", "")  # cuda-core puts the log in the exception
         raise CompileError(
-            f"NVRTC warned while compiling {name} for {arch} (warnings are errors):\n{log.text}"
+            f"NVRTC failed to compile {name} for {arch}: {nvrtc_cause(output)}\n\n{output.strip()}"
+        ) from None
+    if "warning" in log.text.lower():  # warnings are errors: a rendered kernel must compile cleanly
+        output = log.text.replace("\x00", "").strip()
+        raise CompileError(
+            f"NVRTC warned while compiling {name} for {arch} (warnings are errors): "
+            f"{nvrtc_cause(output, 'warning')}\n\n{output}"
         )
     return bytes(obj.code), log.text
 

@@ -29,6 +29,7 @@ from types import ModuleType
 
 from ..env import parse_arch
 from ..errors import CompileError
+from .compile_errors import stderr_captured, triton_cause, triton_context
 
 DIVISIBLE_16 = [["tt.divisibility", 16]]
 
@@ -84,14 +85,21 @@ def compile_in_process(job: dict) -> dict[str, bytes]:
                 src = ast_source_class(job["ast_source"])(fn, signature, constexprs, attrs)
             else:
                 src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
-            try:
-                target = GPUTarget("cuda", parse_arch(arch), 32)
-                compiled = triton.compile(src, target=target, options=dict(job["options"]))
-            except Exception as exc:
+            target = GPUTarget("cuda", parse_arch(arch), 32)
+            # FP fusion on, as every tested Triton defaults (3.9 warns when it is left unset)
+            options = {"enable_fp_fusion": True, **job["options"]}
+            failure = None
+            with stderr_captured() as err:  # a failed MLIR pass prints its error there
+                try:
+                    compiled = triton.compile(src, target=target, options=options)
+                except Exception as exc:  # noqa: BLE001 - reported below, with what stderr got
+                    failure = exc
+            if failure is not None:
                 via = f" (through {job['ast_source']})" if job.get("ast_source") else ""
                 raise CompileError(
-                    f"Triton failed to compile the kernel {fn_name}{via} for {arch}: {exc}"
-                ) from exc
+                    f"Triton failed to compile the kernel {fn_name}{via} for {arch}: "
+                    f"{triton_cause(failure, err.text)}\n\n{triton_context(failure)}"
+                ) from failure
         finally:
             sys.modules.pop(module_name, None)
     files = {Path(p).name: Path(p).read_bytes() for p in compiled.metadata_group.values()}

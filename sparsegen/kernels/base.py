@@ -74,10 +74,13 @@ def default_variant(kind: str, arch: str, layer: LayerSpec | None = None, dtype:
     if kind != "prefill":
         return next(v for k, v in FAMILY_MODULES if k == kind)
     if arch == "sm_90" and layer is not None and not env.flag("SPARSEGEN_PREFILL_TL"):
-        from . import gluon_api, prefill_gluon_template
+        from . import gluon_api, gluon_fallback, prefill_gluon_template
 
-        if gluon_api.available() is None and prefill_gluon_template.covers(layer, dtype) is None:
+        missing = gluon_api.available()
+        if missing is None and prefill_gluon_template.covers(layer, dtype) is None:
             return "gluon"
+        if missing is not None:
+            gluon_fallback.warn_once(f"the installed Triton has no usable Gluon ({missing})")
     return "tl"
 
 
@@ -180,8 +183,11 @@ _BY_ID: dict[tuple, tuple[LayerSpec, Any]] = {}
 def forget() -> None:
     """Drop this process's kernels (both memos); the disk cache stays. Launchers that memoise
     loaded kernels themselves (the model kernels) drop theirs too."""
+    from . import gluon_fallback
+
     _BY_REQUEST.clear()
     _BY_ID.clear()
+    gluon_fallback.forget()
     for hook in _FORGET_HOOKS:
         hook()
 
@@ -244,7 +250,8 @@ def lookup(request: KernelRequest) -> Lookup:
 def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, knobs=None,
         with_status: bool = False):  # fmt: skip
     """`sparsegen.get_kernel`: the memoised getter. A repeat with the same layer object is one
-    dict lookup on raw arguments (identity-checked); anything else builds a checked request."""
+    dict lookup on raw arguments (identity-checked); anything else builds a checked request. A
+    Gluon prefill that `default_variant` chose may come back as the tl kernel (`gluon_fallback`)."""
     # The raw SPARSEGEN_PREFILL_TL value is part of the key: default_variant reads it.
     fast = (id(layer), kind, dtype, arch, page_size, variant, arch is None and env.interpreting(),
             os.environ.get("SPARSEGEN_PREFILL_TL"), checked_knobs(knobs))  # fmt: skip
@@ -254,11 +261,15 @@ def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, kno
         fast, hit = None, None
     if hit is not None and hit[0] is layer:
         return Lookup(hit[1], "memory", 0.0) if with_status else hit[1]
-    found = lookup(
-        KernelRequest.make(
-            kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, knobs=knobs
-        )  # fmt: skip
+    request = KernelRequest.make(
+        kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, knobs=knobs
     )
+    if variant is None and request.variant == "gluon":  # chosen here: may fall back to tl
+        from . import gluon_fallback
+
+        found = gluon_fallback.lookup_defaulted(request, lookup)
+    else:
+        found = lookup(request)
     if fast is not None:
         _BY_ID[fast] = (layer, found.kernel)
     return found if with_status else found.kernel

@@ -1,17 +1,19 @@
-"""Every Gluon name sparsegen uses, in one place (Triton 3.6's spelling).
+"""Every Gluon name sparsegen uses, in one place, for every tested Triton (3.6 to 3.9).
 
-Gluon (`triton.experimental.gluon`) is experimental and renamed things after 3.6 (for
-example `tma.async_copy_global_to_shared` became `tma.async_load`). The rendered Gluon
-prefill module imports only from here, and the builder takes its AST source class from here,
-so a Triton upgrade is one edit in this file. `available()` says whether the installed Triton
-has what the kernel needs; nothing here touches a GPU.
+Gluon (`triton.experimental.gluon`) is experimental and renames things between releases (for
+example `tma.async_copy_global_to_shared` became `tma.async_load` in 3.8, and the old name
+raises from 3.9). The rendered Gluon prefill module imports only from here, and the builder
+takes its AST source class from here, so the rendered source is the same on every release and
+a Triton upgrade is one edit in this file (the releases are listed in
+`jit/triton_support.py`). `available()` says whether the installed Triton has what the kernel
+needs; nothing here touches a GPU.
 """
 
 from __future__ import annotations
 
 import functools
 
-try:  # Triton 3.6
+try:  # the same paths on 3.6 - 3.9
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -33,8 +35,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed Triton
 if _IMPORT_ERROR is None:
     jit = gluon.jit
     constexpr_function = gluon.constexpr_function
-    # TMA: global -> shared, completing on an mbarrier (renamed `async_load` after 3.6).
-    tma_load = getattr(tma, "async_copy_global_to_shared", None) or tma.async_load
+    # TMA: global -> shared, completing on an mbarrier. 3.8 added `async_load` beside the old
+    # name; 3.9 keeps the old name only as a stub that raises, so the new name comes first.
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     MBarrierLayout = mbarrier.MBarrierLayout
     NVMMASharedLayout = gl.NVMMASharedLayout
     NVMMADistributedLayout = gl.NVMMADistributedLayout
