@@ -11,8 +11,8 @@ from helpers_checkpoint import single_thread, write_bpe_file, write_checkpoint  
 import sparsegen
 from sparsegen import LLM, SamplingParams
 from sparsegen.errors import InputError
+from sparsegen.llm.chat import PHI3SMALL_CHAT_TEMPLATE, ChatTemplate
 from sparsegen.models import ForwardBatch
-from sparsegen.serve.chat import PHI3SMALL_CHAT_TEMPLATE, ChatTemplate
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

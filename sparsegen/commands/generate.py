@@ -24,7 +24,7 @@ DTYPES = {d.name: d.torch_name for d in dtypes.TABLE}  # bf16 -> bfloat16, ...
 
 
 def _chat_wrapper(model_dir):
-    from ..serve.chat import ChatTemplate
+    from ..llm.chat import ChatTemplate
 
     template = ChatTemplate.from_folder(model_dir)
     return lambda text: template.render([{"role": "user", "content": text}])
@@ -151,7 +151,7 @@ def _generate(
     import torch
 
     from ..engine import LLMEngine, SamplingParams
-    from ..llm import build_model, turn_end_ids
+    from ..llm.api import build_model, turn_end_ids
 
     device = torch_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
@@ -198,7 +198,7 @@ def _generate(
     eos = engine.eos_token_id
     watch = None
     if stop:
-        from ..serve.outputs import StopStrings
+        from ..engine.outputs import StopStrings
 
         watch = StopStrings(
             engine, tokenizer, [params] * len(prompts), frozenset({eos, *params.stop_token_ids})

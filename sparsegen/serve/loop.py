@@ -21,10 +21,10 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..engine.outputs import CompletionTracker
 from ..engine.sampling_params import SamplingParams, TokenLogprobs
 from ..errors import DistributedError, RequestError, ServerOverloaded
 from ..llm import LLM
-from .outputs import CompletionTracker
 
 log = logging.getLogger("sparsegen")
 

@@ -17,7 +17,7 @@ import codecs
 import dataclasses
 from dataclasses import dataclass
 
-from ..engine.sampling_params import SamplingParams, TokenLogprobs
+from .sampling_params import SamplingParams, TokenLogprobs
 
 
 @dataclass(frozen=True)

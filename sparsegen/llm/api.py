@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from .engine import LLMEngine
-from .engine.checks import check_prompt
-from .engine.sampling_params import SEED_LIMIT, SamplingParams
-from .engine_stats import EngineStats, engine_stats
-from .errors import InputError
-from .serve.chat import ChatTemplate, eos_token_ids
-from .serve.outputs import CompletionTracker, RequestOutput
+from ..engine import LLMEngine
+from ..engine.checks import check_prompt
+from ..engine.outputs import CompletionTracker, RequestOutput
+from ..engine.sampling_params import SEED_LIMIT, SamplingParams
+from ..engine_stats import EngineStats, engine_stats
+from ..errors import InputError
+from .chat import ChatTemplate, eos_token_ids
 
 DTYPE_NAMES = {
     "bf16": torch.bfloat16,
@@ -74,9 +74,9 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
 
 def build_tokenizer(model_dir, random, tokenizer_path):
     """The tokenizer for a checkpoint folder (None if it has none) or a named random size."""
-    from .models import named_config
-    from .models.config import TINY_SPECIAL_TOKENS
-    from .tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
+    from ..models import named_config
+    from ..models.config import TINY_SPECIAL_TOKENS
+    from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
 
     if tokenizer_path is not None:
         return load_tokenizer(tokenizer_path)
@@ -92,7 +92,7 @@ def build_tokenizer(model_dir, random, tokenizer_path):
 
 def build_model(model_dir, random, tokenizer_path, device, dtype, force_dense=False, seed=0):
     """(model, tokenizer or None) for a checkpoint folder or a named random size."""
-    from .models import load_checkpoint, named_config, random_model
+    from ..models import load_checkpoint, named_config, random_model
 
     tokenizer = build_tokenizer(model_dir, random, tokenizer_path)
     if model_dir is not None:
@@ -177,7 +177,7 @@ class LLM:
             raise InputError(f"tensor_parallel_size must be an int, got {tensor_parallel_size!r}")
         dev = resolve_device(device)
         if tensor_parallel_size != 1:  # ranks in their own processes (sparsegen.tp_engine)
-            from .tp_engine import tp_engine_for
+            from ..tp_engine import tp_engine_for
 
             self.engine = tp_engine_for(model, random, tokenizer, dev, resolve_dtype(dtype, dev), force_dense,
                                         seed, tensor_parallel_size, engine_options)  # fmt: skip
