@@ -1,7 +1,7 @@
 """`TPEngine`: the decoding engine over N tensor-parallel processes, driven from this one.
 
     with TPEngine(ModelSource(model_dir="ckpt"), 2, device="cuda") as engine:
-        results = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=32))
+        outputs = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=32))
 
 This process (the driver) spawns ranks 0..N-1 with torch.multiprocessing (each with torchrun's
 variables, see `sparsegen.distributed`), sends every rank the same commands over a queue, and
@@ -19,7 +19,7 @@ generators; unseeded ones from the global generator, seeded identically on every
 plan is broadcast each step: the per-step cost of tensor parallelism is the model's collectives
 only (two all-reduces per layer and one all-gather), which CUDA graphs capture. The price is
 that every rank must see the same engine calls in the same order: the driver sends each call
-(`submit`, `add`, `step`, `abort`, `results`, `call`) to every rank's queue and takes rank 0's answer,
+(`submit`, `add`, `step`, `abort`, `call`) to every rank's queue and takes rank 0's answer,
 so `TPEngine` offers `LLMEngine`'s surface (a request that one rank refuses, every rank refuses
 alike, and none is changed). Each `step()` costs one queue round trip besides the forward;
 `call(fn)` runs a whole loop on the ranks without it (the benchmarks use that).
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from . import distributed
+from .engine.output_processor import run_prompts
 from .engine_stats import EngineStats
 from .errors import DistributedError, InputError
 from .log import get_logger
@@ -129,7 +130,6 @@ class TPEngine:
         self.kv_capacity: tuple[int, int] = ready[0]["kv_capacity"]  # (pages, tokens), as LLMEngine's
         self._stats: EngineStats = ready[0]["stats"]
         self.has_unfinished = False
-        self._aborted: set[int] | None = None  # while generate() runs: its requests that were aborted
 
     # -- waiting on the ranks -------------------------------------------------------------------
     def _wait(self, want: str):
@@ -200,8 +200,7 @@ class TPEngine:
         return [RequestHandle(i) for i in self._run("submit", (prompts, params))]
 
     def add_request(self, prompt_ids: list[int], params) -> RequestHandle:
-        """Queue one request on every rank (checked first there), as LLMEngine.add_request; its
-        result is never kept on the ranks (a server reads its TokenEvents instead)."""
+        """Queue one request on every rank (checked first there), as LLMEngine.add_request."""
         return RequestHandle(self._run("add", (prompt_ids, params)))
 
     def stats(self) -> EngineStats:
@@ -217,37 +216,12 @@ class TPEngine:
         is closed: nothing is unfinished then (so cleanup after a failure does not raise again)."""
         if self._closed:
             return False
-        done = self._run("abort", request_id)
-        if done and self._aborted is not None:
-            self._aborted.add(request_id)
-        return done
-
-    def results(self, handles: Seq[RequestHandle]) -> list:
-        """Rank 0's GenerationResult per handle (each can be taken once, when it is done)."""
-        return self._run("results", [h.seq_id for h in handles])
+        return self._run("abort", request_id)
 
     def generate(self, prompts: Seq[list[int]], params, on_token: Callable | None = None):
-        """LLMEngine.generate over the ranks: results in input order; `on_token` sees each of
-        these requests' TokenEvents (and may `abort` a request, as stop strings do)."""
-        handles = self.submit(prompts, params)
-        left = {h.seq_id for h in handles}
-        self._aborted = set()
-        try:
-            while left:
-                for event in self.step():
-                    if event.request_id in left:
-                        if event.finish_reason is not None:
-                            left.discard(event.request_id)
-                        if on_token is not None:
-                            on_token(event)
-                left = {i for i in left if i not in self._aborted}
-                if left and not self.has_unfinished:
-                    raise DistributedError(f"requests {sorted(left)} are unfinished, but every rank is idle")
-        finally:
-            self._aborted = None
-            for i in left:
-                self.abort(i)
-        return self.results(handles)
+        """LLMEngine.generate over the ranks (the same output path): RequestOutputs in input
+        order; `on_token` sees each of these requests' TokenEvents (and may `abort` a request)."""
+        return run_prompts(self, prompts, params, on_token)
 
     def warmup(self) -> float:
         """Kernel builds and first graph captures ran when the ranks started (`warmup=True`);
@@ -281,12 +255,9 @@ class TPEngine:
         self.close(kill=exc[0] is not None)
 
 
-def tp_engine_for(model_dir, random, tokenizer_path, device, dtype, force_dense, seed, tp, engine_options):
-    """`LLM(..., tensor_parallel_size=tp)`'s engine: a TPEngine over the same weights and tokenizer
-    that `llm.build_model` would give one process."""
-    from .llm import build_tokenizer
-
-    tokenizer = build_tokenizer(model_dir, random, tokenizer_path)
+def tp_engine_for(model_dir, random, tokenizer, device, dtype, force_dense, seed, tp, engine_options):
+    """`LLM(..., tensor_parallel_size=tp)`'s engine: a TPEngine over the weights that
+    `llm.build.build_model` would give one process, with that process's `tokenizer`."""
     source = ModelSource(
         model_dir=str(model_dir) if model_dir is not None else None,
         random=random,

@@ -45,7 +45,7 @@ def engine_on_rank(model, info, tokenizer, engine_kwargs: dict):
     return LLMEngine(model, tokenizer=tokenizer, **kw)
 
 
-def run_command(ctx: RankContext, seqs: dict, kind: str, payload):
+def run_command(ctx: RankContext, kind: str, payload):
     """One engine call, the same on every rank and in the same order; rank 0's value is sent."""
     engine = ctx.engine
     if kind == "submit":  # checks everything before queueing: a bad request changes no rank
@@ -53,9 +53,8 @@ def run_command(ctx: RankContext, seqs: dict, kind: str, payload):
             new = engine.submit(*payload)
         except SparsegenError as exc:
             return Refused(describe(exc))
-        seqs.update((s.seq_id, s) for s in new)
         return [s.seq_id for s in new]
-    if kind == "add":  # one request, for a server: its result is never asked for, so none is kept
+    if kind == "add":  # one request, for a server
         try:
             return engine.add_request(*payload).seq_id
         except SparsegenError as exc:
@@ -64,8 +63,6 @@ def run_command(ctx: RankContext, seqs: dict, kind: str, payload):
         return engine.step()
     if kind == "abort":
         return engine.abort(payload)
-    if kind == "results":
-        return [engine.result(seqs.pop(i)) for i in payload]
     fn, args = payload  # "call"
     return fn(ctx, *args)
 
@@ -89,9 +86,8 @@ def rank_main(rank, world, port, device_type, source, tokenizer, engine_kwargs, 
                  "stats": engine_stats(engine)}  # fmt: skip
         out.put(("ready", rank, ready))
         ctx = RankContext(info, model, engine)
-        seqs: dict[int, Any] = {}  # seq_id -> Sequence, until its result is taken
         while (cmd := cmds.get()) is not None:
-            value = run_command(ctx, seqs, *cmd)
+            value = run_command(ctx, *cmd)
             if rank == 0:
                 try:  # else the queue's feeder thread drops it silently and the driver waits
                     check_pickles(value, f"the result of {cmd[0]!r}")

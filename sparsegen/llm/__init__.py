@@ -1,6 +1,7 @@
 """The offline API: `sparsegen.LLM` (prompts or chats in, `RequestOutput`s out) over the engine,
-with the checkpoint's chat template and turn-ending tokens (`llm.chat`)."""
+with the checkpoint's chat template and turn-ending tokens (`llm.chat`, `llm.requests`) and what
+it is built from (`llm.build`)."""
 
-from .api import LLM, build_tokenizer
+from .api import LLM
 
-__all__ = ["LLM", "build_tokenizer"]
+__all__ = ["LLM"]
