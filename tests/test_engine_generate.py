@@ -220,9 +220,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(model, prompts):
     top1 = SamplingParams(max_tokens=6, temperature=1.5, top_k=1, seed=1, ignore_eos=True)
     assert (
         LLMEngine(model).generate([prompts[2]], top1)[0].token_ids
-        == LLMEngine(model)
-        .generate([prompts[2]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
-        .token_ids
+        == LLMEngine(model).generate([prompts[2]], SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids
     )
 
 

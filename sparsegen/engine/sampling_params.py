@@ -111,7 +111,9 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise InputError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.skip_special_tokens, bool):
-            raise InputError(f"SamplingParams.skip_special_tokens must be a bool, got {self.skip_special_tokens!r}")
+            raise InputError(
+                f"SamplingParams.skip_special_tokens must be a bool, got {self.skip_special_tokens!r}"
+            )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.seed is not None:
