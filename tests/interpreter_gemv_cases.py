@@ -278,10 +278,10 @@ def test_model_and_engine_with_triton_gemv_match_the_plain_model():
     ropes = []
     gm.gemv = lambda *a, **kw: ropes.append(kw.get("rope") is not None) or real(*a, **kw)
     try:
-        got_ids = LLMEngine(fast).generate([prompt], params)[0].output_ids
+        got_ids = LLMEngine(fast).generate([prompt], params)[0].token_ids
     finally:
         gm.gemv = real
-    assert got_ids == LLMEngine(plain).generate([prompt], params)[0].output_ids
+    assert got_ids == LLMEngine(plain).generate([prompt], params)[0].token_ids
     # the two decode steps' QKV GEMVs rotated q and k and wrote the cache themselves
     assert sum(ropes) == 2 * layers
 

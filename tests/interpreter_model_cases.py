@@ -32,8 +32,8 @@ def test_engine_with_generated_prefill_kernel_matches_reference():
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     fast = LLMEngine(triton_model, max_num_batched_tokens=40)  # chunks over a cached prefix
     slow = LLMEngine(ref_model)
-    assert [r.output_ids for r in fast.generate(prompts, params)] == [
-        r.output_ids for r in slow.generate(prompts, params)
+    assert [r.token_ids for r in fast.generate(prompts, params)] == [
+        r.token_ids for r in slow.generate(prompts, params)
     ]
 
 

@@ -33,7 +33,7 @@ def engine(model):
 @pytest.fixture(scope="module")
 def baseline(model):
     """Tokens of two fixed requests on an engine that never saw a failure."""
-    return [r.output_ids for r in LLMEngine(model).generate([[5, 6, 7], [8] * 20], PARAMS)]
+    return [r.token_ids for r in LLMEngine(model).generate([[5, 6, 7], [8] * 20], PARAMS)]
 
 
 def assert_clean(engine, baseline):
@@ -313,7 +313,7 @@ def test_good_edge_arguments_work(model):
         model, page_size=1, num_pages=2000, max_num_seqs=1, max_num_batched_tokens=1, max_model_len=8
     )
     (res,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=100, ignore_eos=True))
-    assert len(res.output_ids) == 5 and res.finish_reason == "length"  # 3 + 5 = max_model_len
+    assert len(res.token_ids) == 5 and res.finish_reason == "length"  # 3 + 5 = max_model_len
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 

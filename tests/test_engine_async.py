@@ -198,7 +198,7 @@ def test_aborting_everything_mid_flight_then_a_new_request(model, prompts):
     """A stream closed mid-decode aborts its requests with a step in flight; that step is
     dropped on the next call and a new request gives the tokens of a fresh engine."""
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    want = LLMEngine(model, async_decode=False).generate([prompts[2]], params)[0].output_ids
+    want = LLMEngine(model, async_decode=False).generate([prompts[2]], params)[0].token_ids
     engine = LLMEngine(model)
     it = engine.stream(prompts[:2], params)
     first = [next(it) for _ in range(6)]
@@ -206,7 +206,7 @@ def test_aborting_everything_mid_flight_then_a_new_request(model, prompts):
     it.close()
     assert len(first) == 6 and not engine.has_unfinished
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
-    assert engine.generate([prompts[2]], params)[0].output_ids == want
+    assert engine.generate([prompts[2]], params)[0].token_ids == want
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 
@@ -222,7 +222,7 @@ def test_new_requests_arriving_mid_decode(model, prompts):
     want = per_request(drive(sync, prompts[:2], params, actions=dict(actions)))
     got = per_request(drive(fast, prompts[:2], params, actions=dict(actions)))
     assert got == want and set(got) == {0, 1, 7, 8, 9}
-    alone = LLMEngine(model, async_decode=False).generate([prompts[3]], late)[0].output_ids
+    alone = LLMEngine(model, async_decode=False).generate([prompts[3]], late)[0].token_ids
     assert got[8][0] == alone
     assert log.lookahead >= 8
 

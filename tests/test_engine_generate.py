@@ -46,10 +46,10 @@ def test_engine_greedy_equals_full_recompute(model, prompts, oracle):
     engine = LLMEngine(model, max_num_batched_tokens=64, max_num_seqs=3, page_size=16)
     results = engine.generate(prompts, GREEDY)
     for res, want, prompt in zip(results, oracle, prompts, strict=True):
-        assert res.prompt_ids == prompt
-        assert res.output_ids == want
+        assert res.prompt_token_ids == prompt
+        assert res.token_ids == want
         assert res.finish_reason == "length"
-        assert res.ttft_s >= 0 and res.decode_tokens_per_s > 0
+        assert res.metrics.ttft_s >= 0 and res.metrics.decode_tokens_per_s > 0
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity  # every page came back
 
 
@@ -62,7 +62,7 @@ def test_two_stage_greedy_argmax_in_the_engine_equals_full_recompute(
     monkeypatch.setattr("sparsegen.runner.sampling.ARGMAX_CHUNK", chunk)
     engine = LLMEngine(model, max_num_batched_tokens=64, max_num_seqs=3, page_size=16)
     results = engine.generate(prompts, GREEDY)
-    assert [r.output_ids for r in results] == oracle
+    assert [r.token_ids for r in results] == oracle
 
 
 def test_prompts_are_long_enough_for_sparsity_to_matter(prompts, oracle):
@@ -73,13 +73,13 @@ def test_prompts_are_long_enough_for_sparsity_to_matter(prompts, oracle):
     diff = (sparse(ids, batch)[-1] - dense(ids, batch)[-1]).abs().max()
     assert diff > 1e-2
     # and the greedy tokens change: the engine/oracle agreement above is sensitive to the pattern
-    dense_out = [r.output_ids for r in LLMEngine(dense).generate(prompts, GREEDY)]
+    dense_out = [r.token_ids for r in LLMEngine(dense).generate(prompts, GREEDY)]
     assert sum(d != o for d, o in zip(dense_out, oracle, strict=True)) >= 2
 
 
 def test_batched_equals_one_at_a_time(model, prompts, oracle):
-    alone = [LLMEngine(model, max_num_seqs=1).generate([p], GREEDY)[0].output_ids for p in prompts]
-    batched = [r.output_ids for r in LLMEngine(model, max_num_seqs=8).generate(prompts, GREEDY)]
+    alone = [LLMEngine(model, max_num_seqs=1).generate([p], GREEDY)[0].token_ids for p in prompts]
+    batched = [r.token_ids for r in LLMEngine(model, max_num_seqs=8).generate(prompts, GREEDY)]
     assert alone == batched == oracle
 
 
@@ -101,8 +101,8 @@ def test_chunked_prefill_equals_whole_prefill(model, prompts):
     chunked = LLMEngine(model, max_num_batched_tokens=37, page_size=8)  # chunks cross pages and blocks
     rec_w, rec_c = _LogitsRecorder(whole), _LogitsRecorder(chunked)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
-    out_w = whole.generate([prompts[3]], params)[0].output_ids
-    out_c = chunked.generate([prompts[3]], params)[0].output_ids
+    out_w = whole.generate([prompts[3]], params)[0].token_ids
+    out_c = chunked.generate([prompts[3]], params)[0].token_ids
     assert out_w == out_c
     assert len(rec_w.rows) == len(rec_c.rows) == 8
     torch.testing.assert_close(torch.stack(rec_c.rows), torch.stack(rec_w.rows), atol=1e-4, rtol=1e-4)
@@ -119,7 +119,7 @@ def test_both_kv_page_layouts_equal_full_recompute(model, prompts, oracle, layou
     want = (hkv * ps * d, d, ps * d, 1) if layout == "head" else (ps * hkv * d, hkv * d, d, 1)
     assert k.stride() == want
     results = engine.generate(prompts[:2], GREEDY)
-    assert [r.output_ids for r in results] == oracle[:2]
+    assert [r.token_ids for r in results] == oracle[:2]
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 
@@ -158,14 +158,14 @@ def test_warmup_leaves_the_engine_as_it_was(model, prompts, oracle):
     assert not engine.has_unfinished
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
     (res,) = engine.generate(prompts[:1], GREEDY)
-    assert res.output_ids == oracle[0]
+    assert res.token_ids == oracle[0]
 
 
 def test_small_cache_preempts_and_still_matches(model, prompts, oracle):
     # 60 usable pages of 16 tokens: not enough for all four sequences at once
     engine = LLMEngine(model, num_pages=61, max_num_seqs=4, max_num_batched_tokens=512)
     results = engine.generate(prompts, GREEDY)
-    assert [r.output_ids for r in results] == oracle
+    assert [r.token_ids for r in results] == oracle
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 
@@ -186,14 +186,16 @@ def test_stops_at_eos_stop_tokens_and_max_tokens(model, prompts, oracle):
     engine = LLMEngine(model)
     engine.eos_token_id = want[4]
     res = engine.generate([prompts[1]], SamplingParams(max_tokens=30))[0]
-    assert res.finish_reason == "eos" and res.output_ids == want[: want.index(want[4]) + 1]
+    assert res.finish_reason == "stop" and res.outputs[0].stop_reason is None  # EOS
+    assert res.token_ids == want[: want.index(want[4]) + 1]
 
     stop = want[6]
     res = LLMEngine(model).generate([prompts[1]], SamplingParams(max_tokens=30, stop_token_ids=(stop,)))[0]
-    assert res.finish_reason == "stop" and res.output_ids == want[: want.index(stop) + 1]
+    assert res.finish_reason == "stop" and res.outputs[0].stop_reason == stop
+    assert res.token_ids == want[: want.index(stop) + 1]
 
     res = LLMEngine(model).generate([prompts[1]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
-    assert res.finish_reason == "length" and res.output_ids == want[:3]
+    assert res.finish_reason == "length" and res.token_ids == want[:3]
 
 
 def test_streaming_and_callback_agree_with_results(model, prompts):
@@ -203,24 +205,22 @@ def test_streaming_and_callback_agree_with_results(model, prompts):
     streamed = list(LLMEngine(model).stream(prompts[:2], params))
     assert [(e.index, e.token_id) for e in seen] == [(e.index, e.token_id) for e in streamed]
     for i, res in enumerate(results):
-        assert [e.token_id for e in streamed if e.index == i] == res.output_ids
+        assert [e.token_id for e in streamed if e.index == i] == res.token_ids
         assert [e.finish_reason for e in streamed if e.index == i][-1] == "length"
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(model, prompts):
     params = SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.9, seed=7, ignore_eos=True)
-    alone = LLMEngine(model).generate([prompts[0]], params)[0].output_ids
-    again = LLMEngine(model).generate([prompts[0]], params)[0].output_ids
+    alone = LLMEngine(model).generate([prompts[0]], params)[0].token_ids
+    again = LLMEngine(model).generate([prompts[0]], params)[0].token_ids
     mixed = LLMEngine(model).generate(prompts[:3], [params, GREEDY, params])
-    assert alone == again == mixed[0].output_ids
+    assert alone == again == mixed[0].token_ids
     other = LLMEngine(model).generate([prompts[0]], SamplingParams(**{**params.__dict__, "seed": 8}))[0]
-    assert other.output_ids != alone
+    assert other.token_ids != alone
     top1 = SamplingParams(max_tokens=6, temperature=1.5, top_k=1, seed=1, ignore_eos=True)
     assert (
-        LLMEngine(model).generate([prompts[2]], top1)[0].output_ids
-        == LLMEngine(model)
-        .generate([prompts[2]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
-        .output_ids
+        LLMEngine(model).generate([prompts[2]], top1)[0].token_ids
+        == LLMEngine(model).generate([prompts[2]], SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids
     )
 
 
@@ -229,7 +229,7 @@ def test_page_boundaries_and_one_token_prompts(model):
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (1, 16, 32, 33)]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     got = [
-        r.output_ids
+        r.token_ids
         for r in LLMEngine(model, page_size=16, max_num_batched_tokens=16).generate(prompts, params)
     ]
     assert got == [full_recompute_greedy(model, p, 20) for p in prompts]

@@ -144,7 +144,7 @@ def test_engine_bf16_matches_reference_for_the_first_steps(use_graphs):
     got = fast.generate(prompts, params)
     want = slow.generate(prompts, params)
     for g, w in zip(got, want, strict=True):
-        assert g.output_ids[:4] == w.output_ids[:4]
+        assert g.token_ids[:4] == w.token_ids[:4]
     keep = _keep(cfg)
     first_fast = torch.cat([r for r in rec_fast.rows if r.shape[0]])[:3, keep]
     first_slow = torch.cat([r for r in rec_slow.rows if r.shape[0]])[:3, keep]
@@ -168,7 +168,7 @@ def test_cuda_graphs_equal_eager_decode():
     errors = _check_decode_steps(engine, model, cfg, agree=agree)
     results = engine.generate(prompts, params)
     assert engine.graphs is not None and engine.graphs.graphs  # decode really replayed graphs
-    assert all(len(r.output_ids) == 24 for r in results)
+    assert all(len(r.token_ids) == 24 for r in results)
     assert len(errors) >= 20 and max(errors) < 1e-2, errors
     assert sum(agree) / len(agree) > 0.9, agree
 
@@ -182,10 +182,10 @@ def test_7b_random_batch_1_and_32_with_8k_prompts():
         start = time.perf_counter()
         results = engine.generate(prompts, params)
         wall = time.perf_counter() - start
-        assert all(len(r.output_ids) == 16 and r.finish_reason == "length" for r in results)
-        rate = sum(r.decode_tokens_per_s for r in results)
+        assert all(len(r.token_ids) == 16 and r.finish_reason == "length" for r in results)
+        rate = sum(r.metrics.decode_tokens_per_s for r in results)
         print(
-            f"\n7b random, batch {batch} x 8192-token prompts: {wall:.2f} s, ttft {results[0].ttft_s:.3f} s, "
+            f"\n7b random, batch {batch} x 8192-token prompts: {wall:.2f} s, ttft {results[0].metrics.ttft_s:.3f} s, "
             f"decode {rate:.1f} tokens/s summed over sequences"
         )
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
@@ -222,7 +222,7 @@ def test_compiled_decode_in_graphs_matches_eager():
     assert len(errors) >= 10 and max(errors) < 2e-2, errors
     plain = LLMEngine(model, kv_cache_bytes=TINY_KV, use_cuda_graphs=True).generate(prompts, params)
     for g, w in zip(got, plain, strict=True):
-        assert g.output_ids[:3] == w.output_ids[:3]
+        assert g.token_ids[:3] == w.token_ids[:3]
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
 
 
@@ -368,7 +368,7 @@ def test_engine_with_triton_gemv_in_graphs_matches_cublas():
     got = engine.generate(prompts, params)
     assert engine.graphs.graphs and len(errors) >= 10 and max(errors) < 2e-2, errors
     want = LLMEngine(plain, kv_cache_bytes=TINY_KV, use_cuda_graphs=True).generate(prompts, params)
-    assert got[0].output_ids[:3] == want[0].output_ids[:3]
+    assert got[0].token_ids[:3] == want[0].token_ids[:3]
 
 
 class _Plans:

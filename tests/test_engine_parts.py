@@ -137,11 +137,11 @@ def test_graph_bookkeeping_on_cpu_matches_eager(longrope):
     gen = torch.Generator().manual_seed(9)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (40, 75, 130)]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    eager = [r.output_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, params)]
+    eager = [r.token_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, params)]
 
     engine = LLMEngine(model, max_num_seqs=4)
     graphs = stand_in_graphs(model, engine, 4)
-    graphed = [r.output_ids for r in engine.generate(prompts, params)]
+    graphed = [r.token_ids for r in engine.generate(prompts, params)]
     assert graphed == eager
     assert {b for b, _ in graphs.graphs} <= {1, 2, 4} and {w for _, w in graphs.graphs} == {
         min(64, graphs.max_pages)
@@ -158,7 +158,7 @@ def test_graph_bookkeeping_with_preemption_and_uneven_finishes():
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (15, 7, 15)]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (14, 5, 9)]
     kw = dict(max_num_seqs=3, num_pages=8, page_size=8)
-    eager = [r.output_ids for r in LLMEngine(model, **kw).generate(prompts, params)]
+    eager = [r.token_ids for r in LLMEngine(model, **kw).generate(prompts, params)]
 
     engine = LLMEngine(model, **kw)
     graphs = stand_in_graphs(model, engine, 3)
@@ -185,7 +185,7 @@ def test_graph_bookkeeping_with_preemption_and_uneven_finishes():
         grow(seq)
 
     engine.scheduler._preempt = preempt
-    graphed = [r.output_ids for r in engine.generate(prompts, params)]
+    graphed = [r.token_ids for r in engine.generate(prompts, params)]
     assert graphed == eager
     assert preempted, "the cache was meant to run out of pages"
     assert len({len(t) for t in tables_seen}) >= 2  # the batch shrank
@@ -263,8 +263,8 @@ def test_longrope_choice_is_chunk_invariant():
     model = random_model(cfg, seed=1)
     prompt = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(2)).tolist()
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    whole = LLMEngine(model).generate([prompt], params)[0].output_ids
-    chunked = LLMEngine(model, max_num_batched_tokens=30).generate([prompt], params)[0].output_ids
+    whole = LLMEngine(model).generate([prompt], params)[0].token_ids
+    chunked = LLMEngine(model, max_num_batched_tokens=30).generate([prompt], params)[0].token_ids
     assert whole == chunked
     # the prompt (100 > 64 original positions) runs entirely on the long factors, as HF does
     logits = model(torch.tensor(prompt), ForwardBatch.whole_sequences([100]))

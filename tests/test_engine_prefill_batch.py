@@ -217,7 +217,7 @@ def test_chunked_and_whole_prefill_still_give_the_same_tokens(longrope_model):
     outs = [
         LLMEngine(longrope_model, page_size=16, max_num_batched_tokens=chunk)
         .generate([prompt], params)[0]
-        .output_ids
+        .token_ids
         for chunk in (16, 48, 8192)
     ]
     assert outs[0] == outs[1] == outs[2]

@@ -51,7 +51,7 @@ def test_model_routes_qkv_and_up_proj_through_gemm_rows(monkeypatch):
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     shapes = {tuple(attn.query_key_value.weight.shape), tuple(mlp.up_proj.weight.shape)}
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [1, 2, 3, 4, 5, 6, 7]]
-    want = [r.output_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, GREEDY)]
+    want = [r.token_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, GREEDY)]
 
     calls: list[str] = []
 
@@ -68,7 +68,7 @@ def test_model_routes_qkv_and_up_proj_through_gemm_rows(monkeypatch):
     monkeypatch.setattr("sparsegen.models.layers.rows_gemm", rows_gemm)
     monkeypatch.setattr("sparsegen.models.phi3small.rows_gemm", rows_gemm)
     monkeypatch.setattr("sparsegen.models.attention.rows_gemm", rows_gemm)
-    got = [r.output_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, GREEDY)]
+    got = [r.token_ids for r in LLMEngine(model, max_num_seqs=4).generate(prompts, GREEDY)]
     assert got == want
     # decode steps of 2..3 sequences: QKV with the rotary and cache write, up_proj with GeGeLU;
     # the prefill chunks of 3..7 tokens: QKV through the plain epilogue

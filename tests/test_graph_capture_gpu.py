@@ -57,7 +57,7 @@ def test_an_old_engines_graphs_in_a_dead_cycle_do_not_break_a_new_engines_captur
     prompts = [[(7 * i + j) % 200 for j in range(40 + 9 * i)] for i in range(3)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     old = LLMEngine(model, kv_cache_bytes=256 << 20, use_cuda_graphs=True)
-    want = [r.output_ids for r in old.generate(prompts, params)]
+    want = [r.token_ids for r in old.generate(prompts, params)]
     assert old.graphs.graphs  # it captured decode graphs
     old.me = old  # a cycle, as a closure over the engine makes
     old_ref = weakref.ref(old)
@@ -66,7 +66,7 @@ def test_an_old_engines_graphs_in_a_dead_cycle_do_not_break_a_new_engines_captur
     try:
         new = LLMEngine(model, kv_cache_bytes=256 << 20, use_cuda_graphs=True)
         assert old_ref() is not None
-        got = [r.output_ids for r in new.generate(prompts, params)]
+        got = [r.token_ids for r in new.generate(prompts, params)]
     finally:
         gc.enable()
     assert old_ref() is None  # freed by the capture's collection, before the capture began

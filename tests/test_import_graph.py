@@ -71,8 +71,6 @@ ALLOWED_ARROWS: frozenset[tuple[str, str]] = frozenset(
         ("kernels.base", "kernels.fused.gegelu"),  # lifecycle: the family registry
         ("kernels.base", "kernels.fused.add_norm"),  # lifecycle: the family registry
         # back arrows
-        ("llm", "serve.chat"),  # outputs: llm -> serve
-        ("llm", "serve.outputs"),  # outputs: llm -> serve
     }
 )
 # Top-level modules whose name prefix stands in for a folder (engine moves them):

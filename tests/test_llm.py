@@ -11,8 +11,8 @@ from helpers_checkpoint import single_thread, write_bpe_file, write_checkpoint  
 import sparsegen
 from sparsegen import LLM, SamplingParams
 from sparsegen.errors import InputError
+from sparsegen.llm.chat import PHI3SMALL_CHAT_TEMPLATE, ChatTemplate
 from sparsegen.models import ForwardBatch
-from sparsegen.serve.chat import PHI3SMALL_CHAT_TEMPLATE, ChatTemplate
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -39,7 +39,7 @@ def test_generate_returns_text_and_ids_in_order(llm):
     assert outs[0].finish_reason == "length" and outs[0].outputs[0].index == 0
     ids_out = llm.generate([list(b"Hello")], params, use_tqdm=False)[0]
     assert ids_out.token_ids == outs[0].token_ids and ids_out.prompt is None
-    direct = llm.engine.generate([list(b"Hello")], params)[0].output_ids  # the token engine itself
+    direct = llm.engine.generate([list(b"Hello")], params)[0].token_ids  # the token engine itself
     assert outs[0].token_ids == direct
     text = b"".join(bytes([t]) for t in direct if t < 256).decode("utf-8", errors="replace")
     assert outs[0].text == text

@@ -158,8 +158,8 @@ def test_compiled_engine_decode_equals_eager_as_the_batch_shrinks(model, monkeyp
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 6, 12)]
     engine = LLMEngine(model, num_pages=40, page_size=8, compile_model=True)
     assert engine.runner.decode_forward is not model
-    got = [r.output_ids for r in engine.generate(prompts, params)]
-    want = [r.output_ids for r in LLMEngine(model, num_pages=40, page_size=8).generate(prompts, params)]
+    got = [r.token_ids for r in engine.generate(prompts, params)]
+    want = [r.token_ids for r in LLMEngine(model, num_pages=40, page_size=8).generate(prompts, params)]
     assert got == want
     assert 2 <= counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
     assert not counters["graph_break"]

@@ -42,7 +42,7 @@ def tp_engine(folder, tp: int, **kw) -> LLMEngine:
 
 def reference(folder, params):
     engine = LLMEngine(load_checkpoint(folder, dtype=torch.float32), **ENGINE)
-    return [r.output_ids for r in engine.generate(PROMPTS, params)]
+    return [r.token_ids for r in engine.generate(PROMPTS, params)]
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +62,12 @@ def test_tp2_greedy_and_seeded_tokens_equal_one_process(tp2, tiny_ckpt):
     assert len({tuple(t) for t in want_greedy}) == 3 and len(set(want_greedy[0])) > 3  # not degenerate
     events = []
     got = tp2.generate(PROMPTS, GREEDY, on_token=events.append)
-    assert [r.output_ids for r in got] == want_greedy
-    assert [r.prompt_ids for r in got] == PROMPTS
+    assert [r.token_ids for r in got] == want_greedy
+    assert [r.prompt_token_ids for r in got] == PROMPTS
     assert sorted((e.index, e.token_id) for e in events) == sorted(
         (i, t) for i, ids in enumerate(want_greedy) for t in ids
     )
-    assert [r.output_ids for r in tp2.generate(PROMPTS, SAMPLED)] == want_sampled
+    assert [r.token_ids for r in tp2.generate(PROMPTS, SAMPLED)] == want_sampled
 
 
 def test_tp2_refused_requests_and_aborts_keep_the_ranks_in_step(tp2, tiny_ckpt):
@@ -83,12 +83,12 @@ def test_tp2_refused_requests_and_aborts_keep_the_ranks_in_step(tp2, tiny_ckpt):
             if len(seen) == 3:
                 assert tp2.abort(event.request_id)
 
-    got = [r.output_ids for r in tp2.generate(PROMPTS, GREEDY, on_token=stop_second_after_three)]
+    got = [r.token_ids for r in tp2.generate(PROMPTS, GREEDY, on_token=stop_second_after_three)]
     want = reference(tiny_ckpt, GREEDY)
     assert got[1] == want[1][:3] and got[0] == want[0] and got[2] == want[2]
     stats = engine_stats(tp2)  # the refused and the aborted requests hold no page
     assert stats.kv_pages_used == 0 and stats.running == stats.waiting == 0 and not tp2.has_unfinished
-    assert [r.output_ids for r in tp2.generate(PROMPTS, GREEDY)] == want  # still in step
+    assert [r.token_ids for r in tp2.generate(PROMPTS, GREEDY)] == want  # still in step
 
 
 def test_tp2_what_cannot_be_pickled_is_an_error_not_a_hang(tp2):
@@ -136,7 +136,7 @@ def test_tp4_wide_config_with_padded_vocab(tmp_path):
     folder = write_checkpoint(tmp_path / "wide", cfg=WIDE_HF_CONFIG, with_lm_head=True, seed=5)
     want = reference(folder, GREEDY)
     with tp_engine(folder, 4) as engine:
-        got = [r.output_ids for r in engine.generate(PROMPTS, GREEDY)]
+        got = [r.token_ids for r in engine.generate(PROMPTS, GREEDY)]
         facts = engine.executor.call(rank_facts)
     assert got == want
     assert [f["offsets"][0] for f in facts] == [[0, 1], [2, 3], [0, 1], [2, 3]]  # global h % 4

@@ -33,7 +33,7 @@ def _prompts(lengths, seed=0):
 def _one_gpu(size, prompts, params, graphs=True):
     model = random_model(size, device="cuda", dtype=torch.bfloat16, seed=0, triton_gemv=False)  # as the ranks
     engine = LLMEngine(model, use_cuda_graphs=graphs, **ENGINE)
-    out = [r.output_ids for r in engine.generate(prompts, params)]
+    out = [r.token_ids for r in engine.generate(prompts, params)]
     del engine  # free GPU 0 for rank 0
     gc.collect()
     torch.cuda.empty_cache()
@@ -54,7 +54,7 @@ def test_random_7b_greedy_tokens_equal_one_gpu_for_32_steps(tp):
     want = _one_gpu("7b", prompts, params)
     source = ModelSource(random="7b", dtype="bfloat16", seed=0)
     with LLMEngine(source, tensor_parallel_size=tp, device="cuda", **ENGINE) as engine:
-        got = [r.output_ids for r in engine.generate(prompts, params)]
+        got = [r.token_ids for r in engine.generate(prompts, params)]
         facts = engine.executor.call(rank_facts)
         counts = engine.executor.call(graph_counts)
     for i, (a, b) in enumerate(zip(want, got, strict=True)):
@@ -79,7 +79,7 @@ def test_tp2_cuda_graph_replays_equal_eager_steps():
         with LLMEngine(
             source, tensor_parallel_size=2, device="cuda", use_cuda_graphs=graphs, **ENGINE
         ) as engine:
-            out[graphs] = [r.output_ids for r in engine.generate(prompts, params)]
+            out[graphs] = [r.token_ids for r in engine.generate(prompts, params)]
             assert (engine.executor.call(graph_counts) > 0) == graphs
     assert out[True] == out[False]
 

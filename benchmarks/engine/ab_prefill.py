@@ -64,7 +64,7 @@ def ttft_ms(
         prompt = torch.randint(0, 256, (length,), generator=gen).tolist()
         res = engine.generate([prompt], one)[0]
         if i:
-            times.append(res.ttft_s * 1e3)
+            times.append(res.metrics.ttft_s * 1e3)
     del engine
     torch.cuda.empty_cache()
     return statistics.median(times)

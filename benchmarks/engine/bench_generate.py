@@ -83,7 +83,7 @@ def ttft(model, length: int, setup: Setup) -> dict:
     engine.generate(prompts(1, length, seed=1), SamplingParams(max_tokens=2, ignore_eos=True))
     sync()
     res = engine.generate(prompts(1, length, seed=2), SamplingParams(max_tokens=1, ignore_eos=True))[0]
-    return {"ttft_s": res.ttft_s, "context": length, "chunk": engine.config.max_num_batched_tokens,
+    return {"ttft_s": res.metrics.ttft_s, "context": length, "chunk": engine.config.max_num_batched_tokens,
             "peak_gib": peak_gib(), "kv": kv_info(engine)}  # fmt: skip
 
 

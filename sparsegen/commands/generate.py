@@ -1,7 +1,9 @@
 """`sparsegen generate`: run Phi-3-Small (a local checkpoint or random weights) and print text.
 
 Prompts are taken in this order: every `--prompt`, then every `--prompt-ids`, then the lines
-of `--prompts-file`. With `--json`, one JSON object per prompt is printed, in that order.
+of `--prompts-file`. With `--json`, one JSON object per prompt is printed, in that order. The
+command is `sparsegen.LLM` with a progress bar: one engine, the one output path, and the
+finish reasons of DESIGN §3 (`cli_finish_reason`: "eos" for the engine's EOS token).
 """
 
 from __future__ import annotations
@@ -22,13 +24,6 @@ from .tp_option import check_tp, tensor_parallel_option
 log = get_logger(__name__)
 
 DTYPES = {d.name: d.torch_name for d in dtypes.TABLE}  # bf16 -> bfloat16, ...
-
-
-def _chat_wrapper(model_dir):
-    from ..serve.chat import ChatTemplate
-
-    template = ChatTemplate.from_folder(model_dir)
-    return lambda text: template.render([{"role": "user", "content": text}])
 
 
 def parse_prompt_ids(text: str, vocab_size: int, hint: str = "'--prompt-ids'") -> list[int]:
@@ -144,6 +139,13 @@ def command(
     _generate(**locals())  # sparsegen's errors become one line in cli.py (exit 2 or 1)
 
 
+def cli_finish_reason(out, eos_token_id: int, ignore_eos: bool) -> str:
+    """The JSON line's finish reason: the output's "stop" | "length", except "eos" when the
+    engine's own EOS token ended it (generation_config's other turn-ending tokens are "stop")."""
+    eos = out.finish_reason == "stop" and out.stop_reason is None and not ignore_eos
+    return "eos" if eos and out.token_ids[-1] == eos_token_id else out.finish_reason
+
+
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
@@ -151,28 +153,36 @@ def _generate(
 ):  # fmt: skip
     import torch
 
-    from ..engine import LLMEngine, SamplingParams
-    from ..llm import model_source, turn_end_ids
+    from ..llm import LLM
 
     device = torch_device(device)
     dtype = getattr(torch, DTYPES[dtype or ("bf16" if device.startswith("cuda") else "fp32")])
-    engine_kwargs = dict(max_num_seqs=max_batch, **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs))
     check_tp(tp, model_dir, random_size, device)
-    source, tokenizer = model_source(model_dir, random_size, tokenizer_path, dtype, force_dense)
-    engine = LLMEngine(source, tokenizer=tokenizer, device=device, tensor_parallel_size=tp, **engine_kwargs)
-    config = engine.model_config
-    vocab = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
+    if model_dir is not None and not model_dir.is_dir():
+        raise click.BadParameter(f"checkpoint folder {model_dir} does not exist", param_hint="'--model'")
+    llm = LLM(model=model_dir, random=random_size, tokenizer=tokenizer_path, dtype=dtype, device=device,
+              force_dense=force_dense, tensor_parallel_size=tp, max_num_seqs=max_batch,
+              **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs))  # fmt: skip
+    try:
+        _run(llm, prompt, prompt_ids, prompts_file, max_tokens, temperature, top_p, top_k, seed, ignore_eos,
+             stream, as_json, no_warmup, chat, stop, stop_token_ids, random_size is not None)  # fmt: skip
+    finally:
+        llm.close()  # the ranks exit (with --tp); on an error, the executor's finalizer stops them
+
+
+def _run(llm, prompt, prompt_ids, prompts_file, max_tokens, temperature, top_p, top_k, seed, ignore_eos,
+         stream, as_json, no_warmup, chat, stop, stop_token_ids, random_weights):  # fmt: skip
+    from ..engine import SamplingParams
+
+    tokenizer = llm.tokenizer
+    vocab = tokenizer.vocab_size if tokenizer is not None else llm.vocab_size
     if chat and prompt_ids:
         raise click.UsageError("--chat takes text prompts (--prompt, --prompts-file), not --prompt-ids")
-    turn = _chat_wrapper(model_dir) if chat else None
-    prompts = _collect_prompts(
-        prompt, prompt_ids, prompts_file, tokenizer, min(vocab, config.vocab_size), turn
-    )
+    turn = (lambda text: llm.chat_template.render([{"role": "user", "content": text}])) if chat else None
+    prompts = _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, min(vocab, llm.vocab_size), turn)
     stop_ids = parse_prompt_ids(stop_token_ids, vocab, "'--stop-token-ids'") if stop_token_ids else []
-    if (chat or model_dir is not None) and not ignore_eos:  # generation_config's turn-end tokens
-        stop_ids += turn_end_ids(
-            model_dir, tokenizer, tokenizer.eos_token_id if tokenizer else config.eos_token_id, vocab
-        )[1:]
+    if random_weights and not chat:  # <|end|> ends a chat turn only; a checkpoint's generation_config always
+        llm.eos_token_ids = llm.eos_token_ids[:1]
     if stop and tokenizer is None:
         raise click.UsageError("--stop needs a tokenizer (this checkpoint has no .tiktoken file)")
     params = SamplingParams(
@@ -184,64 +194,54 @@ def _generate(
         top_p=top_p,
         seed=seed,
         ignore_eos=ignore_eos,
+        skip_special_tokens=False,  # the text holds every token's text but the one that ended it
     )
     if not no_warmup:
-        seconds = engine.warmup()
+        seconds = llm.engine.warmup()
         log.info(f"warm-up (kernel builds, first CUDA-graph capture): {seconds:.2f} s")
     live = stream and not as_json and len(prompts) == 1 and tokenizer is not None
-    decode_piece = tokenizer.stream_decoder() if live else None
-    eos = engine.eos_token_id
-    watch = None
-    if stop:
-        from ..serve.outputs import StopStrings
-
-        watch = StopStrings(
-            engine, tokenizer, [params] * len(prompts), frozenset({eos, *params.stop_token_ids})
-        )
 
     # Many prompts: a bar over the finished ones with the token rate (drawn on a terminal only).
     bar = progress.bar(len(prompts), "generate", unit="prompt", as_json=as_json or live)
     tokens = [0]
 
-    def on_token(event):
+    def on_update(request, update):
         tokens[0] += 1
-        if event.finish_reason is not None:
+        if update.finish_reason is not None and request.finished:
             bar.update(1, postfix=f"{tokens[0] / max(time.perf_counter() - start, 1e-9):.1f} tok/s")
-        if watch is not None:  # stop strings: the text each token adds, held back near a stop string
-            piece = watch(event)
-            if live:
-                click.echo(piece, nl=False)
-                sys.stdout.flush()
-        elif (
-            live
-            and event.finish_reason not in ("eos", "stop")
-            and not (event.token_id == eos and not ignore_eos)
-        ):
-            click.echo(decode_piece(event.token_id), nl=False)
+        if live and update.text:  # the text each token adds, held back near a possible stop string
+            click.echo(update.text, nl=False)
             sys.stdout.flush()
 
     start = time.perf_counter()
     with bar:
-        results = engine.generate(prompts, params, on_token=on_token)
-    if watch is not None:
-        results = watch.apply(results)
+        results = llm.generate(prompts, params, use_tqdm=False, on_update=on_update)
     wall = time.perf_counter() - start
-    engine.close()  # the ranks exit (with --tp); on an error, the executor's finalizer stops them
+    outs = [r.outputs[0] for r in results]
     if as_json:
-        for res in results:
-            click.echo(json.dumps(res.to_json_dict()))
+        eos = llm.engine.eos_token_id
+        for res, out in zip(results, outs, strict=True):
+            line = {
+                "prompt_ids": res.prompt_token_ids,
+                "output_ids": out.token_ids,
+                "text": out.text,
+                "finish_reason": cli_finish_reason(out, eos, ignore_eos),
+                "ttft_s": out.metrics.ttft_s,
+                "decode_tokens_per_s": out.metrics.decode_tokens_per_s,
+            }
+            click.echo(json.dumps(line))
         return
     if live:
         click.echo()
     else:
-        for i, res in enumerate(results):
-            shown = res.text if res.text is not None else ",".join(map(str, res.output_ids))
+        for i, out in enumerate(outs):
+            shown = out.text if out.text is not None else ",".join(map(str, out.token_ids))
             click.echo(f"[{i}] {shown}")
-    n_out = sum(len(r.output_ids) for r in results)
-    ttft = sum(r.ttft_s for r in results) / len(results)
-    decode = [r.decode_tokens_per_s for r in results if r.decode_tokens_per_s > 0]
+    n_out = sum(len(o.token_ids) for o in outs)
+    ttft = sum(o.metrics.ttft_s for o in outs) / len(outs)
+    decode = [o.metrics.decode_tokens_per_s for o in outs if o.metrics.decode_tokens_per_s > 0]
     per_seq = sum(decode) / len(decode) if decode else 0.0
     log.info(
-        f"{len(results)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
+        f"{len(outs)} prompt(s), {n_out} tokens in {wall:.2f} s: {n_out / wall:.1f} tokens/s overall, "
         f"{per_seq:.1f} tokens/s per sequence while decoding, time to first token {ttft:.3f} s (mean)"
     )

@@ -3,7 +3,7 @@
     engine = LLMEngine(model, tokenizer=tok)
     for event in engine.stream([[1, 2, 3]], SamplingParams(max_tokens=32)):
         print(event.index, event.token_id, event.finish_reason)
-    results = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=32))
+    outputs = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=32))  # RequestOutputs
 
 Each `step()` asks the `Scheduler` for a plan (one prefill or one decode forward) and hands it
 to the engine's executor (`engine.executor`), which runs the forward pass (on a GPU, decode
@@ -15,7 +15,8 @@ engine changes. With `async_decode` (the default) a decode step's successor is l
 its tokens are read back, so the host's work overlaps the GPU's (`runner.inflight`; greedy and
 seeded tokens are the same as with `async_decode=False`). Requests may be added between steps:
 they join the batch as others finish. The engine itself builds each `Sequence` and keeps the
-request index of each.
+request index of each. `stream()` and `generate()` drive `step()` through the one output
+path (`engine.output_processor`), which also turns tokens into text and outputs.
 
     engine = LLMEngine(ModelSource(random="tiny"), tensor_parallel_size=2, device="cpu")
     with engine:  # close() stops the ranks
@@ -28,6 +29,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
+from contextlib import closing
 from dataclasses import dataclass, replace
 
 from ..errors import EngineError, InputError
@@ -40,6 +42,8 @@ from ..runner.inflight import InFlight, overlappable
 from ..runner.model_runner import ModelRunner
 from .checks import check_params, check_prompt, expand_params
 from .executor import model_facts, open_executor
+from .output_processor import run_prompts, track_prompts
+from .outputs import RequestOutput
 from .scheduler import Plan, Scheduler
 
 
@@ -52,26 +56,6 @@ class TokenEvent:
     finish_reason: str | None  # set on the request's last token
     logprobs: TokenLogprobs | None = None  # when the request's SamplingParams.logprobs is set
     request_id: int = -1  # the Sequence's seq_id: what `LLMEngine.abort` takes
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    prompt_ids: list[int]
-    output_ids: list[int]  # includes the EOS / stop token that ended it, if any
-    finish_reason: str  # "eos" | "stop" | "length"
-    ttft_s: float
-    decode_tokens_per_s: float
-    text: str | None = None  # output decoded without its final EOS / stop token
-
-    def to_json_dict(self) -> dict:
-        return {
-            "prompt_ids": self.prompt_ids,
-            "output_ids": self.output_ids,
-            "text": self.text,
-            "finish_reason": self.finish_reason,
-            "ttft_s": self.ttft_s,
-            "decode_tokens_per_s": self.decode_tokens_per_s,
-        }
 
 
 class LLMEngine:
@@ -234,11 +218,6 @@ class LLMEngine:
         self._index.pop(request_id, None)
         return self.scheduler.abort(seq)
 
-    def _abort_unfinished(self, seqs: Seq[Sequence]) -> None:
-        for seq in seqs:
-            if seq.finish_reason is None:
-                self.abort(seq.seq_id)
-
     @property
     def has_unfinished(self) -> bool:
         return not self.scheduler.idle
@@ -315,52 +294,24 @@ class LLMEngine:
         """Submit the prompts (indexed in order) and yield each of their new tokens until all are
         done. Other requests in the engine advance too, but their events are not yielded. If the
         caller stops early (closes the generator) or anything raises, this call's unfinished
-        requests are aborted and their pages freed."""
+        requests are aborted and their pages freed. Stop strings end a sequence when the engine
+        has a tokenizer (`engine.output_processor`)."""
         seqs = self.submit(prompts, params)
-        mine = {s.seq_id for s in seqs}
-        try:
-            while self.has_unfinished and any(s.finish_reason is None for s in seqs):
-                for event in self.step():
-                    if event.request_id in mine:
-                        yield event
-        finally:
-            self._abort_unfinished(seqs)
+        processor, requests = track_prompts(self, prompts, params, seqs)
+        with closing(processor.stream(requests)) as steps:
+            for event, _, _ in steps:
+                yield event
 
     def generate(
         self,
         prompts: Seq[list[int]],
         params: SamplingParams | Seq[SamplingParams],
         on_token: Callable[[TokenEvent], None] | None = None,
-    ) -> list[GenerationResult]:
-        """Run prompts to completion; results in input order. `on_token` sees each of their new
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; one `RequestOutput` per prompt, in input order (its text
+        decoded with the engine's tokenizer, None without one). `on_token` sees each of their new
         tokens. Any exception (from the model or from `on_token`) aborts this call's requests,
         frees their pages, and propagates."""
         if on_token is not None and not callable(on_token):
             raise InputError(f"on_token must be callable, got {type(on_token).__name__}")
-        seqs = self.submit(prompts, params)
-        mine = {s.seq_id for s in seqs}
-        try:
-            while self.has_unfinished and any(s.finish_reason is None for s in seqs):
-                for event in self.step():
-                    if on_token is not None and event.request_id in mine:
-                        on_token(event)
-        finally:
-            self._abort_unfinished(seqs)
-        return [self.result(s) for s in seqs]
-
-    def result(self, seq: Sequence) -> GenerationResult:
-        out = seq.output_ids
-        n_decode = len(out) - 1
-        span = (seq.t_last_token or 0.0) - (seq.t_first_token or 0.0)
-        text = None
-        if self.tokenizer is not None:
-            shown = out[:-1] if seq.finish_reason in ("eos", "stop") else out
-            text = self.tokenizer.decode(shown)
-        return GenerationResult(
-            prompt_ids=list(seq.prompt_ids),
-            output_ids=list(out),
-            finish_reason=seq.finish_reason or "length",
-            ttft_s=(seq.t_first_token or seq.t_submit) - seq.t_submit,
-            decode_tokens_per_s=n_decode / span if n_decode > 0 and span > 0 else 0.0,
-            text=text,
-        )
+        return run_prompts(self, prompts, params, on_token)

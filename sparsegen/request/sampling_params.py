@@ -58,12 +58,13 @@ class SamplingParams:
     - `repetition_penalty` (1 = off; > 1 discourages tokens seen in the prompt or output),
       `presence_penalty` and `frequency_penalty` (0 = off; in [-2, 2], on output tokens).
     - `stop`: strings matched on the decoded text, across token boundaries; the text ends before
-      the stop string. (`LLM` and the server do the matching, not the token-level engine.)
+      the stop string (`engine.output_processor` does the matching; it needs a tokenizer).
     - `stop_token_ids`: token ids that end generation (kept in `token_ids`, not in the text).
     - `ignore_eos`: keep going past EOS.
     - `logprobs`: `None`, or how many top log-probabilities to return per step (0 returns only
       the sampled token's); computed from the model's raw logits, before any penalty.
     - `seed`: a per-request random stream, reproducible whatever else is in the batch.
+    - `skip_special_tokens`: leave special tokens (`<|user|>`, ...) out of the text.
     """
 
     n: int = 1
@@ -81,6 +82,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     seed: int | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1)
@@ -108,6 +110,10 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", stop_ids)
         if not isinstance(self.ignore_eos, bool):
             raise InputError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise InputError(
+                f"SamplingParams.skip_special_tokens must be a bool, got {self.skip_special_tokens!r}"
+            )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.seed is not None:

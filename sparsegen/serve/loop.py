@@ -2,9 +2,10 @@
 
 HTTP handlers (on the event loop) call `submit()`, which returns a `RequestStream` at once,
 and `cancel()`. The engine thread drains the inbox between steps (adding sequences, aborting
-cancelled ones), runs `engine.step()` while anything is unfinished, turns each event into text
-with the request's `CompletionTracker`s, and hands every step's updates back to the event loop
-in one `call_soon_threadsafe`. So requests from any number of connections share one
+cancelled ones), runs `engine.step()` while anything is unfinished, turns each step's events into
+`Update`s with the engine's one output path (`engine.output_processor`, the same as
+`LLM.generate`'s), and hands every step's updates back to the event loop in one
+`call_soon_threadsafe`. So requests from any number of connections share one
 continuous batch, and nothing but this thread drives the engine or touches the model (the event
 loop only reads `LLM.stats()` for admission and /metrics). The engine is the `LLMEngine`,
 whether its model runs in this process or in tensor-parallel ranks below it.
@@ -21,40 +22,38 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..engine.output_processor import OutputProcessor, RequestState
+from ..engine.outputs import CompletionTracker, Update
 from ..errors import DistributedError, RequestError, ServerOverloaded
 from ..llm import LLM
-from ..request.sampling_params import SamplingParams, TokenLogprobs
-from .outputs import CompletionTracker
+from ..request.sampling_params import SamplingParams
 
 log = logging.getLogger("sparsegen")
-
-
-@dataclass(frozen=True)
-class Update:
-    """New output of one completion of a request, from one engine step."""
-
-    index: int  # the completion's index among the request's choices
-    text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprobs, ...]
-    finish_reason: str | None
-    stop_reason: int | str | None = None
 
 
 @dataclass(eq=False)
 class RequestStream:
     """What a handler awaits: `Update`s, then None once every completion has finished."""
 
-    request_id: str
-    prompt_ids: list[list[int]]  # per choice
-    trackers: list[CompletionTracker]
+    request: RequestState  # its completions (choices), built by `LLM.request`
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     t_submit: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
     error: BaseException | None = None
     done: bool = False
-    seq_ids: list[int | None] = field(default_factory=list)  # engine thread only
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_ids(self) -> list[list[int]]:  # per choice
+        return self.request.prompt_ids
+
+    @property
+    def trackers(self) -> list[CompletionTracker]:  # per choice
+        return self.request.completions
 
     @property
     def completion_tokens(self) -> int:
@@ -90,7 +89,8 @@ class AsyncEngine:
         self._taken: list = []  # the commands the engine thread took from the inbox last
         self._cv = threading.Condition()
         self._stop = False
-        self._live: dict[int, tuple[RequestStream, int]] = {}  # seq_id -> (stream, choice index)
+        self._processor = OutputProcessor(self.engine)  # engine thread only
+        self._streams: dict[RequestState, RequestStream] = {}  # added and not yet closed (engine thread)
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="sparsegen-engine", daemon=True)
         self.failed: BaseException | None = None
@@ -121,15 +121,8 @@ class AsyncEngine:
             raise ServerOverloaded(
                 f"the queue is full ({self.inflight} sequences in flight, room for {self.capacity}); retry later"
             )
-        choices, trackers = [], []
-        for ids in prompts:
-            children, ts = self.llm.trackers(params)
-            for t in ts:
-                t.index = len(trackers)
-                trackers.append(t)
-                choices.append(ids)
         rid = f"{kind}-{next(self._ids)}-{uuid.uuid4().hex[:12]}"  # the response's id, and the log line's
-        stream = RequestStream(rid, choices, trackers, asyncio.get_running_loop())
+        stream = RequestStream(self.llm.request(rid, prompts, params), asyncio.get_running_loop())
         self.inflight += want
         self._send(("add", stream))
         return stream
@@ -195,7 +188,7 @@ class AsyncEngine:
             log.exception("the engine thread stopped")
             self.failed = exc
             out: list = []
-            for stream in {s for s, _ in self._live.values()}:
+            for stream in self._live_streams():
                 stream.error = exc
                 out.append((stream, None))
             with self._cv:  # the commands queued, and those taken but not done (a stream twice is fine)
@@ -222,7 +215,7 @@ class AsyncEngine:
                 else:
                     self._abort(stream, out)
             if stop:
-                for stream in {s for s, _ in self._live.values()}:
+                for stream in self._live_streams():
                     self._abort(stream, out)
                 self._flush(out)
                 return
@@ -232,8 +225,9 @@ class AsyncEngine:
                 except DistributedError:  # a tensor-parallel engine that lost a rank is closed
                     raise  # _run fails every request and /health turns 503
                 except Exception as exc:  # a failed step fails its requests, not the server
-                    log.exception("engine step failed; failing %d requests", len(self._live))
-                    for stream in {s for s, _ in self._live.values()}:
+                    streams = self._live_streams()
+                    log.exception("engine step failed; failing %d requests", len(streams))
+                    for stream in streams:
                         stream.error = exc
                         self._abort(stream, out)
                     self._flush(out)
@@ -250,50 +244,34 @@ class AsyncEngine:
                 pass
             out.clear()
 
+    def _live_streams(self) -> list[RequestStream]:
+        """The streams with a completion still running in the engine."""
+        return [self._streams[r] for r in self._processor.live_requests()]
+
     def _add(self, stream: RequestStream, out) -> None:
+        request, seq_ids = stream.request, []
+        self._streams[request] = stream
         try:
-            for ids, t in zip(stream.prompt_ids, stream.trackers, strict=True):
-                seq = self.engine.add_request(ids, t.params)
-                stream.seq_ids.append(seq.seq_id)
-                self._live[seq.seq_id] = (stream, t.index)
+            for ids, t in zip(request.prompt_ids, request.completions, strict=True):
+                seq_ids.append(self.engine.add_request(ids, t.params).seq_id)
         except DistributedError:  # a tensor-parallel engine that lost a rank is closed (see _run)
             raise
         except Exception as exc:  # checked before submit; anything left fails this request only
             stream.error = exc
+            self._processor.track(request, seq_ids)
             self._abort(stream, out)
+        else:
+            self._processor.track(request, seq_ids)
 
     def _abort(self, stream: RequestStream, out) -> None:
-        for sid in stream.seq_ids:
-            if sid is not None and self._live.pop(sid, None) is not None:
-                self.engine.abort(sid)
-        for t in stream.trackers:
-            t.abort()
+        self._processor.abort(stream.request)
+        self._streams.pop(stream.request, None)
         out.append((stream, None))
 
     def _dispatch(self, events, out) -> None:
-        for ev in events:
-            entry = self._live.get(ev.request_id)
-            if entry is None:
-                continue
-            stream, choice = entry
-            t = stream.trackers[choice]
-            text = t.add(ev.token_id, ev.finish_reason, ev.logprobs)
-            if t.finished:
-                del self._live[ev.request_id]
-                if ev.finish_reason is None:
-                    self.engine.abort(ev.request_id)  # a stop string ended it
-            out.append(
-                (
-                    stream,
-                    Update(
-                        choice,
-                        text,
-                        (ev.token_id,),
-                        (ev.logprobs,) if ev.logprobs is not None else (),
-                        t.finish_reason,
-                        t.stop_reason,
-                    ),
-                )
-            )
-            if t.finished and all(x.finished for x in stream.trackers):
+        for request, update in self._processor.process(events):
+            stream = self._streams[request]
+            out.append((stream, update))
+            if update.finish_reason is not None and request.finished:
+                del self._streams[request]
                 out.append((stream, None))

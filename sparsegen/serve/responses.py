@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import time
 
+from ..engine.outputs import Update
 from ..llm import LLM
-from .loop import RequestStream, Update
+from .loop import RequestStream
 
 
 class Formatter:

@@ -9,130 +9,26 @@ Prompts are strings (encoded with the checkpoint's tokenizer) or lists of token 
 prompt's `n` completions run as separate sequences of one continuous batch; completion `i` of
 a seeded request uses seed `seed + i`. The tokens that end a turn come from
 `generation_config.json` (for random weights: `<|endoftext|>` and `<|end|>`, as
-Phi-3-Small-instruct has them), and stop generation unless `ignore_eos`.
+Phi-3-Small-instruct has them), and stop generation unless `ignore_eos`. Tokens become text,
+stop strings and finish reasons in the engine's one output path (`engine.output_processor`),
+which the server (`sparsegen.serve`) shares through `LLM.request`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
-
-from .engine import LLMEngine
-from .engine.checks import check_prompt
-from .engine.stats import EngineStats, engine_stats
-from .errors import InputError
-from .parallel.source import ModelSource
-from .request.sampling_params import SEED_LIMIT, SamplingParams
-from .serve.chat import ChatTemplate, eos_token_ids
-from .serve.outputs import CompletionTracker, RequestOutput
-
-DTYPE_NAMES = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "float": torch.float32,
-}
-RANDOM_SIZES = ("tiny", "7b")
-# the LLMEngine keywords that LLM passes through (LLM takes the model, tokenizer, device and
-# tensor_parallel_size itself)
-ENGINE_OPTIONS = tuple(
-    p
-    for p in inspect.signature(LLMEngine.__init__).parameters
-    if p not in ("self", "model", "tokenizer", "device", "tensor_parallel_size")
-)
-
-
-def resolve_device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not isinstance(device, (str, torch.device)):
-        raise InputError(f"device must be a str or torch.device, got {type(device).__name__}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise InputError(f"device {device!r} is not a torch device (use 'cuda', 'cuda:N' or 'cpu')") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device must be cpu or cuda, got {device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} was asked for, but torch sees no CUDA GPU")
-    return dev
-
-
-def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype) and dtype in DTYPE_NAMES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
-        return DTYPE_NAMES[dtype]
-    raise InputError(f"dtype must be one of {sorted(DTYPE_NAMES)} or 'auto', got {dtype!r}")
-
-
-def build_tokenizer(model_dir, random, tokenizer_path):
-    """The tokenizer for a checkpoint folder (None if it has none) or a named random size."""
-    from .models import named_config
-    from .models.config import TINY_SPECIAL_TOKENS
-    from .tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
-
-    if tokenizer_path is not None:
-        return load_tokenizer(tokenizer_path)
-    if model_dir is not None:
-        return load_tokenizer(model_dir) if find_tiktoken_file(model_dir) is not None else None
-    config = named_config(random)
-    if random == "tiny":
-        return ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
-    # bytes plus Phi-3-Small's named special tokens; every other id is masked out
-    named = {k: v for k, v in PHI3SMALL_SPECIAL_TOKENS.items() if "dummy_id" not in k}
-    return ByteTokenizer(named, config.vocab_size)
-
-
-def model_source(model_dir, random, tokenizer_path, dtype, force_dense=False, seed=0):
-    """(ModelSource, tokenizer or None) for a checkpoint folder or a named random size: the weights
-    that `LLMEngine` builds in this process or in its tensor-parallel ranks."""
-    tokenizer = build_tokenizer(model_dir, random, tokenizer_path)
-    source = ModelSource(
-        model_dir=str(model_dir) if model_dir is not None else None,
-        random=random,
-        seed=seed,
-        dtype=str(dtype).removeprefix("torch."),
-        force_dense=force_dense,
-        dummy_token_indices=tuple(tokenizer.dummy_token_indices) if tokenizer is not None else (),
-    )
-    return source, tokenizer
-
-
-def turn_end_ids(folder: Path | None, tokenizer, eos_token_id: int, vocab_size: int) -> tuple[int, ...]:
-    """The engine's EOS first, then `generation_config.json`'s eos_token_id list; for random
-    weights (no folder), `<|end|>` too, as Phi-3-Small-instruct's generation_config has it."""
-    eos = eos_token_ids(folder, vocab_size)
-    if eos is None:
-        eos = ()
-        end = tokenizer.special_tokens.get("<|end|>") if tokenizer is not None and folder is None else None
-        if end is not None:
-            eos = (end,)
-    return tuple(dict.fromkeys((eos_token_id, *eos)))
-
-
-def child_params(params: SamplingParams, extra_stop_ids: tuple[int, ...]) -> list[SamplingParams]:
-    """The n single-sequence SamplingParams of one request: seeds `seed + i`, and the turn-ending
-    tokens added to `stop_token_ids` (unless `ignore_eos`)."""
-    stops = params.stop_token_ids
-    if not params.ignore_eos:
-        stops = stops + tuple(t for t in extra_stop_ids if t not in stops)
-    out = []
-    for i in range(params.n):
-        seed = None if params.seed is None else (params.seed + i) % SEED_LIMIT
-        out.append(dataclasses.replace(params, n=1, seed=seed, stop_token_ids=stops))
-    return out
+from ..engine.checks import check_prompt
+from ..engine.output_processor import OutputProcessor, RequestState
+from ..engine.outputs import Detokenizer, RequestOutput, Update
+from ..engine.stats import EngineStats, engine_stats
+from ..errors import InputError
+from ..request.sampling_params import SamplingParams
+from .build import ENGINE_OPTIONS, RANDOM_SIZES, build_engine, resolve_device, resolve_dtype
+from .chat import ChatTemplate
+from .requests import child_params, turn_end_ids
 
 
 class LLM:
@@ -174,10 +70,17 @@ class LLM:
         if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
             raise InputError(f"tensor_parallel_size must be an int, got {tensor_parallel_size!r}")
         dev = resolve_device(device)
-        source, tok = model_source(model, random, tokenizer, resolve_dtype(dtype, dev), force_dense, seed)
-        self.engine = LLMEngine(source, tokenizer=tok, device=dev, tensor_parallel_size=tensor_parallel_size,
-                                **engine_options)  # fmt: skip
-        model_config = self.engine.model_config
+        self.engine, tok, model_config = build_engine(
+            model,
+            random,
+            tokenizer,
+            dev,
+            resolve_dtype(dtype, dev),
+            force_dense,
+            seed,
+            tensor_parallel_size,
+            engine_options,
+        )
         self.tensor_parallel_size = tensor_parallel_size
         self.model_name = str(model) if model is not None else f"random-{random}"
         self.tokenizer = tok
@@ -185,8 +88,8 @@ class LLM:
         self.vocab_size = vocab
         folder = Path(model) if model is not None else None
         self.chat_template = ChatTemplate.from_folder(folder)
+        # the engine's EOS first; every one of them ends a completion with stop_reason None
         self.eos_token_ids = turn_end_ids(folder, tok, self.engine.eos_token_id, vocab)
-        self.special_ids = frozenset(tok.special_tokens.values()) if tok is not None else frozenset()
         self._ids = itertools.count()
 
     # -- building requests (shared with the server) --------------------------------------------
@@ -234,12 +137,19 @@ class LLM:
             )
         return params
 
-    def trackers(self, params: SamplingParams) -> tuple[list[SamplingParams], list[CompletionTracker]]:
+    def request(
+        self, request_id: str, prompts: list[list[int]], params: SamplingParams, prompt: str | None = None
+    ) -> RequestState:
+        """A request's completions, not yet queued: each prompt's n completions in turn (choice
+        i * n + j is prompt i's completion j), each with its own single-sequence parameters."""
         children = child_params(params, self.eos_token_ids[1:])
-        eos = frozenset(self.eos_token_ids)
-        return children, [
-            CompletionTracker(i, p, self.tokenizer, eos, self.special_ids) for i, p in enumerate(children)
-        ]
+        detok = Detokenizer(self.tokenizer, frozenset(self.eos_token_ids))
+        prompt_ids, completions = [], []
+        for ids in prompts:
+            for p in children:
+                completions.append(detok.completion(len(completions), p))
+                prompt_ids.append(ids)
+        return RequestState(request_id, prompt_ids, completions, prompt)
 
     # -- offline API ---------------------------------------------------------------------------
     def generate(
@@ -247,8 +157,11 @@ class LLM:
         prompts: str | Sequence[str] | Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        on_update: Callable[[RequestState, Update], None] | None = None,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order. Everything is checked before anything runs."""
+        """One RequestOutput per prompt, in order. Everything is checked before anything runs.
+        `on_update(request, update)` sees each new token's `Update` as it comes (the text it
+        shows, held back near a possible stop string), for callers that print as they go."""
         if isinstance(prompts, str):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
@@ -257,7 +170,7 @@ class LLM:
             raise InputError("prompts is a flat list of ints: pass token ids as a list of lists, [[1, 2, 3]]")
         ids = [self.encode(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
         texts = [p if isinstance(p, str) else None for p in prompts]
-        return self._run(ids, texts, params, use_tqdm)
+        return self._run(ids, texts, params, use_tqdm, on_update)
 
     def chat(
         self,
@@ -265,17 +178,19 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        on_update: Callable[[RequestState, Update], None] | None = None,
     ) -> list[RequestOutput]:
-        """`messages` is one conversation (a list of {"role", "content"}) or a list of them."""
+        """`messages` is one conversation (a list of {"role", "content"}) or a list of them;
+        `on_update` as in `generate`."""
         if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict):
             messages = [messages]
         if not isinstance(messages, (list, tuple)) or not messages:
             raise InputError("messages must be a conversation (a list of dicts) or a list of conversations")
         ids = [self.render_chat(m, add_generation_prompt) for m in messages]
         texts = [self.tokenizer.decode(x) for x in ids]
-        return self._run(ids, texts, params, use_tqdm)
+        return self._run(ids, texts, params, use_tqdm, on_update)
 
-    def _run(self, ids, texts, params, use_tqdm) -> list[RequestOutput]:
+    def _run(self, ids, texts, params, use_tqdm, on_update) -> list[RequestOutput]:
         if params is None:
             params = SamplingParams()
         if isinstance(params, SamplingParams):
@@ -283,52 +198,33 @@ class LLM:
         if not isinstance(params, (list, tuple)) or len(params) != len(ids):
             raise InputError(f"params must be one SamplingParams or a list of {len(ids)} (one per prompt)")
         params = [self.check_params(p, f"params[{i}]") for i, p in enumerate(params)]
-        flat_ids, flat_params, owners, trackers = [], [], [], []
-        for r, (x, p) in enumerate(zip(ids, params, strict=True)):
-            children, ts = self.trackers(p)
-            flat_ids += [x] * len(children)
-            flat_params += children
-            owners += [r] * len(children)
-            trackers += ts
-        engine = self.engine
-        seqs = engine.submit(flat_ids, flat_params)  # checks all, then queues all
-        live = {i for i in range(len(seqs))}
+        if on_update is not None and not callable(on_update):
+            raise InputError(f"on_update must be callable, got {type(on_update).__name__}")
+        base = next(self._ids)
+        requests = [
+            self.request(f"{base}-{r}", [x], p, texts[r])
+            for r, (x, p) in enumerate(zip(ids, params, strict=True))
+        ]
+        choices = [(r, c) for r in requests for c in r.completions]
+        seqs = self.engine.submit([r.prompt_ids[c.index] for r, c in choices], [c.params for _, c in choices])
+        processor, done = OutputProcessor(self.engine), 0  # submit checked all, then queued all
+        for r in requests:
+            processor.track(r, [s.seq_id for s in seqs[done : done + len(r.completions)]])
+            done += len(r.completions)
         bar = _progress(len(ids), use_tqdm)
-        left = [len(self.trackers_of(owners, r)) for r in range(len(ids))]
+
+        def updated(request: RequestState, update: Update) -> None:
+            if on_update is not None:
+                on_update(request, update)
+            if bar is not None and update.finish_reason is not None and request.finished:
+                bar.update(1)
+
         try:
-            while live:
-                for event in engine.step():
-                    i = event.index
-                    if i not in live:
-                        continue
-                    t = trackers[i]
-                    t.add(event.token_id, event.finish_reason, event.logprobs)
-                    if t.finished:
-                        live.discard(i)
-                        if event.finish_reason is None:
-                            engine.abort(seqs[i].seq_id)  # a stop string ended it
-                        left[owners[i]] -= 1
-                        if bar is not None and left[owners[i]] == 0:
-                            bar.update(1)
+            processor.run(requests, on_update=updated)
         finally:
-            for i in live:
-                engine.abort(seqs[i].seq_id)
             if bar is not None:
                 bar.close()
-        base = next(self._ids)
-        return [
-            RequestOutput(
-                request_id=f"{base}-{r}",
-                prompt=texts[r],
-                prompt_token_ids=list(ids[r]),
-                outputs=[trackers[i].output() for i in self.trackers_of(owners, r)],
-            )
-            for r in range(len(ids))
-        ]
-
-    @staticmethod
-    def trackers_of(owners: list[int], r: int) -> list[int]:
-        return [i for i, o in enumerate(owners) if o == r]
+        return [r.output() for r in requests]
 
 
 def _progress(total: int, use_tqdm: bool):

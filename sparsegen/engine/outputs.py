@@ -1,23 +1,33 @@
-"""What one completion produced, tracked above the token-level engine.
+"""What a request produced, and how one completion's tokens become it.
 
 The engine knows tokens; a user wants text. `CompletionTracker` follows one sequence: it
-decodes the new token incrementally (UTF-8 characters split across tokens wait for their last
-byte), leaves special tokens out of the text, finds `stop` strings in the decoded text even when
-they span tokens, and holds back the last `len(longest stop) - 1` characters of a running
-stream so that a stop string is never half-sent. The final EOS or stop token stays in
-`token_ids` but not in the text; a stop string is cut from the text.
+decodes each new token incrementally (UTF-8 characters split across tokens wait for their last
+byte), leaves special tokens out of the text (unless `skip_special_tokens=False`), finds `stop`
+strings in the decoded text even when they span tokens, and holds back the last
+`len(longest stop) - 1` characters of a running stream so that a stop string is never half-sent.
+The final EOS or stop token stays in `token_ids` but not in the text; a stop string is cut from
+the text.
 
-Finish reasons follow vLLM and OpenAI: "stop" (EOS, a stop token or a stop string, with
-`stop_reason` None, the token id or the string) and "length"; "abort" for a cancelled request.
+Finish reasons are one vocabulary for every front end, vLLM's and OpenAI's: "stop" (EOS, a stop
+token or a stop string, with `stop_reason` None, the token id or the string), "length", and
+"abort" for a cancelled request. (The engine's own `TokenEvent`s say "eos" | "stop" | "length";
+this module is where they become the vocabulary above.)
 """
 
 from __future__ import annotations
 
 import codecs
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..request.sampling_params import SamplingParams, TokenLogprobs
+
+
+@dataclass(frozen=True)
+class CompletionMetrics:
+    """When one completion's tokens came, on the `time.perf_counter` clock."""
+
+    ttft_s: float  # from the request's submission to its first token (0 before any token)
+    decode_tokens_per_s: float  # the tokens after the first over the time they took (0 for one token)
 
 
 @dataclass(frozen=True)
@@ -29,12 +39,13 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string; None for EOS
     logprobs: list[TokenLogprobs] | None = None  # one per token when SamplingParams.logprobs is set
     cumulative_logprob: float | None = None
+    metrics: CompletionMetrics | None = None
 
 
 @dataclass(frozen=True)
 class RequestOutput:
     """One prompt's result: `outputs` holds its n completions; `text`, `token_ids`,
-    `finish_reason` and `logprobs` are those of the first."""
+    `finish_reason`, `logprobs` and `metrics` are those of the first."""
 
     request_id: str
     prompt: str | None
@@ -57,27 +68,58 @@ class RequestOutput:
     def logprobs(self) -> list[TokenLogprobs] | None:
         return self.outputs[0].logprobs
 
+    @property
+    def metrics(self) -> CompletionMetrics | None:
+        return self.outputs[0].metrics
+
+
+@dataclass(frozen=True)
+class Update:
+    """What one engine token added to one completion: the text it shows now (possibly empty),
+    the token, its logprobs, and the finish reason once the completion has ended."""
+
+    index: int  # the completion's index among its request's completions
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+
+
+@dataclass(frozen=True)
+class Detokenizer:
+    """How a model's tokens become text: its tokenizer (None: token ids only) and the tokens that
+    end a turn (their `stop_reason` is None, as EOS's)."""
+
+    tokenizer: object | None
+    eos_token_ids: frozenset[int]
+    special_ids: frozenset[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        tok = self.tokenizer
+        special = frozenset(tok.special_tokens.values()) if tok is not None else frozenset()
+        object.__setattr__(self, "special_ids", special)
+
+    def completion(self, index: int, params: SamplingParams) -> CompletionTracker:
+        return CompletionTracker(index, params, self)
+
 
 class CompletionTracker:
-    """Follows one engine sequence; `add()` takes each new token and returns the text to show."""
+    """Follows one engine sequence; `add()` takes each new token and returns its `Update`."""
 
-    def __init__(
-        self,
-        index: int,
-        params: SamplingParams,
-        tokenizer,
-        eos_token_ids: frozenset[int],
-        special_ids: frozenset[int],
-    ):
+    def __init__(self, index: int, params: SamplingParams, detokenizer: Detokenizer):
         self.index = index
         self.params = params
-        self.tokenizer = tokenizer
-        self.eos_token_ids = eos_token_ids
-        self.special_ids = special_ids
+        self.tokenizer = detokenizer.tokenizer
+        self.eos_token_ids = detokenizer.eos_token_ids
+        self.hidden_ids = detokenizer.special_ids if params.skip_special_tokens else frozenset()
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        self.t_submit: float | None = None  # set when the engine queued it
+        self.t_first: float | None = None
+        self.t_last: float | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""
         self._sent = 0  # characters of _text already handed out
@@ -92,13 +134,22 @@ class CompletionTracker:
     def text(self) -> str | None:
         return self._text if self.tokenizer is not None else None
 
-    def add(self, token_id: int, engine_reason: str | None, logprobs: TokenLogprobs | None = None) -> str:
-        """Record one token (with the engine's finish reason, if it ended the sequence); returns
-        the newly shown text. After it returns with `finished` set and `engine_reason` None, the
+    def add(
+        self,
+        token_id: int,
+        engine_reason: str | None,
+        logprobs: TokenLogprobs | None = None,
+        now: float = 0.0,
+    ) -> Update:
+        """Record one token (with the engine's finish reason, if it ended the sequence; `now` is
+        when it came). After it returns with `finished` set and `engine_reason` None, the
         caller must abort the engine's sequence (a stop string ended it)."""
         if self.finished:
             raise RuntimeError(f"completion {self.index} got a token after it finished")
         self.token_ids.append(token_id)
+        if self.t_first is None:
+            self.t_first = now
+        self.t_last = now
         if self.logprobs is not None and logprobs is not None:
             self.logprobs.append(logprobs)
         if engine_reason == "length":
@@ -110,7 +161,7 @@ class CompletionTracker:
             self.finish_reason = engine_reason
         ends_on_token = engine_reason in ("eos", "stop")
         if self.tokenizer is not None:
-            if not ends_on_token and token_id not in self.special_ids:
+            if not ends_on_token and token_id not in self.hidden_ids:
                 self._text += self._decoder.decode(self.tokenizer.token_bytes(token_id))
             if self.params.stop and len(self.token_ids) >= self.params.min_tokens:
                 self._find_stop()
@@ -118,7 +169,8 @@ class CompletionTracker:
                 self._searched = len(self._text)
             if self.finished and not isinstance(self.stop_reason, str):
                 self._text += self._decoder.decode(b"", final=True)  # a cut-off character shows as U+FFFD
-        return self._take()
+        shown = (logprobs,) if logprobs is not None else ()
+        return Update(self.index, self._take(), (token_id,), shown, self.finish_reason, self.stop_reason)
 
     def _find_stop(self) -> None:
         text, start = self._text, max(0, self._searched - self._hold)
@@ -139,6 +191,17 @@ class CompletionTracker:
         if not self.finished:
             self.finish_reason = "abort"
 
+    def metrics(self) -> CompletionMetrics | None:
+        if self.t_submit is None:
+            return None
+        first = self.t_first if self.t_first is not None else self.t_submit
+        span = (self.t_last or first) - first
+        n_decode = len(self.token_ids) - 1
+        return CompletionMetrics(
+            ttft_s=first - self.t_submit,
+            decode_tokens_per_s=n_decode / span if n_decode > 0 and span > 0 else 0.0,
+        )
+
     def output(self) -> CompletionOutput:
         cum = None
         if self.logprobs is not None:
@@ -151,37 +214,5 @@ class CompletionTracker:
             stop_reason=self.stop_reason,
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             cumulative_logprob=cum,
+            metrics=self.metrics(),
         )
-
-
-class StopStrings:
-    """Stop strings for callers of `LLMEngine.generate` (the `generate` command): pass it as
-    `on_token`; it aborts a sequence whose text reached a stop string, returns the text each
-    token adds (held back near a possible stop string), and `apply()` fixes up the results."""
-
-    def __init__(self, engine, tokenizer, params: list[SamplingParams], eos_token_ids: frozenset[int]):
-        special = frozenset(tokenizer.special_tokens.values())
-        self.engine = engine
-        self.trackers = [
-            CompletionTracker(i, p, tokenizer, eos_token_ids, special) for i, p in enumerate(params)
-        ]
-
-    def __call__(self, event) -> str:
-        t = self.trackers[event.index]
-        if t.finished:
-            return ""
-        piece = t.add(event.token_id, event.finish_reason, event.logprobs)
-        if t.finished and event.finish_reason is None:
-            self.engine.abort(event.request_id)
-        return piece
-
-    def apply(self, results: list) -> list:
-        """GenerationResults with the stop-string cut: text and output_ids end there, reason "stop"."""
-        out = []
-        for res, t in zip(results, self.trackers, strict=True):
-            if isinstance(t.stop_reason, str):
-                res = dataclasses.replace(
-                    res, output_ids=list(t.token_ids), text=t.text, finish_reason="stop"
-                )
-            out.append(res)
-        return out
