@@ -24,6 +24,9 @@ MAX_TOKEN_COUNT = 2**31 - 1  # token counts and ids: what an int32 holds
 MAX_N = 4096  # completions per prompt
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_REPETITION_PENALTY = 1e6
+# Below this temperature a row is greedy (vLLM's threshold, `_SAMPLING_EPS`): a smaller one
+# would only turn the distribution into its argmax through float32 overflow.
+GREEDY_TEMPERATURE = 1e-5
 
 
 def _is_int(value) -> bool:
@@ -66,7 +69,8 @@ class SamplingParams:
     - `n`: completions per prompt (their seeds are `seed + i` when `seed` is given).
     - `max_tokens` / `min_tokens`: at most / at least this many new tokens (EOS and the stop
       tokens are masked until `min_tokens` is reached).
-    - `temperature`: 0 is greedy. Unlike vLLM (1.0), the default here is greedy.
+    - `temperature`: 0 (or anything below GREEDY_TEMPERATURE, 1e-5, as in vLLM) is greedy.
+      Unlike vLLM (1.0), the default here is greedy.
     - `top_p` (1 = off), `top_k` (0 or -1 = off), `min_p` (0 = off): filters applied after the
       temperature.
     - `repetition_penalty` (1 = off; > 1 discourages tokens seen in the prompt or output),
@@ -143,7 +147,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperatures below GREEDY_TEMPERATURE take the argmax (top_k, top_p and min_p
+        change nothing then)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def top_k_enabled(self) -> bool:
