@@ -307,6 +307,8 @@ class LLM:
                     i = event.index
                     if i not in live:
                         continue
+                    if event.error is not None:  # failed inside a step: the call fails
+                        raise event.error
                     t = trackers[i]
                     t.add(event.token_id, event.finish_reason, event.logprobs)
                     if t.finished:

@@ -236,6 +236,8 @@ class TPEngine:
             while left:
                 for event in self.step():
                     if event.request_id in left:
+                        if event.error is not None:  # failed inside a step: the call fails
+                            raise event.error
                         if event.finish_reason is not None:
                             left.discard(event.request_id)
                         if on_token is not None:

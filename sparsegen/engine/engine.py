@@ -30,21 +30,25 @@ from ..models.phi3small import Phi3SmallForCausalLM
 from .checks import check_params, check_prompt, expand_params
 from .config import KERNEL_PAGE_SIZES, PREFILL_CHUNK_TOKENS, EngineConfig
 from .inflight import InFlight, overlappable
+from .isolation import sample_isolating
 from .model_runner import ModelRunner
-from .sampling import SamplingParams, TokenLogprobs, sample_on_device
+from .sampling import SamplingParams, TokenLogprobs
 from .scheduler import Plan, Scheduler
 from .sequence import Sequence
 
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """One new token of request `index` (the order requests were given in)."""
+    """One new token of request `index` (the order requests were given in), or its failure:
+    finish_reason "error" with `error` set (and token_id -1) when the request failed inside a
+    step; its pages are freed and the other requests of the step go on."""
 
     index: int
     token_id: int
     finish_reason: str | None  # set on the request's last token
     logprobs: TokenLogprobs | None = None  # when the request's SamplingParams.logprobs is set
     request_id: int = -1  # the Sequence's seq_id: what `LLMEngine.abort` takes
+    error: Exception | None = None  # why the request failed (finish_reason "error")
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ class LLMEngine:
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ids = itertools.count()
         self._inflight: InFlight | None = None  # a launched step not yet booked (async_decode)
+        self._failed: list[TokenEvent] = []  # requests that failed in a step, not yet reported
 
     @property
     def eos_token_id(self) -> int | None:
@@ -231,7 +236,7 @@ class LLMEngine:
         if not seqs:
             return InFlight(plan, None, None)
         ahead = 1 if plan.lookahead else 0  # a lookahead row's previous token is not booked yet
-        out = sample_on_device(
+        out, failed = sample_isolating(
             logits,
             [s.params for s in seqs],
             [s.output_ids for s in seqs],
@@ -239,7 +244,16 @@ class LLMEngine:
             eos_token_id=self.eos_token_id,
             num_generated=[len(s.output_ids) + ahead for s in seqs],
         )
+        for row, exc in failed.items():  # their rows are dropped when the step is booked
+            self._fail(seqs[row], exc)
         return InFlight(plan, out.token_ids, out.to_host())
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        """End `seq` with an error event (reported by the next `step()` return) and free its pages."""
+        index = self._index.get(seq.seq_id, seq.seq_id)
+        if self.abort(seq.seq_id):
+            seq.finish_reason = "error"
+            self._failed.append(TokenEvent(index, -1, "error", request_id=seq.seq_id, error=exc))
 
     def _complete(self, done: InFlight) -> list[TokenEvent]:
         """Read `done`'s tokens and book them. Rows whose sequence ended while the step was in
@@ -282,7 +296,9 @@ class LLMEngine:
             if nxt is not None:
                 self._inflight = self._launch(nxt, after=done)
         try:
-            return self._complete(done)
+            events = self._complete(done)
+            failed, self._failed = self._failed, []
+            return events + failed
         except BaseException:
             # the launched step assumed `done`'s tokens booked; without them it is dropped too
             # (its sequences are as before it: the next step recomputes the same position)
@@ -305,14 +321,17 @@ class LLMEngine:
     ) -> Iterator[TokenEvent]:
         """Submit the prompts (indexed in order) and yield each of their new tokens until all are
         done. Other requests in the engine advance too, but their events are not yielded. If the
-        caller stops early (closes the generator) or anything raises, this call's unfinished
-        requests are aborted and their pages freed."""
+        caller stops early (closes the generator) or anything raises (one of these requests
+        failing inside a step raises its error), this call's unfinished requests are aborted and
+        their pages freed."""
         seqs = self.submit(prompts, params)
         mine = {s.seq_id for s in seqs}
         try:
             while self.has_unfinished and any(s.finish_reason is None for s in seqs):
                 for event in self.step():
                     if event.request_id in mine:
+                        if event.error is not None:  # failed inside a step: the call fails
+                            raise event.error
                         yield event
         finally:
             self._abort_unfinished(seqs)
@@ -324,8 +343,9 @@ class LLMEngine:
         on_token: Callable[[TokenEvent], None] | None = None,
     ) -> list[GenerationResult]:
         """Run prompts to completion; results in input order. `on_token` sees each of their new
-        tokens. Any exception (from the model or from `on_token`) aborts this call's requests,
-        frees their pages, and propagates."""
+        tokens. Any exception (from the model, from `on_token`, or the error of one of these
+        requests failing inside a step) aborts this call's requests, frees their pages, and
+        propagates."""
         if on_token is not None and not callable(on_token):
             raise InputError(f"on_token must be callable, got {type(on_token).__name__}")
         seqs = self.submit(prompts, params)
@@ -333,6 +353,8 @@ class LLMEngine:
         try:
             while self.has_unfinished and any(s.finish_reason is None for s in seqs):
                 for event in self.step():
+                    if event.request_id in mine and event.error is not None:
+                        raise event.error  # failed inside a step: the call fails
                     if on_token is not None and event.request_id in mine:
                         on_token(event)
         finally:

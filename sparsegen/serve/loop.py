@@ -8,6 +8,9 @@ in one `call_soon_threadsafe`. So requests from any number of connections share 
 continuous batch, and nothing but this thread drives the engine or touches the model (the event
 loop only reads `LLM.stats()` for admission and /metrics). The engine is an `LLMEngine` or, with
 tensor parallelism, a `TPEngine`: both offer add_request, step, abort and has_unfinished.
+A request that fails inside a step (an error event from the engine, or its text tracking
+raising) fails alone: its stream gets the error and the others go on. A step that fails as a
+whole fails the requests in it, and only a lost rank stops the engine thread.
 """
 
 from __future__ import annotations
@@ -276,24 +279,42 @@ class AsyncEngine:
             if entry is None:
                 continue
             stream, choice = entry
-            t = stream.trackers[choice]
-            text = t.add(ev.token_id, ev.finish_reason, ev.logprobs)
-            if t.finished:
-                del self._live[ev.request_id]
-                if ev.finish_reason is None:
-                    self.engine.abort(ev.request_id)  # a stop string ended it
-            out.append(
-                (
-                    stream,
-                    Update(
-                        choice,
-                        text,
-                        (ev.token_id,),
-                        (ev.logprobs,) if ev.logprobs is not None else (),
-                        t.finish_reason,
-                        t.stop_reason,
-                    ),
-                )
+            if ev.error is not None:  # this request failed inside the step; the others go on
+                self._fail(stream, ev.error, out)
+                continue
+            try:
+                self._book(ev, stream, choice, out)
+            except DistributedError:
+                raise
+            except Exception as exc:  # turning its token into text failed: this request alone fails
+                log.exception("request %s failed; the others go on", stream.request_id)
+                self._fail(stream, exc, out)
+
+    def _fail(self, stream: RequestStream, exc: BaseException, out) -> None:
+        if not stream.done and stream.error is None:
+            stream.error = exc
+            self._abort(stream, out)
+
+    def _book(self, ev, stream: RequestStream, choice: int, out) -> None:
+        """One event's token into its completion's text, and the Update (and the end) it makes."""
+        t = stream.trackers[choice]
+        text = t.add(ev.token_id, ev.finish_reason, ev.logprobs)
+        if t.finished:
+            del self._live[ev.request_id]
+            if ev.finish_reason is None:
+                self.engine.abort(ev.request_id)  # a stop string ended it
+        out.append(
+            (
+                stream,
+                Update(
+                    choice,
+                    text,
+                    (ev.token_id,),
+                    (ev.logprobs,) if ev.logprobs is not None else (),
+                    t.finish_reason,
+                    t.stop_reason,
+                ),
             )
-            if t.finished and all(x.finished for x in stream.trackers):
-                out.append((stream, None))
+        )
+        if t.finished and all(x.finished for x in stream.trackers):
+            out.append((stream, None))

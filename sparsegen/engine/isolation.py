@@ -1,0 +1,67 @@
+"""One request's failure inside a step fails that request alone.
+
+The sampler runs over the whole batch at once, so one row that it cannot handle would fail
+every row. `sample_isolating` runs the batch; if that raises, it samples each row on its own
+to find the rows that fail, then samples the others together again. The engine fails those
+requests (an error event, their pages freed) and books the rest as usual. Requests are checked
+when they are made (`engine.checks`), so this path is for what slipped through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from . import sampling
+from .sampling_params import SamplingParams
+
+
+def sample_isolating(
+    logits: torch.Tensor,  # [B, V] float32
+    params: Sequence[SamplingParams],
+    output_ids: Sequence[Sequence[int]],
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    eos_token_id: int | None,
+    num_generated: Sequence[int],
+) -> tuple[sampling.DeviceSample, dict[int, Exception]]:
+    """`sampling.sample_on_device` over the batch, and the rows that failed (row -> error). The
+    failed rows' tokens are 0 and must be dropped. If the rows that pass alone fail together,
+    that error is raised (the step fails, as without isolation)."""
+
+    def run(rows: list[int]) -> sampling.DeviceSample:
+        pick = torch.tensor(rows, device=logits.device)
+        return sampling.sample_on_device(
+            logits.index_select(0, pick),
+            [params[r] for r in rows],
+            [output_ids[r] for r in rows],
+            [prompt_ids[r] for r in rows],
+            eos_token_id=eos_token_id,
+            num_generated=[num_generated[r] for r in rows],
+        )
+
+    everyone = list(range(logits.shape[0]))
+    try:
+        return run(everyone), {}
+    except Exception:  # noqa: BLE001 - find out whose it is below
+        pass
+    failed: dict[int, Exception] = {}
+    for r in everyone:
+        try:
+            run([r])
+        except Exception as exc:  # noqa: BLE001 - this row's own failure, reported to its request
+            failed[r] = exc
+    good = [r for r in everyone if r not in failed]
+    if not failed:  # every row passes alone: not one request's fault
+        return run(everyone), {}
+    if not good:
+        return sampling.DeviceSample(
+            torch.zeros(len(everyone), dtype=torch.long, device=logits.device)
+        ), failed
+    out = run(good)
+    tokens = torch.zeros(len(everyone), dtype=out.token_ids.dtype, device=logits.device)  # [B]
+    tokens[torch.tensor(good, device=logits.device)] = out.token_ids
+    rows = tuple(good[j] for j in out.logprob_rows)
+    return replace(out, token_ids=tokens, logprob_rows=rows), failed
