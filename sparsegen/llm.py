@@ -29,6 +29,7 @@ from .engine_stats import EngineStats, engine_stats
 from .errors import InputError
 from .serve.chat import ChatTemplate, eos_token_ids
 from .serve.outputs import CompletionTracker, RequestOutput
+from .utf8 import check_utf8
 
 DTYPE_NAMES = {
     "bf16": torch.bfloat16,
@@ -213,7 +214,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError(f"{where} is text, but this checkpoint has no tokenizer: pass token ids")
-            prompt = self.tokenizer.encode(prompt)
+            prompt = self.tokenizer.encode(check_utf8(prompt, where, InputError))
         elif not isinstance(prompt, (list, tuple)):
             raise InputError(f"{where} must be a str or a list of token ids, got {type(prompt).__name__}")
         ids = check_prompt(prompt, self.vocab_size, where)  # the engine's checks: ints in the vocabulary

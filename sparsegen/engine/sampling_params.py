@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..utf8 import check_utf8
 
 MAX_LOGPROBS = 20  # most top-k log-probabilities a request may ask for per step
 SEED_LIMIT = 2**64  # seeds are 0..2**64-1, as torch.Generator.manual_seed takes them
@@ -131,6 +132,8 @@ class SamplingParams:
             raise InputError(f"SamplingParams.stop must be a tuple of str, got {stop!r:.80}")
         if any(s == "" for s in stop):
             raise InputError("SamplingParams.stop strings must not be empty")
+        for i, s in enumerate(stop):
+            check_utf8(s, f"SamplingParams.stop[{i}]", InputError)
         ids = self.stop_token_ids
         if not isinstance(ids, tuple) or not all(_is_int(t) and 0 <= t <= MAX_TOKEN_COUNT for t in ids):
             raise InputError(

@@ -80,7 +80,7 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
             req = model.model_validate_json(body)
             req.check()
         except ValidationError as exc:
-            raise validation_error(exc) from None
+            raise validation_error(exc, body) from None
         if req.model != name:
             raise RequestError(
                 f"the model {req.model!r} is not served here; it is {name!r}", "model", "model_not_found"

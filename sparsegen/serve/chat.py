@@ -18,6 +18,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import InputError
+from ..utf8 import check_utf8
 
 ROLES = ("system", "user", "assistant")
 
@@ -57,6 +58,7 @@ class ChatTemplate:
     ):
         if not isinstance(source, str):
             raise InputError(f"{origin}: chat_template must be a string, got {type(source).__name__}")
+        check_utf8(source, f"{origin}: chat_template", InputError)
         self.source, self.origin = source, origin
         self.bos_token, self.eos_token = bos_token, eos_token
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
@@ -148,7 +150,13 @@ def check_messages(messages) -> list[dict]:
         extra = set(m) - {"role", "content", "name"}
         if extra:
             raise InputError(f"{where} has unsupported keys {sorted(map(str, extra))}")
-        out.append({"role": role, "content": message_text(m.get("content"), where)})
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InputError(f"{where}.name must be a string, got {type(name).__name__}")
+        if name is not None:
+            check_utf8(name, f"{where}.name", InputError)
+        content = check_utf8(message_text(m.get("content"), where), f"{where}.content", InputError)
+        out.append({"role": role, "content": content})
     return out
 
 
