@@ -4,7 +4,9 @@
   from which "default" is taken), else a `chat_template.jinja` file, else Phi-3-Small's
   published turn format: `<|endoftext|><|user|>\\n...<|end|>\\n<|assistant|>\\n`.
 - Templates are rendered in jinja2's immutable sandbox, so a checkpoint's template cannot
-  reach Python internals or change what it is given.
+  reach Python internals or change what it is given, within bounds on what it builds, how
+  long it runs and how much it writes (`template_sandbox`); any failure is an InputError
+  naming the template.
 - `generation_config.json`'s `eos_token_id` (an int or a list) gives the tokens that end a turn;
   for Phi-3-Small-instruct it holds `<|end|>` beside `<|endoftext|>`.
 """
@@ -15,10 +17,10 @@ import json
 from pathlib import Path
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import InputError
 from ..utf8 import check_utf8
+from .template_sandbox import BoundedSandbox, render_bounded
 
 ROLES = ("system", "user", "assistant")
 
@@ -61,12 +63,14 @@ class ChatTemplate:
         check_utf8(source, f"{origin}: chat_template", InputError)
         self.source, self.origin = source, origin
         self.bos_token, self.eos_token = bos_token, eos_token
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, autoescape=False)
         env.globals["raise_exception"] = _raise
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise InputError(f"{origin}: chat_template does not compile: {exc}") from None
+        except (RecursionError, MemoryError) as exc:  # nested too deeply for jinja's parser
+            raise InputError(f"{origin}: chat_template does not compile: {type(exc).__name__}") from None
 
     @classmethod
     def from_folder(cls, folder: str | Path | None) -> ChatTemplate:
@@ -98,17 +102,15 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         msgs = check_messages(messages)
-        try:
-            return self._template.render(
-                messages=msgs,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
-        except jinja2.TemplateError as exc:  # includes the sandbox's SecurityError
-            raise InputError(f"chat template ({self.origin}) failed: {exc}") from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-            raise InputError(f"chat template ({self.origin}) failed: {type(exc).__name__}: {exc}") from None
+        return render_bounded(
+            self._template,
+            self.origin,
+            InputError,
+            messages=msgs,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
 
 
 def _raise(message):
