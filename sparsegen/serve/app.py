@@ -5,7 +5,9 @@
 
 Every refusal is OpenAI's error JSON (`openai_errors.py`): 400 for a body that does not parse or
 validate (the message and `param` name the field), a prompt over the context limit or an
-unknown model; 413 for a body over `MAX_BODY_BYTES`; 503 when the queue is full or the server
+unknown model; 413 for a body over `MAX_BODY_BYTES`; 415 for a body that is not sent as
+`application/json` (a web page may send text/plain, forms or multipart to any local server
+without asking: the CORS "simple requests"; JSON needs a preflight this server never answers); 503 when the queue is full or the server
 is shutting down; 404/405 for unknown routes and methods. Responses are built in
 `responses.py` and sent whole or streamed by `delivery.py`; a client that disconnects cancels
 its request, and the engine frees its pages at once.
@@ -69,6 +71,14 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     app.add_middleware(CountRequests, metrics=metrics)
 
     async def parse(request: Request, model: type[BaseModel]):
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":  # text/plain, forms and multipart are what any web page may send
+            raise RequestError(
+                f"the body must be sent as application/json, not {media or 'without a content-type'!r:.80}",
+                "content-type",
+                "unsupported_media_type",
+                status=415,
+            )
         chunks, size = [], 0
         async for chunk in request.stream():  # read at most MAX_BODY_BYTES, whatever the client sends
             size += len(chunk)

@@ -9,16 +9,19 @@
   naming the template.
 - `generation_config.json`'s `eos_token_id` (an int or a list) gives the tokens that end a turn;
   for Phi-3-Small-instruct it holds `<|end|>` beside `<|endoftext|>`.
+- Each file is read as the weights and the tokenizer are (`folders.contained_file`): a link that
+  leads outside the checkpoint folder, or anything that is not a regular file, is refused.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jinja2
 
+from .. import jsonio
 from ..errors import InputError
+from ..folders import contained_file
 from ..utf8 import check_utf8
 from .template_sandbox import BoundedSandbox, render_bounded
 
@@ -36,11 +39,21 @@ PHI3SMALL_CHAT_TEMPLATE = (
 )
 
 
+MAX_TEMPLATE_BYTES = 4 << 20  # a chat_template.jinja file; real ones are a few KB
+
+
+def _inside(folder: Path, name: str) -> Path | None:
+    """`folder / name` when it exists (None when it does not): a regular file inside the folder,
+    read through the same checks as the weights and the tokenizer (`folders.contained_file`), so
+    a link that leads outside the checkpoint is an InputError, never followed."""
+    path = folder / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    return contained_file(folder, name, f"checkpoint {folder} has", InputError)
+
+
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+    data = jsonio.read_json_file(path, InputError)
     if not isinstance(data, dict):
         raise InputError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -78,8 +91,8 @@ class ChatTemplate:
         if folder is None:
             return cls(PHI3SMALL_CHAT_TEMPLATE, origin="Phi-3-Small's chat format")
         folder = Path(folder)
-        config = folder / "tokenizer_config.json"
-        data = _read_json(config) if config.is_file() else {}
+        config = _inside(folder, "tokenizer_config.json")
+        data = _read_json(config) if config is not None else {}
         bos = _token_text(data.get("bos_token"), config, "bos_token") or "<|endoftext|>"
         eos = _token_text(data.get("eos_token"), config, "eos_token") or "<|endoftext|>"
         source = data.get("chat_template")
@@ -92,12 +105,17 @@ class ChatTemplate:
                 raise InputError(f"{config}: chat_template is a list without a usable template")
         if source is not None:
             return cls(source, bos, eos, origin=str(config))
-        jinja_file = folder / "chat_template.jinja"
-        if jinja_file.is_file():
+        jinja_file = _inside(folder, "chat_template.jinja")
+        if jinja_file is not None:
             try:
-                return cls(jinja_file.read_text(), bos, eos, origin=str(jinja_file))
+                if jinja_file.stat().st_size > MAX_TEMPLATE_BYTES:
+                    raise InputError(
+                        f"{jinja_file} is over {MAX_TEMPLATE_BYTES} bytes; a chat template is far smaller"
+                    )
+                text = jinja_file.read_bytes().decode("utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise InputError(f"cannot read {jinja_file}: {exc}") from None
+            return cls(text, bos, eos, origin=str(jinja_file))
         return cls(PHI3SMALL_CHAT_TEMPLATE, bos, eos, origin="Phi-3-Small's chat format")
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -166,8 +184,8 @@ def eos_token_ids(folder: str | Path | None, vocab_size: int) -> tuple[int, ...]
     """`generation_config.json`'s eos_token_id as a tuple, or None when the folder has none."""
     if folder is None:
         return None
-    path = Path(folder) / "generation_config.json"
-    if not path.is_file():
+    path = _inside(Path(folder), "generation_config.json")
+    if path is None:
         return None
     value = _read_json(path).get("eos_token_id")
     if value is None:
