@@ -10,7 +10,8 @@ unknown model; 413 for a body over `MAX_BODY_BYTES`; 415 for a body that is not 
 without asking: the CORS "simple requests"; JSON needs a preflight this server never answers); 503 when the queue is full or the server
 is shutting down; 404/405 for unknown routes and methods. Responses are built in
 `responses.py` and sent whole or streamed by `delivery.py`; a client that disconnects cancels
-its request, and the engine frees its pages at once.
+its request, and the engine frees its pages at once; one that leaves before sending its whole
+body is not an error (nothing is logged above debug).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..errors import RequestError, ServerOverloaded, SparsegenError
 from ..llm import LLM
@@ -62,6 +64,13 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     @app.exception_handler(RequestValidationError)
     async def _request_error(request: Request, exc: RequestValidationError):
         return error_json(400, str(exc))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):  # left mid-body: nobody to answer
+        logging.getLogger("sparsegen").debug(
+            "client left before sending its whole body: %s", request.url.path
+        )
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception):  # never a bare 500 page
