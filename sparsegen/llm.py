@@ -176,6 +176,10 @@ class LLM:
             raise InputError("pass the tokenizer as a path with tokenizer=")
         if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
             raise InputError(f"tensor_parallel_size must be an int, got {tensor_parallel_size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+            raise InputError(f"seed must be an int in 0..2**64-1, got {seed!r:.40}")
+        if not isinstance(force_dense, bool):
+            raise InputError(f"force_dense must be a bool, got {force_dense!r:.40}")
         dev = resolve_device(device)
         if tensor_parallel_size != 1:  # ranks in their own processes (sparsegen.tp_engine)
             from .tp_engine import tp_engine_for

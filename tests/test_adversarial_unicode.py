@@ -150,7 +150,7 @@ def test_server_takes_a_whole_surrogate_pair(http):
 # -- the CLI ----------------------------------------------------------------------------------
 def _text_options() -> list[tuple[list[str], str]]:
     """(command path, option) for every plain-text option of every command."""
-    from sparsegen.commands.text_options import UTF8_TEXT
+    from sparsegen.commands.param_types import UTF8_TEXT
 
     ctx = click.Context(cli)
     found = []
