@@ -17,6 +17,7 @@ import pytest
 from sparsegen.engine import LLMEngine
 from sparsegen.engine import sampling as sampling_mod
 from sparsegen.engine.sampling_params import SamplingParams
+from sparsegen.errors import RequestFailedError
 
 POISON, AT = 666, 2
 GOOD = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
@@ -67,7 +68,7 @@ def test_engine_fails_the_bad_request_alone(model, poison, async_decode):
     assert poison and max(poison) == 2  # the bad row failed inside a batch of both
     errors = [e for e in events if e.error is not None]
     assert len(errors) == 1 and errors[0].request_id == bad.seq_id and errors[0].finish_reason == "error"
-    assert isinstance(errors[0].error, Poisoned)
+    assert isinstance(errors[0].error, RequestFailedError) and "Poisoned" in str(errors[0].error)
     assert bad.finish_reason == "error" and len(bad.output_ids) <= AT
     assert good.finish_reason == "length" and good.output_ids == alone
     assert _idle_and_free(engine)
@@ -75,7 +76,7 @@ def test_engine_fails_the_bad_request_alone(model, poison, async_decode):
 
 def test_engine_generate_raises_the_error_and_the_engine_goes_on(model, poison):
     engine = _engine(model)
-    with pytest.raises(Poisoned):
+    with pytest.raises(RequestFailedError, match=f"Poisoned: seed {POISON}"):
         engine.generate([[7, 8, 9], [1, 2]], [GOOD, BAD])
     assert _idle_and_free(engine)
     (res,) = engine.generate([[7, 8, 9]], GOOD)
@@ -85,11 +86,30 @@ def test_engine_generate_raises_the_error_and_the_engine_goes_on(model, poison):
 def test_engine_stream_raises_the_error(model, poison):
     engine = _engine(model)
     got = []
-    with pytest.raises(Poisoned):
+    with pytest.raises(RequestFailedError, match="Poisoned"):
         for event in engine.stream([[1, 2]], BAD):
             got.append(event.token_id)
     # the token in flight when the next step's sampler failed is dropped with the request
     assert AT - 1 <= len(got) <= AT and _idle_and_free(engine)
+
+
+def test_the_failed_rows_cross_as_plain_text(poison):
+    """`SamplerOutput.failed` is plain data: a tensor-parallel rank sends it as it is."""
+    import pickle
+
+    import torch
+
+    from sparsegen.engine.isolation import sample_isolating
+
+    logits = torch.randn(3, 32)
+    params = [GOOD, BAD, SamplingParams(logprobs=2)]
+    out = sample_isolating(
+        logits, params, [[1, 2]] * 3, [[3]] * 3, eos_token_id=None, num_generated=[AT] * 3
+    ).output()
+    assert out.failed == ((1, f"Poisoned: seed {POISON} at step {AT}"),)
+    assert pickle.loads(pickle.dumps(out)) == out
+    assert out.token_ids[2] == int(logits[2].argmax()) and out.logprobs[2].token_id == out.token_ids[2]
+    assert out.logprobs[0] is None and out.logprobs[1] is None
 
 
 def test_rows_that_fail_only_together_fail_the_step(model, monkeypatch):
@@ -112,7 +132,7 @@ def test_llm_generate_raises_and_serves_on(poison):
     from sparsegen import LLM
 
     llm = LLM(random="tiny", max_num_seqs=4)
-    with pytest.raises(Poisoned):
+    with pytest.raises(RequestFailedError, match="Poisoned"):
         llm.generate(["hello", "world"], [GOOD, BAD], use_tqdm=False)
     assert _idle_and_free(llm.engine)
     out = llm.generate(["hello"], GOOD, use_tqdm=False)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..errors import EngineError, InputError
+from ..errors import EngineError, InputError, RequestFailedError
 from ..models.phi3small import Phi3SmallForCausalLM
 from .checks import check_params, check_prompt, expand_params
 from .config import KERNEL_PAGE_SIZES, PREFILL_CHUNK_TOKENS, EngineConfig
@@ -48,7 +48,7 @@ class TokenEvent:
     finish_reason: str | None  # set on the request's last token
     logprobs: TokenLogprobs | None = None  # when the request's SamplingParams.logprobs is set
     request_id: int = -1  # the Sequence's seq_id: what `LLMEngine.abort` takes
-    error: Exception | None = None  # why the request failed (finish_reason "error")
+    error: RequestFailedError | None = None  # why the request failed (finish_reason "error")
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,6 @@ class LLMEngine:
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ids = itertools.count()
         self._inflight: InFlight | None = None  # a launched step not yet booked (async_decode)
-        self._failed: list[TokenEvent] = []  # requests that failed in a step, not yet reported
 
     @property
     def eos_token_id(self) -> int | None:
@@ -236,7 +235,7 @@ class LLMEngine:
         if not seqs:
             return InFlight(plan, None, None)
         ahead = 1 if plan.lookahead else 0  # a lookahead row's previous token is not booked yet
-        out, failed = sample_isolating(
+        out = sample_isolating(  # a row whose sampling fails is named in out.failed, not raised
             logits,
             [s.params for s in seqs],
             [s.output_ids for s in seqs],
@@ -244,16 +243,16 @@ class LLMEngine:
             eos_token_id=self.eos_token_id,
             num_generated=[len(s.output_ids) + ahead for s in seqs],
         )
-        for row, exc in failed.items():  # their rows are dropped when the step is booked
-            self._fail(seqs[row], exc)
         return InFlight(plan, out.token_ids, out.to_host())
 
-    def _fail(self, seq: Sequence, exc: Exception) -> None:
-        """End `seq` with an error event (reported by the next `step()` return) and free its pages."""
+    def _fail(self, seq: Sequence, why: str) -> TokenEvent | None:
+        """End `seq` (its sampling failed) and free its pages; its error event, if it was live."""
         index = self._index.get(seq.seq_id, seq.seq_id)
-        if self.abort(seq.seq_id):
-            seq.finish_reason = "error"
-            self._failed.append(TokenEvent(index, -1, "error", request_id=seq.seq_id, error=exc))
+        if not self.abort(seq.seq_id):
+            return None
+        seq.finish_reason = "error"
+        exc = RequestFailedError(f"request {seq.seq_id} failed inside a step: {why}")
+        return TokenEvent(index, -1, "error", request_id=seq.seq_id, error=exc)
 
     def _complete(self, done: InFlight) -> list[TokenEvent]:
         """Read `done`'s tokens and book them. Rows whose sequence ended while the step was in
@@ -261,6 +260,7 @@ class LLMEngine:
         never emitted, and their pages were freed when they ended."""
         out = done.output()
         plan, now = done.plan, time.perf_counter()
+        failures = [self._fail(plan.sampled[row], why) for row, why in out.failed]  # before booking
         keep = [i for i, s in enumerate(plan.sampled) if s.finish_reason is None]
         live = tuple(c for c in plan.chunks if c.seq.finish_reason is None)
         sampled = [plan.sampled[i] for i in keep]
@@ -276,7 +276,7 @@ class LLMEngine:
             if reason is not None:
                 del self._index[seq.seq_id]
                 del self._live[seq.seq_id]
-        return events
+        return events + [e for e in failures if e is not None]
 
     def step(self) -> list[TokenEvent]:
         """Run one step and return the tokens it produced (possibly none).
@@ -296,9 +296,7 @@ class LLMEngine:
             if nxt is not None:
                 self._inflight = self._launch(nxt, after=done)
         try:
-            events = self._complete(done)
-            failed, self._failed = self._failed, []
-            return events + failed
+            return self._complete(done)
         except BaseException:
             # the launched step assumed `done`'s tokens booked; without them it is dropped too
             # (its sequences are as before it: the next step recomputes the same position)

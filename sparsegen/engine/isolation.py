@@ -2,8 +2,9 @@
 
 The sampler runs over the whole batch at once, so one row that it cannot handle would fail
 every row. `sample_isolating` runs the batch; if that raises, it samples each row on its own
-to find the rows that fail, then samples the others together again. The engine fails those
-requests (an error event, their pages freed) and books the rest as usual. Requests are checked
+to find the rows that fail, then samples the others together again, and names the failed rows
+in the result (`DeviceSample.failed`, then `SamplerOutput.failed`). When the engine books the
+step it fails those requests (an error event, their pages freed) and books the rest as usual. Requests are checked
 when they are made (`engine.checks`), so this path is for what slipped through.
 """
 
@@ -26,10 +27,11 @@ def sample_isolating(
     *,
     eos_token_id: int | None,
     num_generated: Sequence[int],
-) -> tuple[sampling.DeviceSample, dict[int, Exception]]:
-    """`sampling.sample_on_device` over the batch, and the rows that failed (row -> error). The
-    failed rows' tokens are 0 and must be dropped. If the rows that pass alone fail together,
-    that error is raised (the step fails, as without isolation)."""
+) -> sampling.DeviceSample:
+    """`sampling.sample_on_device` over the batch, with `failed` naming the rows that failed
+    alone and why ("TypeName: message", plain text, so it crosses a process boundary); their
+    tokens are 0. If the rows that pass alone fail together, that error is raised (the step
+    fails, as without isolation). Deterministic rows fail alike on every tensor-parallel rank."""
 
     def run(rows: list[int]) -> sampling.DeviceSample:
         pick = torch.tensor(rows, device=logits.device)
@@ -44,24 +46,23 @@ def sample_isolating(
 
     everyone = list(range(logits.shape[0]))
     try:
-        return run(everyone), {}
+        return run(everyone)
     except Exception:  # noqa: BLE001 - find out whose it is below
         pass
-    failed: dict[int, Exception] = {}
+    failed: dict[int, str] = {}
     for r in everyone:
         try:
             run([r])
         except Exception as exc:  # noqa: BLE001 - this row's own failure, reported to its request
-            failed[r] = exc
-    good = [r for r in everyone if r not in failed]
+            failed[r] = f"{type(exc).__name__}: {exc}"[:500]
     if not failed:  # every row passes alone: not one request's fault
-        return run(everyone), {}
+        return run(everyone)
+    good = [r for r in everyone if r not in failed]
+    reasons = tuple(failed.items())
+    tokens = torch.zeros(len(everyone), dtype=torch.long, device=logits.device)  # [B]
     if not good:
-        return sampling.DeviceSample(
-            torch.zeros(len(everyone), dtype=torch.long, device=logits.device)
-        ), failed
+        return sampling.DeviceSample(tokens, failed=reasons)
     out = run(good)
-    tokens = torch.zeros(len(everyone), dtype=out.token_ids.dtype, device=logits.device)  # [B]
     tokens[torch.tensor(good, device=logits.device)] = out.token_ids
     rows = tuple(good[j] for j in out.logprob_rows)
-    return replace(out, token_ids=tokens, logprob_rows=rows), failed
+    return replace(out, token_ids=tokens, logprob_rows=rows, failed=reasons)

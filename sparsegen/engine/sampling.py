@@ -178,6 +178,7 @@ class DeviceSample:
     top_ids: torch.Tensor | None = None  # [R, k] int64, k = max(logprob_ks) (None when k == 0)
     top_values: torch.Tensor | None = None  # [R, k] float32
     ready: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU only)
+    failed: tuple[tuple[int, str], ...] = ()  # rows whose sampling failed, and why (engine.isolation)
 
     def to_host(self) -> DeviceSample:
         """Start copying every tensor to pinned host memory (non-blocking, on the current stream)
@@ -210,7 +211,7 @@ class DeviceSample:
             for j, (r, kr) in enumerate(zip(self.logprob_rows, self.logprob_ks, strict=True)):
                 top = tuple(zip(top_i[j][:kr], top_v[j][:kr], strict=True)) if kr else ()
                 logprobs[r] = TokenLogprobs(token_ids[r], chosen[j], top)
-        return SamplerOutput(token_ids, logprobs)
+        return SamplerOutput(token_ids, logprobs, self.failed)
 
 
 def sample(logits, params, output_ids, prompt_ids=None, *, eos_token_id=None) -> SamplerOutput:

@@ -176,3 +176,5 @@ class TokenLogprobs:
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]  # one per row; None where the row did not ask
+    # rows whose sampling failed, with why ("TypeName: message"); their tokens are meaningless
+    failed: tuple[tuple[int, str], ...] = ()
