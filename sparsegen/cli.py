@@ -53,7 +53,9 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS or not self._available(name):
             return None
-        return importlib.import_module(f"sparsegen.commands.{name}").command
+        from .commands.param_types import checked_options  # UTF-8 text, finite floats
+
+        return checked_options(importlib.import_module(f"sparsegen.commands.{name}").command)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Short help comes from COMMANDS, so `--help` imports nothing heavy.

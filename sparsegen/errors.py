@@ -53,6 +53,11 @@ class EngineError(SparsegenError, RuntimeError):
     """The engine was asked for something its current state forbids (e.g. warmup while busy)."""
 
 
+class RequestFailedError(SparsegenError, RuntimeError):
+    """One request failed inside an engine step (its sampling raised); the other requests of
+    the step went on. The message names the request and the cause."""
+
+
 class MemoryLimitError(SparsegenError, RuntimeError):
     """What was asked (model weights, KV cache) would not fit in the memory the device has;
     raised from an estimate before anything is allocated. The message gives the numbers."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from .errors import InputError
-from .spec import LayerSpec
+from .spec import MAX_SEQ_LEN, LayerSpec
 
 _FIELDS = ("block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window", "dense")
 
@@ -28,13 +28,33 @@ _FIELDS = ("block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_
 def _check(layer: object, n_q: object, n_k: object) -> tuple[int, int]:
     if not isinstance(layer, LayerSpec):
         raise InputError(f"layer must be a sparsegen.LayerSpec, got {type(layer).__name__}")
-    for name, value in (("n_q", n_q), ("n_k", n_k)):
-        if value is not None and (type(value) is not int or value < 1):
-            raise InputError(f"{name} must be an int >= 1, got {value!r}")
     n_k = n_q if n_k is None else n_k
+    for name, value in (("n_q", n_q), ("n_k", n_k)):
+        if type(value) is not int or not 1 <= value <= MAX_SEQ_LEN:
+            raise InputError(f"{name} must be an int in 1..{MAX_SEQ_LEN}, got {value!r:.40}")
     if n_q > n_k:
         raise InputError(f"n_q must be <= n_k (the queries are the last n_q keys), got n_q={n_q}, n_k={n_k}")
     return n_q, n_k
+
+
+def _device(device: object) -> torch.device:
+    """None (the CPU), or a str / torch.device naming the CPU or a CUDA GPU torch can see."""
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise InputError(f"device must be a str or torch.device, got {type(device).__name__}: {device!r:.40}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(
+            f"device {device!r:.40} is not a torch device (use 'cpu', 'cuda' or 'cuda:N')"
+        ) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise InputError(f"device must be a cpu or cuda device, got {device!r:.40}")
+    count = torch.cuda.device_count() if dev.type == "cuda" and torch.cuda.is_available() else 0
+    if dev.type == "cuda" and (count == 0 or (dev.index or 0) >= count):
+        raise InputError(f"device {device!r:.40} was asked for, but torch sees {count} CUDA GPU(s)")
+    return dev
 
 
 def mask_mod(layer: LayerSpec, n_q: int, n_k: int | None = None, *, device=None) -> Callable:
@@ -42,7 +62,7 @@ def mask_mod(layer: LayerSpec, n_q: int, n_k: int | None = None, *, device=None)
     n_k keys (n_k defaults to n_q). `device` is where FlexAttention will run (default cpu): the
     per-head tables live there."""
     n_q, n_k = _check(layer, n_q, n_k)
-    device = torch.device("cpu") if device is None else torch.device(device)
+    device = _device(device)
     table: dict[str, int | torch.Tensor] = {}
     for name in _FIELDS:
         values = [int(getattr(h, name)) for h in layer.heads]
@@ -93,9 +113,17 @@ def block_mask(
     from torch.nn.attention.flex_attention import create_block_mask
 
     n_q, n_k = _check(layer, n_q, n_k)
-    sizes = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
-    if len(sizes) != 2 or any(type(s) is not int or s < 16 or s % 16 for s in sizes):
-        raise InputError(f"block_size must be a multiple of 16 (or a pair of them), got {block_size!r}")
+    sizes = (block_size, block_size) if isinstance(block_size, int) else block_size
+    sizes = tuple(sizes) if isinstance(sizes, (tuple, list)) else sizes
+    if (
+        not isinstance(sizes, tuple)
+        or len(sizes) != 2
+        or any(type(s) is not int or s < 16 or s % 16 for s in sizes)
+    ):
+        raise InputError(f"block_size must be a multiple of 16 (or a pair of them), got {block_size!r:.40}")
+    if not isinstance(compile, bool):
+        raise InputError(f"compile must be a bool, got {compile!r:.40}")
+    device = _device(device)
     mod = mask_mod(layer, n_q, n_k, device=device)
     return create_block_mask(  # B=None: one mask broadcast over the batch
         mod, None, layer.num_heads, n_q, n_k, device=device, BLOCK_SIZE=sizes, _compile=compile

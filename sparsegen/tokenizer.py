@@ -21,6 +21,7 @@ from pathlib import Path
 from . import jsonio
 from .errors import MissingExtraError, TokenizerError
 from .folders import contained_file
+from .utf8 import check_utf8
 
 # GPT-4's cl100k pre-tokenisation pattern.
 CL100K_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
@@ -52,6 +53,7 @@ UNUSED_SPECIAL_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "
 def _check_text(text: object) -> None:
     if not isinstance(text, str):
         raise TokenizerError(f"encode takes a str, got {type(text).__name__}: {text!r:.40}")
+    check_utf8(text, "the text to encode", TokenizerError)
 
 
 class _BytesVocabTokenizer:

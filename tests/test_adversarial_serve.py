@@ -159,7 +159,7 @@ def test_raw_garbage_is_a_400(http, path):
     rng = random.Random(0)
     for _ in range(40):
         raw = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
-        check_error(http.post(path, content=raw), 400)
+        check_error(http.post(path, content=raw, headers={"content-type": "application/json"}), 400)
     for _ in range(40):  # valid JSON objects of random junk
         body = {
             rng.choice(["model", "prompt", "n", "stop", "x"]): rng.choice(
@@ -167,12 +167,16 @@ def test_raw_garbage_is_a_400(http, path):
             )
             for _ in range(3)
         }
-        check_error(http.post(path, content=json.dumps(body)), 400)
+        check_error(
+            http.post(path, content=json.dumps(body), headers={"content-type": "application/json"}), 400
+        )
 
 
 def test_oversized_body_is_a_413(http):
     big = json.dumps({**OK, "prompt": "x" * (9 << 20)})
-    check_error(http.post("/v1/completions", content=big), 413, "body")
+    check_error(
+        http.post("/v1/completions", content=big, headers={"content-type": "application/json"}), 413, "body"
+    )
 
 
 def test_server_is_healthy_and_empty_afterwards(server, http):

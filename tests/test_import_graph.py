@@ -33,7 +33,7 @@ MAX_LINES = 400
 # submodules) that form it, relative to `sparsegen` ("" is `sparsegen/__init__.py`). A file may
 # import files of its own layer (without a circle) and of the layers below, never one above.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("support", ("errors", "log", "env", "dtypes", "jsonio", "folders")),
+    ("support", ("errors", "log", "env", "dtypes", "jsonio", "folders", "utf8")),
     ("specs", ("spec", "presets", "hf_config", "layout", "validate")),
     ("jit", ("jit",)),
     ("kernels", ("kernels",)),

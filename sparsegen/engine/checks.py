@@ -6,15 +6,12 @@ any of them, so a bad prompt at index 2 leaves nothing queued from indices 0 and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence as Seq
 
 import numpy as np
 
 from ..errors import InputError
 from ..request.sampling_params import SamplingParams
-
-SEED_LIMIT = 1 << 64  # torch.Generator.manual_seed takes 0..2**64 - 1
 
 
 def check_prompt(prompt: object, vocab_size: int, where: str = "prompt") -> list[int]:
@@ -50,43 +47,22 @@ def _plain_ids_in_range(prompt: list | tuple, vocab_size: int) -> bool:
     return int(ids.min()) >= 0 and int(ids.max()) < vocab_size
 
 
-def _finite(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InputError(f"SamplingParams.{name} must be a finite number, got {value!r}")
-
-
 def check_params(params: object, vocab_size: int, where: str = "params") -> SamplingParams:
-    """The fields the engine relies on, checked again at the boundary (a SamplingParams may be
-    built with object.__setattr__ or come from a subclass)."""
+    """Every field checked again at the boundary (a SamplingParams may be built with
+    object.__setattr__ or come from a subclass), then what depends on the model: stop token ids
+    and the number of log-probabilities within its vocabulary."""
     if not isinstance(params, SamplingParams):
         raise InputError(f"{where} must be a SamplingParams, got {type(params).__name__}")
-    mt = params.max_tokens
-    if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-        raise InputError(f"SamplingParams.max_tokens must be an int >= 1, got {mt!r}")
-    _finite("temperature", params.temperature)
-    if params.temperature < 0:
-        raise InputError(f"SamplingParams.temperature must be >= 0, got {params.temperature!r}")
-    _finite("top_p", params.top_p)
-    if not 0 < params.top_p <= 1:
-        raise InputError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p!r}")
-    tk = params.top_k
-    if isinstance(tk, bool) or not isinstance(tk, int):
-        raise InputError(f"SamplingParams.top_k must be an int, got {tk!r}")
-    seed = params.seed
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT
-    ):
-        raise InputError(f"SamplingParams.seed must be None or an int in 0..2**64-1, got {seed!r}")
-    stops = params.stop_token_ids
-    if not isinstance(stops, (tuple, list)):
-        raise InputError(f"SamplingParams.stop_token_ids must be a tuple of token ids, got {stops!r}")
-    for tok in stops:
-        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab_size:
+    SamplingParams.validate(params)  # the class's own checks, whatever a subclass overrides
+    for tok in params.stop_token_ids:
+        if not tok < vocab_size:
             raise InputError(
                 f"SamplingParams.stop_token_ids holds {tok!r}, not a token id in 0..{vocab_size - 1}"
             )
-    if not isinstance(params.ignore_eos, bool):
-        raise InputError(f"SamplingParams.ignore_eos must be a bool, got {params.ignore_eos!r}")
+    if params.logprobs is not None and params.logprobs > vocab_size:
+        raise InputError(
+            f"SamplingParams.logprobs is {params.logprobs}, more than the vocabulary's {vocab_size} tokens"
+        )
     return params
 
 

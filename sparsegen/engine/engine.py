@@ -32,7 +32,7 @@ from collections.abc import Sequence as Seq
 from contextlib import closing
 from dataclasses import dataclass, replace
 
-from ..errors import EngineError, InputError
+from ..errors import EngineError, InputError, RequestFailedError
 from ..models.phi3small import Phi3SmallForCausalLM
 from ..parallel.source import ModelSource
 from ..request.sampling_params import SamplingParams, TokenLogprobs
@@ -49,13 +49,16 @@ from .scheduler import Plan, Scheduler
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """One new token of request `index` (the order requests were given in)."""
+    """One new token of request `index` (the order requests were given in), or its failure:
+    finish_reason "error" with `error` set (and token_id -1) when the request failed inside a
+    step; its pages are freed and the other requests of the step go on."""
 
     index: int
     token_id: int
     finish_reason: str | None  # set on the request's last token
     logprobs: TokenLogprobs | None = None  # when the request's SamplingParams.logprobs is set
     request_id: int = -1  # the Sequence's seq_id: what `LLMEngine.abort` takes
+    error: RequestFailedError | None = None  # why the request failed (finish_reason "error")
 
 
 class LLMEngine:
@@ -229,12 +232,22 @@ class LLMEngine:
         lookahead plan)."""
         return self.executor.launch(plan, after, self.eos_token_id)
 
+    def _fail(self, seq: Sequence, why: str) -> TokenEvent | None:
+        """End `seq` (its sampling failed) and free its pages; its error event, if it was live."""
+        index = self._index.get(seq.seq_id, seq.seq_id)
+        if not self.abort(seq.seq_id):
+            return None
+        seq.finish_reason = "error"
+        exc = RequestFailedError(f"request {seq.seq_id} failed inside a step: {why}")
+        return TokenEvent(index, -1, "error", request_id=seq.seq_id, error=exc)
+
     def _complete(self, done: InFlight) -> list[TokenEvent]:
         """Read `done`'s tokens and book them. Rows whose sequence ended while the step was in
         flight (it finished at the step before, or was aborted) are dropped: their token is
         never emitted, and their pages were freed when they ended."""
         out = done.output()
         plan, now = done.plan, time.perf_counter()
+        failures = [self._fail(plan.sampled[row], why) for row, why in out.failed]  # before booking
         keep = [i for i, s in enumerate(plan.sampled) if s.finish_reason is None]
         live = tuple(c for c in plan.chunks if c.seq.finish_reason is None)
         sampled = [plan.sampled[i] for i in keep]
@@ -250,7 +263,7 @@ class LLMEngine:
             if reason is not None:
                 del self._index[seq.seq_id]
                 del self._live[seq.seq_id]
-        return events
+        return events + [e for e in failures if e is not None]
 
     def step(self) -> list[TokenEvent]:
         """Run one step and return the tokens it produced (possibly none).

@@ -68,6 +68,12 @@ class OutputProcessor:
             request.seq_ids.append(sid)
             self._live[sid] = (request, c)
 
+    def owner(self, request_id: int) -> RequestState | None:
+        """The tracked request that engine request `request_id` is a completion of (None: not
+        tracked, or already finished)."""
+        entry = self._live.get(request_id)
+        return entry[0] if entry is not None else None
+
     def live_requests(self) -> list[RequestState]:
         """The requests with a tracked completion that has not finished, in tracking order."""
         return list({id(r): r for r, _ in self._live.values()}.values())
@@ -112,6 +118,8 @@ class OutputProcessor:
                 events = self.engine.step()
                 now = time.perf_counter()
                 for event in events:
+                    if event.error is not None and event.request_id in self._live:
+                        raise event.error  # failed inside a step: this call fails (its pages are free)
                     x = self._one(event, now)
                     if x is not None:
                         yield event, *x

@@ -25,7 +25,8 @@ from ..engine.output_processor import OutputProcessor, RequestState
 from ..engine.outputs import Detokenizer, RequestOutput, Update
 from ..engine.stats import EngineStats, engine_stats
 from ..errors import InputError
-from ..request.sampling_params import SamplingParams
+from ..request.sampling_params import SEED_LIMIT, SamplingParams
+from ..utf8 import check_utf8
 from .build import ENGINE_OPTIONS, RANDOM_SIZES, build_engine, resolve_device, resolve_dtype
 from .chat import ChatTemplate
 from .requests import child_params, turn_end_ids
@@ -69,6 +70,10 @@ class LLM:
             raise InputError("pass the tokenizer as a path with tokenizer=")
         if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
             raise InputError(f"tensor_parallel_size must be an int, got {tensor_parallel_size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+            raise InputError(f"seed must be an int in 0..2**64-1, got {seed!r:.40}")
+        if not isinstance(force_dense, bool):
+            raise InputError(f"force_dense must be a bool, got {force_dense!r:.40}")
         dev = resolve_device(device)
         self.engine, tok, model_config = build_engine(
             model,
@@ -110,7 +115,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError(f"{where} is text, but this checkpoint has no tokenizer: pass token ids")
-            prompt = self.tokenizer.encode(prompt)
+            prompt = self.tokenizer.encode(check_utf8(prompt, where, InputError))
         elif not isinstance(prompt, (list, tuple)):
             raise InputError(f"{where} must be a str or a list of token ids, got {type(prompt).__name__}")
         ids = check_prompt(prompt, self.vocab_size, where)  # the engine's checks: ints in the vocabulary

@@ -4,20 +4,26 @@
   from which "default" is taken), else a `chat_template.jinja` file, else Phi-3-Small's
   published turn format: `<|endoftext|><|user|>\\n...<|end|>\\n<|assistant|>\\n`.
 - Templates are rendered in jinja2's immutable sandbox, so a checkpoint's template cannot
-  reach Python internals or change what it is given.
+  reach Python internals or change what it is given, within bounds on what it builds, how
+  long it runs and how much it writes (`template_sandbox`); any failure is an InputError
+  naming the template.
 - `generation_config.json`'s `eos_token_id` (an int or a list) gives the tokens that end a turn;
   for Phi-3-Small-instruct it holds `<|end|>` beside `<|endoftext|>`.
+- Each file is read as the weights and the tokenizer are (`folders.contained_file`): a link that
+  leads outside the checkpoint folder, or anything that is not a regular file, is refused.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .. import jsonio
 from ..errors import InputError
+from ..folders import contained_file
+from ..utf8 import check_utf8
+from .template_sandbox import BoundedSandbox, render_bounded
 
 ROLES = ("system", "user", "assistant")
 
@@ -33,11 +39,21 @@ PHI3SMALL_CHAT_TEMPLATE = (
 )
 
 
+MAX_TEMPLATE_BYTES = 4 << 20  # a chat_template.jinja file; real ones are a few KB
+
+
+def _inside(folder: Path, name: str) -> Path | None:
+    """`folder / name` when it exists (None when it does not): a regular file inside the folder,
+    read through the same checks as the weights and the tokenizer (`folders.contained_file`), so
+    a link that leads outside the checkpoint is an InputError, never followed."""
+    path = folder / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    return contained_file(folder, name, f"checkpoint {folder} has", InputError)
+
+
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+    data = jsonio.read_json_file(path, InputError)
     if not isinstance(data, dict):
         raise InputError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -57,14 +73,17 @@ class ChatTemplate:
     ):
         if not isinstance(source, str):
             raise InputError(f"{origin}: chat_template must be a string, got {type(source).__name__}")
+        check_utf8(source, f"{origin}: chat_template", InputError)
         self.source, self.origin = source, origin
         self.bos_token, self.eos_token = bos_token, eos_token
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, autoescape=False)
         env.globals["raise_exception"] = _raise
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise InputError(f"{origin}: chat_template does not compile: {exc}") from None
+        except (RecursionError, MemoryError) as exc:  # nested too deeply for jinja's parser
+            raise InputError(f"{origin}: chat_template does not compile: {type(exc).__name__}") from None
 
     @classmethod
     def from_folder(cls, folder: str | Path | None) -> ChatTemplate:
@@ -72,8 +91,8 @@ class ChatTemplate:
         if folder is None:
             return cls(PHI3SMALL_CHAT_TEMPLATE, origin="Phi-3-Small's chat format")
         folder = Path(folder)
-        config = folder / "tokenizer_config.json"
-        data = _read_json(config) if config.is_file() else {}
+        config = _inside(folder, "tokenizer_config.json")
+        data = _read_json(config) if config is not None else {}
         bos = _token_text(data.get("bos_token"), config, "bos_token") or "<|endoftext|>"
         eos = _token_text(data.get("eos_token"), config, "eos_token") or "<|endoftext|>"
         source = data.get("chat_template")
@@ -86,27 +105,30 @@ class ChatTemplate:
                 raise InputError(f"{config}: chat_template is a list without a usable template")
         if source is not None:
             return cls(source, bos, eos, origin=str(config))
-        jinja_file = folder / "chat_template.jinja"
-        if jinja_file.is_file():
+        jinja_file = _inside(folder, "chat_template.jinja")
+        if jinja_file is not None:
             try:
-                return cls(jinja_file.read_text(), bos, eos, origin=str(jinja_file))
+                if jinja_file.stat().st_size > MAX_TEMPLATE_BYTES:
+                    raise InputError(
+                        f"{jinja_file} is over {MAX_TEMPLATE_BYTES} bytes; a chat template is far smaller"
+                    )
+                text = jinja_file.read_bytes().decode("utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise InputError(f"cannot read {jinja_file}: {exc}") from None
+            return cls(text, bos, eos, origin=str(jinja_file))
         return cls(PHI3SMALL_CHAT_TEMPLATE, bos, eos, origin="Phi-3-Small's chat format")
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         msgs = check_messages(messages)
-        try:
-            return self._template.render(
-                messages=msgs,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
-        except jinja2.TemplateError as exc:  # includes the sandbox's SecurityError
-            raise InputError(f"chat template ({self.origin}) failed: {exc}") from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-            raise InputError(f"chat template ({self.origin}) failed: {type(exc).__name__}: {exc}") from None
+        return render_bounded(
+            self._template,
+            self.origin,
+            InputError,
+            messages=msgs,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
 
 
 def _raise(message):
@@ -148,7 +170,13 @@ def check_messages(messages) -> list[dict]:
         extra = set(m) - {"role", "content", "name"}
         if extra:
             raise InputError(f"{where} has unsupported keys {sorted(map(str, extra))}")
-        out.append({"role": role, "content": message_text(m.get("content"), where)})
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InputError(f"{where}.name must be a string, got {type(name).__name__}")
+        if name is not None:
+            check_utf8(name, f"{where}.name", InputError)
+        content = check_utf8(message_text(m.get("content"), where), f"{where}.content", InputError)
+        out.append({"role": role, "content": content})
     return out
 
 
@@ -156,8 +184,8 @@ def eos_token_ids(folder: str | Path | None, vocab_size: int) -> tuple[int, ...]
     """`generation_config.json`'s eos_token_id as a tuple, or None when the folder has none."""
     if folder is None:
         return None
-    path = Path(folder) / "generation_config.json"
-    if not path.is_file():
+    path = _inside(Path(folder), "generation_config.json")
+    if path is None:
         return None
     value = _read_json(path).get("eos_token_id")
     if value is None:

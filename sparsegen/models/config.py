@@ -14,7 +14,15 @@ from typing import Any
 
 from .. import jsonio
 from ..errors import CheckpointError, SpecError
-from ..hf_config import blocksparse_fields, get_bool, get_float, get_int, model_spec_from_hf
+from ..hf_config import (
+    blocksparse_fields,
+    check_blocksparse_alone,
+    check_causal,
+    get_bool,
+    get_float,
+    get_int,
+    model_spec_from_hf,
+)
 from ..spec import MAX_SEQ_LEN
 
 
@@ -240,6 +248,8 @@ def _from_hf_dict(cls: type, cfg: dict[str, Any], source: str) -> Phi3SmallConfi
             for n, x in enumerate(dummy)
         )  # fmt: skip
     sparse = blocksparse_fields(cfg, source, CheckpointError)
+    check_blocksparse_alone(cfg, source, CheckpointError)  # a window beside them is never dropped silently
+    check_causal(cfg, source, CheckpointError)
     config = cls(
         vocab_size=vocab,
         hidden_size=hidden,

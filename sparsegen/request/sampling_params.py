@@ -1,7 +1,14 @@
 """Sampling parameters (vLLM's names and meanings) and the types a sampler returns.
 
 `SamplingParams` checks every field when it is made, so a bad request is an InputError before
-anything runs; the sampler that reads them is `runner.sampling`.
+anything runs; the sampler that reads them is `runner.sampling`. Every field is bounded by what
+one batched step can hold, so a value that passes here cannot fail inside a step:
+- counts of tokens (`max_tokens`, `min_tokens`, `top_k`) and token ids are at most
+  `MAX_TOKEN_COUNT` (sequence lengths and positions are int32 on the device; a `top_k` above
+  the vocabulary keeps every token);
+- `n` is at most `MAX_N` (each completion is a sequence of its own), `logprobs` at most
+  `MAX_LOGPROBS`, a seed is a uint64;
+- floats are finite and at most `FLOAT32_MAX` (the step's parameter tensors are float32).
 """
 
 from __future__ import annotations
@@ -10,26 +17,37 @@ import math
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..utf8 import check_utf8
 
 MAX_LOGPROBS = 20  # most top-k log-probabilities a request may ask for per step
 SEED_LIMIT = 2**64  # seeds are 0..2**64-1, as torch.Generator.manual_seed takes them
+MAX_TOKEN_COUNT = 2**31 - 1  # token counts and ids: what an int32 holds
+MAX_N = 4096  # completions per prompt
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_REPETITION_PENALTY = 1e6
+# Below this temperature a row is greedy (vLLM's threshold, `_SAMPLING_EPS`): a smaller one
+# would only turn the distribution into its argmax through float32 overflow.
+GREEDY_TEMPERATURE = 1e-5
 
 
-def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
-    ok = (
-        isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
-    )
-    if not ok:
-        span = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise InputError(f"SamplingParams.{name} must be an int {span}, got {value!r}")
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> None:
+    if not (_is_int(value) and lo <= value <= hi):
+        raise InputError(f"SamplingParams.{name} must be an int in {lo}..{hi}, got {value!r:.80}")
 
 
 def _check_float(name: str, value, lo: float, hi: float, *, lo_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > lo if lo_open else value >= lo) and value <= hi
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        ok = ok and math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi
+    except OverflowError:  # an int too large for a float
+        ok = False
     if not ok:
         span = f"{'(' if lo_open else '['}{lo}, {hi}]"
-        raise InputError(f"SamplingParams.{name} must be a finite number in {span}, got {value!r}")
+        raise InputError(f"SamplingParams.{name} must be a finite number in {span}, got {value!r:.80}")
 
 
 def _as_tuple(name: str, value, item_type: type) -> tuple:
@@ -38,10 +56,10 @@ def _as_tuple(name: str, value, item_type: type) -> tuple:
     if item_type is str and isinstance(value, str):
         value = (value,)
     if not isinstance(value, (list, tuple)):
-        raise InputError(f"SamplingParams.{name} must be a list of {item_type.__name__}, got {value!r}")
+        raise InputError(f"SamplingParams.{name} must be a list of {item_type.__name__}, got {value!r:.80}")
     for item in value:
         if not isinstance(item, item_type) or isinstance(item, bool):
-            raise InputError(f"SamplingParams.{name} items must be {item_type.__name__}, got {item!r}")
+            raise InputError(f"SamplingParams.{name} items must be {item_type.__name__}, got {item!r:.80}")
     return tuple(value)
 
 
@@ -52,7 +70,8 @@ class SamplingParams:
     - `n`: completions per prompt (their seeds are `seed + i` when `seed` is given).
     - `max_tokens` / `min_tokens`: at most / at least this many new tokens (EOS and the stop
       tokens are masked until `min_tokens` is reached).
-    - `temperature`: 0 is greedy. Unlike vLLM (1.0), the default here is greedy.
+    - `temperature`: 0 (or anything below GREEDY_TEMPERATURE, 1e-5, as in vLLM) is greedy.
+      Unlike vLLM (1.0), the default here is greedy.
     - `top_p` (1 = off), `top_k` (0 or -1 = off), `min_p` (0 = off): filters applied after the
       temperature.
     - `repetition_penalty` (1 = off; > 1 discourages tokens seen in the prompt or output),
@@ -85,50 +104,61 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        _check_int("n", self.n, 1)
-        _check_int("max_tokens", self.max_tokens, 1)
-        _check_int("min_tokens", self.min_tokens, 0)
+        object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
+        object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids, int))
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field against what one batched step can hold (InputError naming it);
+        `engine.checks.check_params` runs it again on whatever reaches the engine."""
+        _check_int("n", self.n, 1, MAX_N)
+        _check_int("max_tokens", self.max_tokens, 1, MAX_TOKEN_COUNT)
+        _check_int("min_tokens", self.min_tokens, 0, MAX_TOKEN_COUNT)
         if self.min_tokens > self.max_tokens:
             raise InputError(
                 f"SamplingParams.min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
             )
-        _check_float("temperature", self.temperature, 0.0, math.inf)
+        _check_float("temperature", self.temperature, 0.0, FLOAT32_MAX)
         _check_float("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise InputError(f"SamplingParams.top_k must be an int >= -1 (0 or -1 = off), got {self.top_k!r}")
+        if not (_is_int(self.top_k) and -1 <= self.top_k <= MAX_TOKEN_COUNT):
+            raise InputError(
+                f"SamplingParams.top_k must be an int in -1..{MAX_TOKEN_COUNT} (0 or -1 = off), "
+                f"got {self.top_k!r:.80}"
+            )
         _check_float("min_p", self.min_p, 0.0, 1.0)
-        _check_float("repetition_penalty", self.repetition_penalty, 0.0, 1e6, lo_open=True)
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, lo_open=True)
         _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        stop = _as_tuple("stop", self.stop, str)
+        stop = self.stop
+        if not isinstance(stop, tuple) or not all(isinstance(s, str) for s in stop):
+            raise InputError(f"SamplingParams.stop must be a tuple of str, got {stop!r:.80}")
         if any(s == "" for s in stop):
             raise InputError("SamplingParams.stop strings must not be empty")
-        object.__setattr__(self, "stop", stop)
-        stop_ids = _as_tuple("stop_token_ids", self.stop_token_ids, int)
-        if any(t < 0 for t in stop_ids):
-            raise InputError(f"SamplingParams.stop_token_ids must be ids >= 0, got {list(stop_ids)!r}")
-        object.__setattr__(self, "stop_token_ids", stop_ids)
+        for i, s in enumerate(stop):
+            check_utf8(s, f"SamplingParams.stop[{i}]", InputError)
+        ids = self.stop_token_ids
+        if not isinstance(ids, tuple) or not all(_is_int(t) and 0 <= t <= MAX_TOKEN_COUNT for t in ids):
+            raise InputError(
+                f"SamplingParams.stop_token_ids must be token ids in 0..{MAX_TOKEN_COUNT}, got {ids!r:.80}"
+            )
         if not isinstance(self.ignore_eos, bool):
-            raise InputError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
+            raise InputError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r:.80}")
         if not isinstance(self.skip_special_tokens, bool):
             raise InputError(
                 f"SamplingParams.skip_special_tokens must be a bool, got {self.skip_special_tokens!r}"
             )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
-        if self.seed is not None:
-            if (
-                isinstance(self.seed, bool)
-                or not isinstance(self.seed, int)
-                or not 0 <= self.seed < SEED_LIMIT
-            ):
-                raise InputError(
-                    f"SamplingParams.seed must be None or an int in 0..2**64-1, got {self.seed!r}"
-                )
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
+            raise InputError(
+                f"SamplingParams.seed must be None or an int in 0..2**64-1, got {self.seed!r:.80}"
+            )
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperatures below GREEDY_TEMPERATURE take the argmax (top_k, top_p and min_p
+        change nothing then)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def top_k_enabled(self) -> bool:
@@ -152,3 +182,5 @@ class TokenLogprobs:
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]  # one per row; None where the row did not ask
+    # rows whose sampling failed, with why ("TypeName: message"); their tokens are meaningless
+    failed: tuple[tuple[int, str], ...] = ()

@@ -32,8 +32,8 @@ from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .decode_inputs import DecodeInputs, padded_tables
 from .inflight import InFlight
+from .isolation import sample_isolating
 from .kv_cache import KVCache
-from .sampling import sample_on_device
 from .transfer import packed_to_device
 
 log = get_logger(__name__)
@@ -284,7 +284,7 @@ class ModelRunner:
         if not seqs:
             return InFlight(plan, None, None)
         ahead = 1 if plan.lookahead else 0  # a lookahead row's previous token is not booked yet
-        out = sample_on_device(
+        out = sample_isolating(  # a row whose sampling fails is named in out.failed, not raised
             logits,
             [s.params for s in seqs],
             [s.output_ids for s in seqs],

@@ -6,8 +6,14 @@
 2. `min_tokens`: EOS and the stop tokens are masked until a row has that many new tokens;
 3. penalties: repetition (prompt and output tokens, CTRL style), presence and frequency (output
    tokens only);
-4. greedy rows take the argmax; the others divide by their temperature, apply `min_p`, `top_k`
-   and `top_p`, and draw with the exponential-race trick: `argmax(probs / q)`, `q ~ Exp(1)`.
+4. greedy rows (temperature below 1e-5, vLLM's threshold) take the argmax; the others divide
+   by their temperature, apply `min_p`, `top_k` and `top_p`, and draw with the
+   exponential-race trick: `argmax(probs / q)`, `q ~ Exp(1)`.
+
+Extreme valid values never turn a row into NaN: penalised logits are capped at float32's
+largest finite value, each row's maximum is subtracted before the temperature divides it (so
+the best token stays at 0 and nothing overflows upward), top-p always keeps the most likely
+token, and a row whose `min_tokens` would ban every token is left unmasked.
 
 Every step is a batched tensor operation; Python loops only build index lists. A row with a
 `seed` draws its noise from a counter-based hash of (seed, number of tokens it has generated,
@@ -24,7 +30,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import InputError
-from ..request.sampling_params import MAX_LOGPROBS, SEED_LIMIT, SamplerOutput, SamplingParams, TokenLogprobs
+from ..request.sampling_params import (
+    FLOAT32_MAX,
+    MAX_LOGPROBS,
+    SEED_LIMIT,
+    SamplerOutput,
+    SamplingParams,
+    TokenLogprobs,
+)
 from .transfer import on_device
 
 # The parameters and result types live in sampling_params; callers may import them from here too.
@@ -73,7 +86,9 @@ def apply_top_k_top_p(
     if top_p is not None:
         probs = values.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
-        values = values.masked_fill(before >= top_p[:, None], float("-inf"))
+        drop = before >= top_p[:, None]  # [B, V]; a top_p that underflows float32 is 0 here,
+        drop[:, 0] = False  # and the most likely token stays whatever top_p is
+        values = values.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, values)
 
 
@@ -115,9 +130,11 @@ def apply_penalties(
 
     out_counts = counts(output_ids)
     seen = (out_counts > 0) | (counts(prompt_ids) > 0)  # [B, V]
-    rep = repetition[:, None]
+    # a penalty below float32's smallest normal number would be 0 here (a division by zero)
+    rep = repetition.clamp(min=torch.finfo(torch.float32).tiny)[:, None]
     logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
-    return logits - frequency[:, None] * out_counts - presence[:, None] * (out_counts > 0).float()
+    logits = logits - frequency[:, None] * out_counts - presence[:, None] * (out_counts > 0).float()
+    return logits.clamp(max=FLOAT32_MAX)  # +inf (a huge boost) becomes the largest float; -inf stays
 
 
 # -- noise ----------------------------------------------------------------------------------------
@@ -161,6 +178,7 @@ class DeviceSample:
     top_ids: torch.Tensor | None = None  # [R, k] int64, k = max(logprob_ks) (None when k == 0)
     top_values: torch.Tensor | None = None  # [R, k] float32
     ready: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU only)
+    failed: tuple[tuple[int, str], ...] = ()  # rows whose sampling failed, and why (runner.isolation)
 
     def to_host(self) -> DeviceSample:
         """Start copying every tensor to pinned host memory (non-blocking, on the current stream)
@@ -193,7 +211,7 @@ class DeviceSample:
             for j, (r, kr) in enumerate(zip(self.logprob_rows, self.logprob_ks, strict=True)):
                 top = tuple(zip(top_i[j][:kr], top_v[j][:kr], strict=True)) if kr else ()
                 logprobs[r] = TokenLogprobs(token_ids[r], chosen[j], top)
-        return SamplerOutput(token_ids, logprobs)
+        return SamplerOutput(token_ids, logprobs, self.failed)
 
 
 def sample(logits, params, output_ids, prompt_ids=None, *, eos_token_id=None) -> SamplerOutput:
@@ -247,6 +265,8 @@ def sample_on_device(
             if eos_token_id is not None and not p.ignore_eos:
                 banned.add(eos_token_id)
             banned = [t for t in banned if t < v]
+            if len(banned) >= v:  # every token would be banned: min_tokens cannot hold, so no mask
+                continue
             rows += [r] * len(banned)
             cols += banned
     if rows:
@@ -277,7 +297,8 @@ def sample_on_device(
         ps = [params[r] for r in hot]
         idx = on_device(dev, hot)
         temp = on_device(dev, [p.temperature for p in ps], torch.float32)
-        y = x[idx] / temp[:, None]  # [b, V]
+        y = x[idx]  # [b, V]
+        y = (y - y.amax(dim=-1, keepdim=True)) / temp[:, None]  # the best token at 0, the rest <= 0
         if any(p.min_p > 0 for p in ps):
             y = apply_min_p(y, on_device(dev, [p.min_p for p in ps], torch.float32))
         top_k = top_p = None

@@ -5,10 +5,13 @@
 
 Every refusal is OpenAI's error JSON (`openai_errors.py`): 400 for a body that does not parse or
 validate (the message and `param` name the field), a prompt over the context limit or an
-unknown model; 413 for a body over `MAX_BODY_BYTES`; 503 when the queue is full or the server
+unknown model; 413 for a body over `MAX_BODY_BYTES`; 415 for a body that is not sent as
+`application/json` (a web page may send text/plain, forms or multipart to any local server
+without asking: the CORS "simple requests"; JSON needs a preflight this server never answers); 503 when the queue is full or the server
 is shutting down; 404/405 for unknown routes and methods. Responses are built in
 `responses.py` and sent whole or streamed by `delivery.py`; a client that disconnects cancels
-its request, and the engine frees its pages at once.
+its request, and the engine frees its pages at once; one that leaves before sending its whole
+body is not an error (nothing is logged above debug).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..errors import RequestError, ServerOverloaded, SparsegenError
 from ..llm import LLM
@@ -61,6 +65,13 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     async def _request_error(request: Request, exc: RequestValidationError):
         return error_json(400, str(exc))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):  # left mid-body: nobody to answer
+        logging.getLogger("sparsegen").debug(
+            "client left before sending its whole body: %s", request.url.path
+        )
+        return Response(status_code=499)
+
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception):  # never a bare 500 page
         logging.getLogger("sparsegen").error("unhandled error in %s", request.url.path, exc_info=exc)
@@ -69,6 +80,14 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     app.add_middleware(CountRequests, metrics=metrics)
 
     async def parse(request: Request, model: type[BaseModel]):
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":  # text/plain, forms and multipart are what any web page may send
+            raise RequestError(
+                f"the body must be sent as application/json, not {media or 'without a content-type'!r:.80}",
+                "content-type",
+                "unsupported_media_type",
+                status=415,
+            )
         chunks, size = [], 0
         async for chunk in request.stream():  # read at most MAX_BODY_BYTES, whatever the client sends
             size += len(chunk)
@@ -80,7 +99,7 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
             req = model.model_validate_json(body)
             req.check()
         except ValidationError as exc:
-            raise validation_error(exc) from None
+            raise validation_error(exc, body) from None
         if req.model != name:
             raise RequestError(
                 f"the model {req.model!r} is not served here; it is {name!r}", "model", "model_not_found"

@@ -9,6 +9,9 @@ cancelled ones), runs `engine.step()` while anything is unfinished, turns each s
 continuous batch, and nothing but this thread drives the engine or touches the model (the event
 loop only reads `LLM.stats()` for admission and /metrics). The engine is the `LLMEngine`,
 whether its model runs in this process or in tensor-parallel ranks below it.
+A request that fails inside a step (an error event from the engine, or its text tracking
+raising) fails alone: its stream gets the error and the others go on. A step that fails as a
+whole fails the requests in it, and only a lost rank stops the engine thread.
 """
 
 from __future__ import annotations
@@ -269,9 +272,27 @@ class AsyncEngine:
         out.append((stream, None))
 
     def _dispatch(self, events, out) -> None:
-        for request, update in self._processor.process(events):
+        for ev in events:
+            request = self._processor.owner(ev.request_id)
+            if request is None:
+                continue
             stream = self._streams[request]
-            out.append((stream, update))
-            if update.finish_reason is not None and request.finished:
-                del self._streams[request]
-                out.append((stream, None))
+            if ev.error is not None:  # this request failed inside the step; the others go on
+                self._fail(stream, ev.error, out)
+                continue
+            try:
+                for request, update in self._processor.process((ev,)):
+                    out.append((stream, update))
+                    if update.finish_reason is not None and request.finished:
+                        del self._streams[request]
+                        out.append((stream, None))
+            except DistributedError:
+                raise
+            except Exception as exc:  # turning its token into text failed: this request alone fails
+                log.exception("request %s failed; the others go on", stream.request_id)
+                self._fail(stream, exc, out)
+
+    def _fail(self, stream: RequestStream, exc: BaseException, out) -> None:
+        if not stream.done and stream.error is None:
+            stream.error = exc
+            self._abort(stream, out)

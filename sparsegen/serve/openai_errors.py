@@ -12,7 +12,9 @@ import re
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from .. import jsonio
 from ..errors import RequestError, SparsegenError
+from ..utf8 import lone_surrogate
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 _SAMPLING_FIELD = re.compile(r"SamplingParams\.(\w+)")
@@ -58,10 +60,43 @@ def field_path(loc: tuple) -> str | None:
     return out or None
 
 
-def validation_error(exc: ValidationError) -> RequestError:
+def _children(path: str, value) -> list[tuple[str, object]]:
+    """(path, item) of a JSON object's or array's members."""
+    if isinstance(value, dict):
+        return [(f"{path}.{key}" if path else key, item) for key, item in value.items()]
+    if isinstance(value, list):
+        return [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+    return []
+
+
+def surrogate_path(body: bytes) -> str | None:
+    """The path (`messages[0].content`) of the first key or string of a JSON body that holds a
+    lone surrogate escape (`"\\udcff"`), which pydantic refuses as invalid JSON; None if there is
+    none or the body is not JSON to Python either."""
+    try:
+        data = jsonio.loads(body.decode("utf-8"), "body", ValueError)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    todo = [("", data)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str) and lone_surrogate(value) is not None:
+            return path or "body"
+        if isinstance(value, dict) and any(lone_surrogate(k) is not None for k in value):
+            return path or "body"  # a key: the path would hold the surrogate itself
+        todo += reversed(_children(path, value))
+    return None
+
+
+def validation_error(exc: ValidationError, body: bytes = b"") -> RequestError:
     errors = exc.errors(include_url=False)
     first = errors[0]
     if first["type"] == "json_invalid":
+        where = surrogate_path(body) if "surrogate" in first["msg"] or "hex escape" in first["msg"] else None
+        if where is not None:
+            return RequestError(
+                f"{where} holds a lone surrogate escape (half of a UTF-16 pair), which is not text", where
+            )
         return RequestError(f"the body is not valid JSON: {first['msg']}", "body", "invalid_json")
     if first["type"] == "model_type":
         return RequestError("the body must be a JSON object", "body")

@@ -2,9 +2,11 @@
 
 Bodies are parsed with pydantic in strict mode (no "0.5" for a number, no 1.0 for an int, no
 NaN) and unknown fields are refused, so a typo is a 400 naming the field instead of being
-ignored. Besides OpenAI's fields, vLLM's extras are accepted (`top_k`, `min_p`,
-`repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`), as the openai client
-sends them through `extra_body`. Features the server does not have (`echo`, `suffix`,
+ignored. Every number is bounded as `SamplingParams` bounds it (what one batched step holds),
+so a value the engine could not represent is a 400 naming its field, never a failed step.
+Besides OpenAI's fields, vLLM's extras are accepted (`top_k`, `min_p`, `repetition_penalty`,
+`min_tokens`, `stop_token_ids`, `ignore_eos`), as the openai client sends them through
+`extra_body`. Features the server does not have (`echo`, `suffix`,
 `logit_bias`, tools, response formats other than text) are refused by name.
 """
 
@@ -15,7 +17,14 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RequestError
-from ..request.sampling_params import MAX_LOGPROBS, SEED_LIMIT, SamplingParams
+from ..request.sampling_params import (
+    FLOAT32_MAX,
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MAX_TOKEN_COUNT,
+    SEED_LIMIT,
+    SamplingParams,
+)
 
 MAX_N = 16  # completions per request
 MAX_STOP = 16  # stop strings per request
@@ -23,7 +32,8 @@ MAX_STOP_LEN = 256
 MAX_PROMPTS = 256  # prompts in one /v1/completions request
 
 StopStr = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]
+TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKEN_COUNT)]
 
 
 class _Strict(BaseModel):
@@ -37,7 +47,7 @@ class StreamOptions(_Strict):
 class _SamplingFields(_Strict):
     model: str
     n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = Field(None, ge=0.0, le=FLOAT32_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: StopStr | Annotated[list[StopStr], Field(max_length=MAX_STOP)] | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -48,10 +58,10 @@ class _SamplingFields(_Strict):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM's extras
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOKEN_COUNT)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
-    min_tokens: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=MAX_REPETITION_PENALTY)
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKEN_COUNT)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False  # sparsegen (and recent vLLM): each choice also lists its token ids
@@ -98,11 +108,11 @@ Prompt = (
 
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: TokenCount | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
 
     def check(self) -> None:
         self._refuse_unsupported()
@@ -138,8 +148,8 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True

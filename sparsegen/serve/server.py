@@ -1,14 +1,16 @@
 """Run the app under uvicorn: in the foreground (`sparsegen serve`) or in a thread (tests, notebooks).
 
-Shutdown on SIGTERM or SIGINT: uvicorn stops accepting connections, lets the requests in
-flight finish for up to `drain_timeout` seconds (then cancels them), and runs the app's
-shutdown, which stops the engine thread. `serve()` then returns normally, so the process
-exits 0. (uvicorn re-raises the signal it caught once it is done; the handler installed
-here for that moment only logs it.)
+It binds to 127.0.0.1 unless told otherwise: there is no API key, so a server reachable from
+other machines is announced with a warning. Shutdown on SIGTERM or SIGINT: uvicorn stops
+accepting connections, lets the requests in flight finish for up to `drain_timeout` seconds
+(then cancels them), and runs the app's shutdown, which stops the engine thread. `serve()` then
+returns normally, so the process exits 0. (uvicorn re-raises the signal it caught once it is
+done; the handler installed here for that moment only logs it.)
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import socket
@@ -31,6 +33,11 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def loopback(sock: socket.socket) -> bool:
+    """Does the bound socket serve this machine only (127.0.0.0/8 or ::1)?"""
+    return ipaddress.ip_address(sock.getsockname()[0]).is_loopback
 
 
 def _server(llm: LLM, max_queue: int, drain_timeout: float, model_name: str | None) -> uvicorn.Server:
@@ -62,6 +69,11 @@ def serve(
     log.info(
         "serving %s on http://%s:%d (max queue %d)", model_name or llm.model_name, host, actual, max_queue
     )
+    if not loopback(sock):
+        log.warning(
+            "%s is reachable from other machines, and this server asks for no API key: anyone who can "
+            "reach it can use it (the default --host 127.0.0.1 serves this machine only)", host
+        )  # fmt: skip
 
     def after_shutdown(sig, frame):
         log.info("stopped on %s", signal.Signals(sig).name)

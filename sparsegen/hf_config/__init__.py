@@ -4,16 +4,24 @@ One parser for both users of a config: `sparsegen.get_pattern` (errors are `Spec
 Phi-3-Small model loader (errors are `CheckpointError`); the caller passes its error class and
 the file's name, and every message starts with that name and names the field.
 
-Per-layer mapping (`model_spec_from_hf`), first rule that applies:
-1. `blocksparse_*` fields: Phi-3-Small. Layer l is dense iff `(l + 1) % n == 0` with
-   n = `dense_attention_every_n_layers` (absent: HF's default 2; null or 0: no dense layer).
-2. `layer_types` (Qwen3, gpt-oss, newer HF files): `full_attention` is dense causal,
-   `sliding_attention` a window of `sliding_window` keys (dense if the window is null/off).
-3. Qwen2-style `use_sliding_window` + `max_window_layers`: the first `max_window_layers` layers
-   are dense, later ones windowed; all dense when `use_sliding_window` is false.
-4. Gemma-2 (`model_type` gemma2) without `layer_types`: even layers windowed, odd ones dense;
-   `sliding_window_pattern` p (Gemma-3, Cohere-2): layer l is dense iff `(l + 1) % p == 0`.
-5. Otherwise `sliding_window` (Mistral) windows every layer; absent or null: dense.
+Per-layer mapping (`model_spec_from_hf`), read as transformers' config class for the
+`model_type` reads the file, with its defaults (`FAMILIES`, `layer_kinds`):
+1. `blocksparse_*` fields or `model_type` phi3small: Phi-3-Small. Layer l is dense iff
+   `(l + 1) % n == 0` with n = `dense_attention_every_n_layers` (absent: HF's default 2; null
+   or 0: no dense layer). A sliding window or per-layer types beside them are refused.
+2. `layer_types`: `full_attention` is dense causal, `sliding_attention` a window of
+   `sliding_window` keys (dense if the window is null or off).
+3. Without `layer_types`, the family's rule: Mistral windows every layer (`sliding_window`
+   absent: 4096); Qwen2/3 window layers from `max_window_layers` (28) on, only with
+   `use_sliding_window`; Gemma-2 and gpt-oss alternate (even layers windowed; windows 4096 and
+   128); Gemma-3 and Cohere-2 make layer l dense iff `(l + 1) % p == 0`, p =
+   `sliding_window_pattern` (6 and 4); Llama has no window. A field the family's config
+   ignores (`_sliding_window_pattern`, Gemma-2's `sliding_window_pattern`) must agree with what
+   it reads, and `layer_types` mixing kinds in a mistral file (read one way by MistralModel,
+   another by AutoConfig) is refused.
+4. Other model types: `layer_types`, else Qwen2-style `max_window_layers`, else
+   `sliding_window_pattern`, else `sliding_window` on every layer (absent or null: dense).
+`use_bidirectional_attention` true is refused: every spec is causal.
 An HF window of W keys is `HeadSpec(sliding_window=W)`: query i sees key j iff i - j < W, as in
 HF's masks. Only visibility is mapped: logit soft-capping (Gemma-2) or attention sinks (gpt-oss)
 are not part of a spec. The head_dim must be one the kernels serve (64, 96, 128); others are a
@@ -22,84 +30,13 @@ are not part of a spec. The head_dim must be one the kernels serve (64, 96, 128)
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecError
-from .spec import HeadSpec, LayerSpec, ModelSpec
-
-_MISSING = object()
-
-
-def _value(cfg: dict[str, Any], key: str, default: Any) -> Any:
-    return cfg.get(key, default) if isinstance(cfg, dict) else default
-
-
-def get_int(
-    cfg: dict[str, Any],
-    key: str,
-    default: Any = _MISSING,
-    *,
-    source: str,
-    error: type[Exception],
-    minimum: int | None = None,
-    maximum: int | None = None,
-) -> int:
-    """An exact int (not a bool, not 8.0) in minimum..maximum; absent: `default` or an error."""
-    value = _value(cfg, key, default)
-    if value is _MISSING:
-        raise error(f"{source}: field {key!r} is missing")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise error(f"{source}: field {key!r} must be an int, got {value!r:.80}")
-    if minimum is not None and value < minimum:
-        raise error(f"{source}: field {key!r} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise error(f"{source}: field {key!r} must be <= {maximum}, got {value}")
-    return value
-
-
-def get_float(
-    cfg: dict[str, Any],
-    key: str,
-    default: Any = _MISSING,
-    *,
-    source: str,
-    error: type[Exception],
-    positive: bool = False,
-    nonnegative: bool = False,
-) -> float:
-    """A finite number (an int is accepted as a float, a bool is not)."""
-    value = _value(cfg, key, default)
-    if value is _MISSING:
-        raise error(f"{source}: field {key!r} is missing")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise error(f"{source}: field {key!r} must be a number, got {value!r:.80}")
-    try:
-        value = float(value)
-    except OverflowError:  # an int too large for a float
-        raise error(
-            f"{source}: field {key!r} must be a finite number, got an int of {value.bit_length()} bits"
-        ) from None
-    if not math.isfinite(value):
-        raise error(f"{source}: field {key!r} must be a finite number, got {value}")
-    if positive and value <= 0.0:
-        raise error(f"{source}: field {key!r} must be > 0, got {value}")
-    if nonnegative and value < 0.0:
-        raise error(f"{source}: field {key!r} must be >= 0, got {value}")
-    return value
-
-
-def get_bool(
-    cfg: dict[str, Any], key: str, default: Any = _MISSING, *, source: str, error: type[Exception]
-) -> bool:
-    """An exact JSON true/false: "false", 0 and null are refused, never read as truthiness."""
-    value = _value(cfg, key, default)
-    if value is _MISSING:
-        raise error(f"{source}: field {key!r} is missing")
-    if not isinstance(value, bool):
-        raise error(f"{source}: field {key!r} must be true or false, got {value!r:.80}")
-    return value
+from ..errors import SpecError
+from ..spec import HeadSpec, LayerSpec, ModelSpec
+from .families import FAMILIES, check_blocksparse_alone, check_causal, layer_kinds  # noqa: F401 - re-exported
+from .fields import _value, get_bool, get_float, get_int  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True)
@@ -198,49 +135,6 @@ def attention_shape(cfg: dict[str, Any], source: str, error: type[Exception]) ->
     return AttentionShape(num_heads, num_kv, head_dim, num_layers)
 
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
-QWEN_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-
-
-def _window(cfg: dict[str, Any], source: str) -> int | None:
-    """The configured window, or None when there is none or `use_sliding_window` turns it off
-    (absent, it is off for Qwen models, as in HF's Qwen2Config/Qwen3Config, and on elsewhere)."""
-    on_by_default = _value(cfg, "model_type", None) not in QWEN_MODEL_TYPES
-    if not get_bool(cfg, "use_sliding_window", on_by_default, source=source, error=SpecError):
-        return None
-    if _value(cfg, "sliding_window", None) is None:
-        return None
-    return get_int(cfg, "sliding_window", minimum=1, source=source, error=SpecError)
-
-
-def layer_kinds(cfg: dict[str, Any], num_layers: int, source: str) -> list[int | None]:
-    """Per layer: the window in keys, or None for dense causal attention (rules 2-5 above)."""
-    window = _window(cfg, source)
-    types = _value(cfg, "layer_types", None)
-    if types is not None:
-        if not isinstance(types, list) or len(types) != num_layers:
-            raise SpecError(
-                f"{source}: field 'layer_types' must be a list of {num_layers} strings, got {types!r:.80}"
-            )
-        for i, t in enumerate(types):
-            if t not in LAYER_TYPES:
-                raise SpecError(
-                    f"{source}: layer_types[{i}] is {t!r:.40}; sparsegen maps only {', '.join(LAYER_TYPES)}"
-                )
-        return [window if t == "sliding_attention" else None for t in types]
-    model_type = _value(cfg, "model_type", None)
-    if _value(cfg, "use_sliding_window", None) is not None or "max_window_layers" in cfg:
-        default = 28 if model_type in QWEN_MODEL_TYPES else 0  # HF Qwen2Config/Qwen3Config default
-        first = get_int(cfg, "max_window_layers", default, minimum=0, source=source, error=SpecError)
-        return [window if i >= first else None for i in range(num_layers)]
-    if "sliding_window_pattern" in cfg:
-        p = get_int(cfg, "sliding_window_pattern", minimum=1, source=source, error=SpecError)
-        return [None if (i + 1) % p == 0 else window for i in range(num_layers)]
-    if model_type == "gemma2":
-        return [window if i % 2 == 0 else None for i in range(num_layers)]
-    return [window] * num_layers
-
-
 def model_spec_from_hf(
     cfg: dict[str, Any], name: str = "hf-config", source: str = "config.json"
 ) -> ModelSpec:
@@ -259,12 +153,9 @@ def _model_spec(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
     shape = attention_shape(cfg, source, SpecError)
     h, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
     dense = LayerSpec(h, hkv, d, (HeadSpec(dense=True),) * h)
-    if any(k.startswith("blocksparse_") for k in cfg):
-        if _window(cfg, source) or "layer_types" in cfg or "max_window_layers" in cfg:
-            raise SpecError(
-                f"{source} has both blocksparse_* fields and a sliding window or per-layer types "
-                "(sliding_window/layer_types/max_window_layers); sparsegen cannot tell how they combine"
-            )
+    check_causal(cfg, source, SpecError)
+    if _value(cfg, "model_type", None) == "phi3small" or any(k.startswith("blocksparse_") for k in cfg):
+        check_blocksparse_alone(cfg, source, SpecError)
         fields = blocksparse_fields(cfg, source, SpecError)
         try:
             heads = phi3small_heads(h, fields)
