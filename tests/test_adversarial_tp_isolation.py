@@ -22,7 +22,7 @@ POISON = 666
 
 def _poison(ctx, seed: int) -> bool:
     """On a rank: the sampler's noise raises for rows seeded `seed` after their first token."""
-    from sparsegen.engine import sampling
+    from sparsegen.runner import sampling
 
     real = getattr(sampling, "_real_noise", sampling.seeded_exponentials)
     sampling._real_noise = real
@@ -37,7 +37,7 @@ def _poison(ctx, seed: int) -> bool:
 
 
 def _cure(ctx) -> bool:
-    from sparsegen.engine import sampling
+    from sparsegen.runner import sampling
 
     sampling.seeded_exponentials = getattr(sampling, "_real_noise", sampling.seeded_exponentials)
     return True
@@ -68,7 +68,7 @@ def test_tp_refuses_what_the_step_cannot_hold(server):
 
 def test_tp_fails_the_poisoned_request_alone(server):
     engine = server.app.state.engine.engine
-    engine.call(_poison, POISON)  # from this thread while the engine is idle (no request in flight)
+    engine.executor.call(_poison, POISON)  # from this thread while the engine is idle (no request in flight)
     try:
         got = {}
 
@@ -90,6 +90,6 @@ def test_tp_fails_the_poisoned_request_alone(server):
         assert got["good"].json()["usage"]["completion_tokens"] == 48
         assert health.status_code == 200 and server.app.state.engine.alive
     finally:
-        engine.call(_cure)
+        engine.executor.call(_cure)
     with httpx.Client(base_url=server.url, timeout=120) as c:
         assert c.post("/v1/completions", json=_body(POISON, 4)).status_code == 200
