@@ -15,7 +15,7 @@ import time
 import pytest
 
 from sparsegen.engine import LLMEngine
-from sparsegen.engine import sampling as sampling_mod
+from sparsegen.runner import sampling as sampling_mod
 from sparsegen.errors import RequestFailedError
 from sparsegen.request.sampling_params import SamplingParams
 
