@@ -56,7 +56,7 @@ def _idle_and_free(engine) -> bool:
 
 @pytest.mark.parametrize("async_decode", [True, False])
 def test_engine_fails_the_bad_request_alone(model, poison, async_decode):
-    alone = _engine(model, async_decode=async_decode).generate([[7, 8, 9]], GOOD)[0].output_ids
+    alone = _engine(model, async_decode=async_decode).generate([[7, 8, 9]], GOOD)[0].token_ids
     engine = _engine(model, async_decode=async_decode)
     good = engine.add_request([7, 8, 9], GOOD)
     bad = engine.add_request([1, 2, 3, 4], BAD)
@@ -80,7 +80,7 @@ def test_engine_generate_raises_the_error_and_the_engine_goes_on(model, poison):
         engine.generate([[7, 8, 9], [1, 2]], [GOOD, BAD])
     assert _idle_and_free(engine)
     (res,) = engine.generate([[7, 8, 9]], GOOD)
-    assert len(res.output_ids) == GOOD.max_tokens
+    assert len(res.token_ids) == GOOD.max_tokens
 
 
 def test_engine_stream_raises_the_error(model, poison):
@@ -204,14 +204,14 @@ def test_server_fails_a_request_whose_step_fails_and_serves_the_other(server, po
 def test_server_survives_a_request_whose_text_tracking_fails(server, monkeypatch):
     from helpers_serve import all_pages_free
 
-    from sparsegen.serve import outputs
+    from sparsegen.engine import outputs
 
     real = outputs.CompletionTracker.add
 
-    def add(self, token_id, finish_reason, logprobs):
+    def add(self, token_id, finish_reason, logprobs, *rest):
         if self.params.seed == POISON and len(self.token_ids) >= AT:
             raise Poisoned("cannot turn this token into text")
-        return real(self, token_id, finish_reason, logprobs)
+        return real(self, token_id, finish_reason, logprobs, *rest)
 
     monkeypatch.setattr(outputs.CompletionTracker, "add", add)
     res = _served_beside(server, _body(POISON, 8), stream=False)

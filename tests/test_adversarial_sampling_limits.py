@@ -156,4 +156,4 @@ def test_engine_refuses_before_queueing_and_goes_on(model):
     assert not engine.has_unfinished
     assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
     (res,) = engine.generate([[1, 2]], SamplingParams(max_tokens=3, temperature=1.0, top_k=MAX_TOKEN_COUNT))
-    assert len(res.output_ids) == 3 and all(0 <= t < model.config.vocab_size for t in res.output_ids)
+    assert len(res.token_ids) == 3 and all(0 <= t < model.config.vocab_size for t in res.token_ids)
