@@ -11,8 +11,13 @@ from hypothesis import HealthCheck, settings
 settings.register_profile(
     "default", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
 )
+# CI draws fresh examples each run (a failure prints its @reproduce_failure blob to replay it);
+# "ci-derandomized" is the fixed-examples run.
 settings.register_profile(
-    "ci",
+    "ci", deadline=None, max_examples=25, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "ci-derandomized",
     deadline=None,
     max_examples=25,
     derandomize=True,
@@ -23,6 +28,7 @@ settings.register_profile(
     "gpu", deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
+
 
 HAS_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
 

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from sparsegen.engine import LLMEngine
-from sparsegen.runner import sampling as sampling_mod
 from sparsegen.errors import RequestFailedError
 from sparsegen.request.sampling_params import SamplingParams
+from sparsegen.runner import sampling as sampling_mod
 
 POISON, AT = 666, 2
 GOOD = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)

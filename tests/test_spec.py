@@ -89,7 +89,7 @@ def test_model_json_round_trip_and_file(tmp_path):
     path = tmp_path / "spec.json"
     path.write_text(model.to_json())
     assert sg.get_pattern(str(path)) == model
-    # A known digest pins the canonical form: changing it silently would orphan every cache.
+    # The round trip keeps the digest; tests/test_digest_pins.py pins its literal value.
     assert model.layers[0].digest() == LayerSpec.from_json(model.layers[0].to_json()).digest()
 
 
