@@ -20,11 +20,11 @@ description of everything else that decides the kernel. Families, one `Family` o
     prefill          "tl"     AttentionParams        kernels.families.prefill_tl    Triton
     prefill          "gluon"  AttentionParams        kernels.families.prefill_gluon Triton (Gluon)
     decode           "cuda"   AttentionParams        kernels.families.decode        NVRTC
-    gemv             "triton" TritonParams           kernels.linear.gemv            Triton
+    gemv             "triton" TritonParams           kernels.families.model_triton Triton
     gemm_rows        "cuda"   linear.gemm_rows.Build kernels.families.gemm_rows     NVRTC
-    rotary_kv_write  "triton" TritonParams           kernels.fused.rotary           Triton
-    gegelu           "triton" TritonParams           kernels.fused.gegelu           Triton
-    add_norm         "triton" TritonParams           kernels.fused.add_norm         Triton
+    rotary_kv_write  "triton" TritonParams           kernels.families.model_triton Triton
+    gegelu           "triton" TritonParams           kernels.families.model_triton Triton
+    add_norm         "triton" TritonParams           kernels.families.model_triton Triton
 
 Attention requests come from `KernelRequest.make` (`sparsegen.get_kernel`); `knobs` there are
 template / config settings beyond a family's defaults (benchmarks, tests), part of the request
@@ -58,11 +58,11 @@ FAMILY_MODULES: dict[tuple[str, str], str] = {
     ("prefill", "tl"): "sparsegen.kernels.families.prefill_tl",
     ("prefill", "gluon"): "sparsegen.kernels.families.prefill_gluon",
     ("decode", "cuda"): "sparsegen.kernels.families.decode",
-    ("gemv", "triton"): "sparsegen.kernels.linear.gemv",
+    ("gemv", "triton"): "sparsegen.kernels.families.model_triton",
     ("gemm_rows", "cuda"): "sparsegen.kernels.families.gemm_rows",
-    ("rotary_kv_write", "triton"): "sparsegen.kernels.fused.rotary",
-    ("gegelu", "triton"): "sparsegen.kernels.fused.gegelu",
-    ("add_norm", "triton"): "sparsegen.kernels.fused.add_norm",
+    ("rotary_kv_write", "triton"): "sparsegen.kernels.families.model_triton",
+    ("gegelu", "triton"): "sparsegen.kernels.families.model_triton",
+    ("add_norm", "triton"): "sparsegen.kernels.families.model_triton",
 }
 DEFAULT_PAGE_SIZE = 16
 
