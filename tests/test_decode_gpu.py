@@ -334,7 +334,7 @@ def _scale(layer, scale):
 
 
 def _heuristic(kernel, q, block_tables, page_size) -> int:
-    from sparsegen.kernels.decode import _sm_count, num_splits
+    from sparsegen.kernels.families.decode import _sm_count, num_splits
 
     rows = q.shape[0] * q.shape[1] // kernel.heads_per_block
     return num_splits(rows, block_tables.shape[1] * page_size, _sm_count(q.device))

@@ -61,15 +61,6 @@ MOVING: dict[str, str] = {
 # Arrows (importer -> imported) that close a circle or run back up a layer:
 ALLOWED_ARROWS: frozenset[tuple[str, str]] = frozenset(
     {
-        # circles
-        ("kernels.base", "kernels.prefill"),  # lifecycle: the family registry imports by name
-        ("kernels.base", "kernels.prefill_gluon"),  # lifecycle: the family registry
-        ("kernels.base", "kernels.decode"),  # lifecycle: the family registry
-        ("kernels.base", "kernels.linear.gemm_rows"),  # lifecycle: the family registry
-        ("kernels.base", "kernels.linear.gemv"),  # lifecycle: the family registry
-        ("kernels.base", "kernels.fused.rotary"),  # lifecycle: the family registry
-        ("kernels.base", "kernels.fused.gegelu"),  # lifecycle: the family registry
-        ("kernels.base", "kernels.fused.add_norm"),  # lifecycle: the family registry
         # back arrows
     }
 )

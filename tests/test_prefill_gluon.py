@@ -233,7 +233,7 @@ def test_default_variant_is_gluon_on_sm90_when_it_covers(monkeypatch):
 def test_kv_rows_view_reads_every_head_without_copies(layout):
     """The 2-D [Tk, (Hkv - 1) * stride_h + D] view the TMA descriptor covers maps column g * stride_h + c
     of row t to k[t, g, c]; views into a fused qkv buffer are used in place."""
-    from sparsegen.kernels.prefill_gluon import _kv_block, _rows
+    from sparsegen.kernels.families.prefill_gluon import _kv_block, _rows
 
     n, hkv, d, group = 37, 4, 64, 3
     if layout == "fused_qkv":

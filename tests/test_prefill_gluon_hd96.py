@@ -126,7 +126,7 @@ def _kv(layout: str, n: int, hkv: int, d: int = 96) -> torch.Tensor:
 def test_hd96_heads_view_and_descriptor(layout):
     """The 3-D view a head_dim-96 descriptor covers is k itself (or a copy where TMA needs one): its
     last dim is exactly 96, so a 128-wide box ends in zero fill, not in the next head."""
-    from sparsegen.kernels.prefill_gluon import _heads, _kv_block
+    from sparsegen.kernels.families.prefill_gluon import _heads, _kv_block
 
     n, hkv = 37, 1 if layout == "single_kv_head" else 4
     k = _kv(layout, n, hkv)

@@ -144,7 +144,8 @@ def kv_read_bytes(model, batch: int, seq_len: int, page_size: int = 16) -> int:
 
 
 def split_sweep(engine: LLMEngine) -> list[dict]:
-    from sparsegen.kernels.decode import _sm_count, get_decode_kernel, num_splits
+    from sparsegen.kernels.decode import get_decode_kernel
+    from sparsegen.kernels.families.decode import _sm_count, num_splits
 
     model, cache = engine.model, engine.cache
     seqs = engine.scheduler.running

@@ -17,14 +17,14 @@ description of everything else that decides the kernel. Families, one `Family` o
 (kind, variant):
 
     kind             variant  params                 module                         toolchain
-    prefill          "tl"     AttentionParams        kernels.prefill                Triton
-    prefill          "gluon"  AttentionParams        kernels.prefill_gluon          Triton (Gluon)
-    decode           "cuda"   AttentionParams        kernels.decode                 NVRTC
-    gemv             "triton" TritonParams           kernels.linear.gemv            Triton
-    gemm_rows        "cuda"   linear.gemm_rows.Build kernels.linear.gemm_rows       NVRTC
-    rotary_kv_write  "triton" TritonParams           kernels.fused.rotary           Triton
-    gegelu           "triton" TritonParams           kernels.fused.gegelu           Triton
-    add_norm         "triton" TritonParams           kernels.fused.add_norm         Triton
+    prefill          "tl"     AttentionParams        kernels.families.prefill_tl    Triton
+    prefill          "gluon"  AttentionParams        kernels.families.prefill_gluon Triton (Gluon)
+    decode           "cuda"   AttentionParams        kernels.families.decode        NVRTC
+    gemv             "triton" TritonParams           kernels.families.model_triton Triton
+    gemm_rows        "cuda"   linear.gemm_rows.Build kernels.families.gemm_rows     NVRTC
+    rotary_kv_write  "triton" TritonParams           kernels.families.model_triton Triton
+    gegelu           "triton" TritonParams           kernels.families.model_triton Triton
+    add_norm         "triton" TritonParams           kernels.families.model_triton Triton
 
 Attention requests come from `KernelRequest.make` (`sparsegen.get_kernel`); `knobs` there are
 template / config settings beyond a family's defaults (benchmarks, tests), part of the request
@@ -55,14 +55,14 @@ from .family import INTERPRETER_ARCH, AttentionParams, Family, Kernel, Request, 
 KINDS = ("prefill", "decode")  # attention kinds (`sparsegen.get_kernel`)
 MODEL_KINDS = ("gemv", "gemm_rows", "rotary_kv_write", "gegelu", "add_norm")  # the model's kernels
 FAMILY_MODULES: dict[tuple[str, str], str] = {
-    ("prefill", "tl"): "sparsegen.kernels.prefill",
-    ("prefill", "gluon"): "sparsegen.kernels.prefill_gluon",
-    ("decode", "cuda"): "sparsegen.kernels.decode",
-    ("gemv", "triton"): "sparsegen.kernels.linear.gemv",
-    ("gemm_rows", "cuda"): "sparsegen.kernels.linear.gemm_rows",
-    ("rotary_kv_write", "triton"): "sparsegen.kernels.fused.rotary",
-    ("gegelu", "triton"): "sparsegen.kernels.fused.gegelu",
-    ("add_norm", "triton"): "sparsegen.kernels.fused.add_norm",
+    ("prefill", "tl"): "sparsegen.kernels.families.prefill_tl",
+    ("prefill", "gluon"): "sparsegen.kernels.families.prefill_gluon",
+    ("decode", "cuda"): "sparsegen.kernels.families.decode",
+    ("gemv", "triton"): "sparsegen.kernels.families.model_triton",
+    ("gemm_rows", "cuda"): "sparsegen.kernels.families.gemm_rows",
+    ("rotary_kv_write", "triton"): "sparsegen.kernels.families.model_triton",
+    ("gegelu", "triton"): "sparsegen.kernels.families.model_triton",
+    ("add_norm", "triton"): "sparsegen.kernels.families.model_triton",
 }
 DEFAULT_PAGE_SIZE = 16
 

@@ -1,8 +1,9 @@
 """What a kernel family is made of, and nothing that runs one: the request a family reads, the
 attention params, the `Kernel` and `Family` base classes and `register`. Every family module
-(kernels.prefill, kernels.decode, kernels.linear.*, kernels.fused.*, ...) imports only this
-from the lifecycle's side; the lifecycle (`kernels.base`: checked requests, memo, key, disk
-cache) sits above the families and imports each family module by name on first use.
+(`kernels.families.*`) imports only this from the lifecycle's side; the lifecycle
+(`kernels.base`: checked requests, memo, key, disk cache) sits above the families and imports
+each family module by name on first use, and the launchers users import (`kernels.prefill`,
+`kernels.decode`, `kernels.linear.*`, `kernels.fused.*`, `kernels.triton_kernel`) sit above it.
 """
 
 from __future__ import annotations

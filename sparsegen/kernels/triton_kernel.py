@@ -1,215 +1,34 @@
-"""The model's Triton kernels (GEMV, rotary + KV write, GeGeLU, add + LayerNorm) under the one
-lifecycle: a family per template, and a launcher that maps a launch to its cached binary.
+"""The launcher of the model's Triton kernels: maps a launch to its cached binary through the
+lifecycle (`kernels.base`), one per family (`families.model_triton`).
 
-    LAUNCH = TritonLauncher(GemvFamily())          # one per kernel, at import of its module
+    LAUNCH = TritonLauncher(GEMV)                    # one per kernel, at import of its module
     LAUNCH(grid, args, constexprs, options, "bf16")  # args: runtime arguments in order
 
-Each template under `templates/` is a Python module holding one @triton.jit kernel, whose
-runtime arguments come first and its `tl.constexpr` ones last. A request's `TritonParams` hold
-what Triton's JIT would compile one binary for: the constexpr values, each runtime argument's
-type and specialisation, and the compile options. The specialisation of an argument (a pointer
-or int divisible by 16: "D"; an int equal to 1: the constant 1) is computed by Triton's own
-`native_specialize_impl`, exactly as the JIT's binder does for every launch, so the binaries
-cached here are the ones `kernel[grid](...)` would have compiled. The key covers the rendered
-source (the template) and those params (`base.key_of`).
-
-The hot path of a launch is that specialisation, one dict lookup (device, constexprs, options,
-specialisation) -> the loaded `CompiledKernel`, and its launcher: the JIT's own path without
-its argument binding, option string and cache key. A miss goes through `base.lookup` (memo,
-disk, build; refused under SPARSEGEN_DISABLE_JIT). Under TRITON_INTERPRET=1 a request for the
-interpreter pseudo-arch loads the template's @triton.jit function, which runs in Triton's
-interpreter. `TritonLauncher.request` makes the same request for a launch described by meta
-tensors (`sparsegen compile --model-kernels`: ahead of time, no GPU).
+The hot path of a launch is the arguments' specialisation (Triton's `native_specialize_impl`,
+as `families.triton` describes), one dict lookup (device, constexprs, options, specialisation)
+-> the loaded `CompiledKernel`, and its launcher: the JIT's own path without its argument
+binding, option string and cache key. A miss goes through `base.lookup` (memo, disk, build;
+refused under SPARSEGEN_DISABLE_JIT). `TritonLauncher.request` makes the same request for a
+launch described by meta tensors (`sparsegen compile --model-kernels`: ahead of time, no GPU).
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from dataclasses import dataclass
-from itertools import repeat
-from pathlib import Path
 from typing import Any
 
 from .. import dtypes, env
-from ..errors import ImplUnavailableError, InputError
-from ..jit import render as jit_render
-from ..jit import triton_build
+from ..errors import ImplUnavailableError
 from . import base
 from .base import KernelRequest
-from .family import INTERPRETER_ARCH, Family, Kernel, Request, register, registered
-
-SOURCE_FILE = "kernel.py"
-OPTIONS = ("num_warps", "num_stages", "launch_pdl")  # the compile options a launcher may set
-
-
-@dataclass(frozen=True)
-class TritonParams:
-    """What decides one binary of a template's kernel besides dtype and arch."""
-
-    constexprs: tuple[tuple[str, Any], ...]  # (name, value) of each tl.constexpr argument, in order
-    args: tuple[tuple[str, Any], ...]  # (Triton type, specialisation) of each runtime argument
-    options: tuple[tuple[str, Any], ...]  # (name, value) of Triton compile options
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"constexprs": self.constexprs, "args": self.args, "options": self.options},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-
-    def key_extra(self) -> dict[str, Any]:
-        return {}
-
-
-class TritonKernel(Kernel):
-    """A template kernel built for one request: the interpreter's jit function, or the stored
-    cubin + metadata, loaded as a `CompiledKernel` per device on first launch there."""
-
-    def __init__(self, request, key, name, path, source, files: dict[str, Path], fn=None) -> None:
-        super().__init__(request, key, name, path, source)
-        self.files, self.fn = files, fn
-        self._compiled: dict[int, Any] = {}
-
-    def signature(self, fam: TritonFamily) -> dict[str, str]:
-        types = {n: t for n, (t, _) in zip(fam.arg_names, self.request.params.args)}
-        return {**types, **{n: "constexpr" for n in fam.constexpr_names}}
-
-    def compiled(self, device: int):
-        """The CompiledKernel on CUDA device `device` (loaded, its handles made, once per device)."""
-        found = self._compiled.get(device)
-        if found is None:
-            if env.current_arch(device) != self.arch:
-                raise ImplUnavailableError(
-                    f"kernel {self.key} was compiled for {self.arch}; GPU {device} is {env.current_arch(device)}"
-                )
-            found = triton_build.load_compiled(
-                self.files, self.signature(registered(self.request.kind, self.request.variant)), SOURCE_FILE
-            )
-            found._init_handles()
-            self._compiled[device] = found
-        return found
-
-    def launch(self, grid, *args) -> None:
-        """Launch on the current device and stream with `args` (runtime, then constexpr values)."""
-        if self.fn is not None:
-            self.fn[grid](*args)
-            return
-        active, runtime = _runtime()
-        device = active.get_current_device()
-        _run(self.compiled(device), grid, active.get_current_stream(device), args, runtime)
-
-
-def _run(compiled, grid, stream, args, runtime) -> None:
-    """What Triton's JIT does once it has the kernel: the launch, with its hooks
-    (`runtime`: triton.knobs.runtime)."""
-    enter = runtime.launch_enter_hook
-    meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta, enter,
-                 runtime.launch_exit_hook, *args)  # fmt: skip
-
-
-class TritonFamily(Family):
-    """A template's kernel: subclasses set kind, template, fn_name, arg_names (runtime arguments
-    in order), constexpr_names, do_not_specialize, and `describe` (the readable name's tail)."""
-
-    variant = "triton"
-    source_file = SOURCE_FILE
-    template: str
-    fn_name: str
-    arg_names: tuple[str, ...]
-    constexpr_names: tuple[str, ...]
-    do_not_specialize: tuple[str, ...] = ()
-
-    def describe(self, constexprs: dict[str, Any], options: dict[str, Any]) -> str:
-        """The name after `<kind>_<dtype>_`: the constexprs that matter to a reader."""
-        raise NotImplementedError
-
-    def check(self, request: Request) -> None:
-        p = request.params
-        if not isinstance(p, TritonParams):
-            raise InputError(f"{self.kind} kernels take TritonParams, got {type(p).__name__}")
-        if tuple(n for n, _ in p.constexprs) != self.constexpr_names:
-            raise InputError(f"{self.kind}: constexprs must be {self.constexpr_names}, got {p.constexprs}")
-        if request.arch != INTERPRETER_ARCH and len(p.args) != len(self.arg_names):
-            raise InputError(f"{self.kind}: {len(self.arg_names)} runtime arguments, got {len(p.args)}")
-        bad = [n for n, _ in p.options if n not in OPTIONS]
-        if bad:
-            raise InputError(f"{self.kind}: unknown compile options {bad}; known: {OPTIONS}")
-        for name, value in p.constexprs + p.options:
-            if not isinstance(value, (bool, int, float)):
-                raise InputError(f"{self.kind}: {name} must be a bool, int or float, got {value!r}")
-
-    def name(self, request: Request) -> str:
-        p = request.params
-        return f"{self.kind}_{request.dtype}_{self.describe(dict(p.constexprs), dict(p.options))}"
-
-    def render(self, request: Request) -> str:
-        return jit_render.render(self.template)
-
-    def compile_inputs(self, request: Request) -> tuple[dict, dict, dict, dict]:
-        """What `triton.compile(ASTSource(fn, signature, constexprs, attrs), options=...)` gets:
-        (signature, constexprs by argument index, attrs by argument index, options), as Triton's
-        JIT derives them from a launch (`JITFunction._pack_args`)."""
-        p = request.params
-        names = self.arg_names + self.constexpr_names
-        signature = {n: t for n, (t, _) in zip(self.arg_names, p.args)}
-        signature.update({n: "constexpr" for n in self.constexpr_names})
-        constexprs = {i: spec for i, (t, spec) in enumerate(p.args) if t == "constexpr"}
-        constexprs.update({names.index(n): v for n, v in p.constexprs})
-        attrs = {i: _parse_attr(spec) for i, (t, spec) in enumerate(p.args) if isinstance(spec, str)}
-        return signature, constexprs, attrs, dict(p.options)
-
-    def build(self, request: Request, source: str, module_name: str) -> dict[str, bytes]:
-        if request.arch == INTERPRETER_ARCH:
-            return {}
-        signature, constexprs, attrs, options = self.compile_inputs(request)
-        return triton_build.aot_compile(
-            source, fn_name=self.fn_name, signature=signature, arch=request.arch, options=options,
-            module_name=module_name, source_file=SOURCE_FILE, constexprs=constexprs, attrs=attrs,
-        )  # fmt: skip
-
-    def required(self, request: Request) -> tuple[str, ...]:
-        if request.arch == INTERPRETER_ARCH:
-            return (SOURCE_FILE,)
-        return (SOURCE_FILE, f"{self.fn_name}.cubin", f"{self.fn_name}.json")
-
-    def load(self, request, files: dict[str, Path], key: str, path: Path, module_name: str) -> TritonKernel:
-        source = files[SOURCE_FILE].read_text()
-        fn = None
-        if request.arch == INTERPRETER_ARCH:
-            fn = triton_build.load_interpreted(
-                files, module_name, fn_name=self.fn_name, source_file=SOURCE_FILE
-            )
-        return TritonKernel(request, key, self.name(request), path, source, dict(files), fn)
-
-
-def _parse_attr(spec: str) -> list:
-    """Triton's attribute list for a specialisation string (BaseBackend.parse_attr's rule)."""
-    return [["tt.divisibility", 16]] if "D" in spec else []
-
-
-@functools.cache
-def _specializer() -> tuple:
-    """Triton's `native_specialize_impl` and the repeated arguments of its calls: (backend,
-    is_const False, align True). The backend's rule (BaseBackend's get_tensor / get_int_
-    specialization) is the same for every arch, so one sm_90 backend serves them all; no GPU
-    is needed."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import CUDABackend
-
-    backend = CUDABackend(GPUTarget("cuda", 90, 32))
-    return native_specialize_impl, repeat(backend), repeat(False), repeat(True)
-
-
-@functools.cache
-def _runtime() -> tuple:
-    """Triton's active (CUDA) driver and its runtime knobs (launch hooks), fetched once."""
-    from triton import knobs
-    from triton.runtime import driver
-
-    return driver.active, knobs.runtime
+from .families.triton import (
+    TritonFamily,
+    TritonKernel,
+    TritonParams,
+    run_compiled,
+    specializer,
+    triton_runtime,
+)
+from .family import INTERPRETER_ARCH
 
 
 class TritonLauncher:
@@ -217,15 +36,17 @@ class TritonLauncher:
     `base.forget`), for one family."""
 
     def __init__(self, fam: TritonFamily) -> None:
-        self.family = register(fam)
+        self.family = fam  # registered by its module (families.model_triton)
         self._flags = tuple(n not in fam.do_not_specialize for n in fam.arg_names)
         self._loaded: dict[tuple, Any] = {}
-        self._impl = None  # _specializer() + _runtime(), fetched at the first launch (they import Triton)
+        self._impl = (
+            None  # specializer() + triton_runtime(), fetched at the first launch (they import Triton)
+        )
         base.on_forget(self._loaded.clear)
 
     def spec(self, args: tuple) -> tuple:
         """(type, specialisation) of each runtime argument, as Triton's JIT computes them."""
-        impl, backend, no, yes = _specializer()
+        impl, backend, no, yes = specializer()
         return tuple(map(impl, backend, args, no, self._flags, yes))
 
     def request(self, args, constexprs: tuple, options: tuple, dtype, arch: str) -> KernelRequest:
@@ -244,7 +65,7 @@ class TritonLauncher:
             self._interpret(grid, args, constexprs, options, dtype)
             return
         if self._impl is None:
-            self._impl = _specializer() + _runtime()
+            self._impl = specializer() + triton_runtime()
         impl, backend, no, yes, active, runtime = self._impl
         device = active.get_current_device()
         spec = tuple(map(impl, backend, args, no, self._flags, yes))
@@ -258,7 +79,7 @@ class TritonLauncher:
                 )
             kernel = base.lookup(self.request(args, constexprs, options, dtype, arch)).kernel
             compiled = self._loaded[memo] = kernel.compiled(device)
-        _run(compiled, grid, active.get_current_stream(device), args + constexprs, runtime)
+        run_compiled(compiled, grid, active.get_current_stream(device), args + constexprs, runtime)
 
     def _interpret(self, grid, args, constexprs, options, dtype) -> None:
         memo = ("interpreter", constexprs, options, dtype)

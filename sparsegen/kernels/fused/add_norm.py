@@ -12,26 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from ..families.model_triton import ADD_NORM
 from ..launch_target import Target, pdl_allowed, target_of
-from ..triton_kernel import TritonFamily, TritonLauncher
+from ..triton_kernel import TritonLauncher
 
 PDL_MAX_ROWS = 32  # add + LayerNorm launched with PDL up to this many rows (use_pdl)
 
 
-class AddNormFamily(TritonFamily):
-    kind = "add_norm"
-    template = "add_norm.py.jinja"
-    fn_name = "_add_layer_norm_kernel"
-    arg_names = ("X", "RES", "W", "B", "Y", "RES_OUT", "stride_x", "stride_res", "stride_y", "stride_res_out",
-                 "n", "eps")  # fmt: skip
-    constexpr_names = ("HAS_RES", "BLOCK", "PDL", "TRIGGER")
-
-    def describe(self, c: dict, options: dict) -> str:
-        flags = [("res", c["HAS_RES"]), ("pdl", c["PDL"]), ("trigger", c["TRIGGER"])]
-        return "_".join([f"b{c['BLOCK']}_w{options.get('num_warps', 4)}", *(n for n, on in flags if on)])
-
-
-LAUNCH = TritonLauncher(AddNormFamily())
+LAUNCH = TritonLauncher(ADD_NORM)
 
 
 def use_pdl(x: torch.Tensor) -> bool:

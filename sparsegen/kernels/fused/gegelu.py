@@ -9,23 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ..triton_kernel import TritonFamily, TritonLauncher
+from ..families.model_triton import GEGELU
+from ..triton_kernel import TritonLauncher
 
 BLOCK = 1024  # outputs per program
 
 
-class GegeluFamily(TritonFamily):
-    kind = "gegelu"
-    template = "gegelu.py.jinja"
-    fn_name = "_gegelu_kernel"
-    arg_names = ("X", "Y", "n_out", "limit")
-    constexpr_names = ("BLOCK",)
-
-    def describe(self, c: dict, options: dict) -> str:
-        return f"b{c['BLOCK']}"
-
-
-LAUNCH = TritonLauncher(GegeluFamily())
+LAUNCH = TritonLauncher(GEGELU)
 
 
 def _plan(x: torch.Tensor, limit: float):

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from ...errors import InputError
+from ..families.model_triton import ROTARY
 from ..launch_target import Target, target_of
-from ..triton_kernel import TritonFamily, TritonLauncher
+from ..triton_kernel import TritonLauncher
 
 # Tokens per rotary program, from ROTARY_TILED_FROM tokens on. One token per program (8 KV groups
 # x 8K tokens = 65K programs of six 64-element rows) took 115 us a layer in an 8K prefill on the
@@ -25,23 +26,7 @@ ROTARY_TOKENS = 16
 ROTARY_TILED_FROM = 1024
 
 
-class RotaryFamily(TritonFamily):
-    kind = "rotary_kv_write"
-    template = "rotary_kv_write.py.jinja"
-    fn_name = "_rotary_qkv_kernel"
-    arg_names = ("QKV", "COS", "SIN", "Q", "K", "V", "KC", "VC", "SLOTS", "n_tokens", "stride_t", "stride_c",
-                 "stride_q", "stride_k", "stride_slot", "page_size", "stride_cp", "stride_co", "stride_ch")  # fmt: skip
-    constexpr_names = ("HKV", "G", "D", "BLOCK_T", "WRITE_CACHE", "TRIGGER")
-    do_not_specialize = ("n_tokens",)
-
-    def describe(self, c: dict, options: dict) -> str:
-        flags = [("cache", c["WRITE_CACHE"]), ("trigger", c["TRIGGER"])]
-        return "_".join(
-            [f"hkv{c['HKV']}_g{c['G']}_d{c['D']}_bt{c['BLOCK_T']}", *(n for n, on in flags if on)]
-        )
-
-
-LAUNCH = TritonLauncher(RotaryFamily())
+LAUNCH = TritonLauncher(ROTARY)
 
 
 def supports_rotary(qkv: torch.Tensor) -> bool:

@@ -32,8 +32,9 @@ from __future__ import annotations
 import torch
 
 from ...errors import InputError
+from ..families.model_triton import GEMV
 from ..launch_target import Target, target_of
-from ..triton_kernel import TritonFamily, TritonLauncher
+from ..triton_kernel import TritonLauncher
 from .rope_write import RopeWrite
 
 TILE_ELEMS = 4096  # elements of W per program and iteration (8 KB of bf16), untuned shapes
@@ -54,24 +55,7 @@ TUNED_TILES = {
 GEMV_PDL = True  # launch with programmatic dependent launch where the target allows it (see the kernel)
 
 
-class GemvFamily(TritonFamily):
-    kind = "gemv"
-    template = "gemv.py.jinja"
-    fn_name = "_gemv_kernel"
-    arg_names = ("X", "W", "B", "Y", "N", "stride_w", "limit", "RES", "LNW", "LNB", "RES_OUT", "eps",
-                 "COS", "SIN", "KC", "VC", "SLOT", "page_size", "stride_cp", "stride_co", "stride_ch")  # fmt: skip
-    constexpr_names = ("K", "KP", "HAS_BIAS", "GEGELU", "NORM", "HAS_RES", "BLOCK_N", "BLOCK_K", "PREFETCH",
-                       "ROW_SUM", "PDL", "ROPE", "HEAD_D", "G")  # fmt: skip
-
-    def describe(self, c: dict, options: dict) -> str:
-        mode = "gegelu" if c["GEGELU"] else f"rope{c['HEAD_D']}g{c['G']}" if c["ROPE"] else "plain"
-        flags = [("norm", c["NORM"]), ("res", c["HAS_RES"]), ("bias", c["HAS_BIAS"]), ("pf", c["PREFETCH"]),
-                 ("rs", c["ROW_SUM"]), ("pdl", c["PDL"])]  # fmt: skip
-        tile = f"bn{c['BLOCK_N']}_bk{c['BLOCK_K']}_w{options.get('num_warps', 4)}"
-        return "_".join([f"k{c['K']}", mode, *(n for n, on in flags if on), tile])
-
-
-LAUNCH = TritonLauncher(GemvFamily())
+LAUNCH = TritonLauncher(GEMV)
 
 
 def _pow2_at_least(n: int) -> int:
