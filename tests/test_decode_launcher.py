@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from sparsegen import HeadSpec, LayerSpec
-from sparsegen.runner import model_runner
-from sparsegen.kernels import decode as decode_mod
+from sparsegen.kernels.families import decode as decode_mod
 from sparsegen.kernels import decode_template as tpl
 from sparsegen.kernels.base import KernelRequest
 from sparsegen.presets import blocksparse_heads
+from sparsegen.runner import model_runner
 from sparsegen.testing import DecodeProblem
 
 C_TYPES = {"long long": np.int64, "int": np.int32, "float": np.float32}  # pointers travel as np.uint64
