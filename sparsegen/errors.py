@@ -82,3 +82,9 @@ class MissingExtraError(SparsegenError, ImportError):
 
 class DistributedError(SparsegenError, RuntimeError):
     """A tensor-parallel rank died, timed out in a collective, or could not start; names the rank."""
+
+
+class TemplateLimitError(InputError):
+    """A chat template from a checkpoint went over one of the render sandbox's bounds (size,
+    steps, int arguments); `llm.template_sandbox` raises it, and the render reports it naming the
+    template."""

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from sparsegen import HeadSpec, LayerSpec
-from sparsegen.kernels.families import decode as decode_mod
 from sparsegen.kernels import decode_template as tpl
 from sparsegen.kernels.base import KernelRequest
+from sparsegen.kernels.families import decode as decode_mod
 from sparsegen.presets import blocksparse_heads
 from sparsegen.runner import model_runner
 from sparsegen.testing import DecodeProblem

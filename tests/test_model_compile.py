@@ -149,7 +149,7 @@ def test_compiled_engine_decode_equals_eager_as_the_batch_shrinks(model, monkeyp
     the greedy tokens equal an eager engine's."""
     from torch._dynamo.utils import counters
 
-    from sparsegen.engine import model_runner
+    from sparsegen.runner import model_runner
 
     monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()

@@ -25,16 +25,14 @@ import jinja2
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..errors import TemplateLimitError
+
 MAX_CHARS = 16 << 20  # the most characters (or items) a template may build or output
 MAX_INT_ARG = 100_000  # the largest int a template may pass to a call (widths, counts, ranges)
 MAX_STEPS = 2_000_000  # lines of template code one render may run
 MAX_POW_BITS = 4096
 TEMPLATE_FILE = "<template>"  # the file name jinja gives the code of `from_string` templates
 _DIGITS = re.compile(r"\d+")
-
-
-class TemplateLimit(Exception):
-    """A template went over one of the sandbox's bounds."""
 
 
 def _weight(value) -> int:
@@ -48,13 +46,15 @@ def _weight(value) -> int:
 
 def _check_size(n: int, what: str) -> None:
     if n > MAX_CHARS:
-        raise TemplateLimit(f"{what} would build {n} characters or items; at most {MAX_CHARS} are allowed")
+        raise TemplateLimitError(
+            f"{what} would build {n} characters or items; at most {MAX_CHARS} are allowed"
+        )
 
 
 def _check_ints(values, what: str) -> None:
     for a in values:
         if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
-            raise TemplateLimit(f"{what} was given {a}; template calls take ints up to {MAX_INT_ARG}")
+            raise TemplateLimitError(f"{what} was given {a}; template calls take ints up to {MAX_INT_ARG}")
 
 
 def _check_widths(fmt: str, what: str) -> None:
@@ -100,7 +100,7 @@ def _mul(a, b):
 
 def _pow(a, b):
     if _is_int(a) and _is_int(b) and abs(a) > 1 and b * abs(a).bit_length() > MAX_POW_BITS:
-        raise TemplateLimit(f"{a} ** {b} is a number of more than {MAX_POW_BITS} bits")
+        raise TemplateLimitError(f"{a} ** {b} is a number of more than {MAX_POW_BITS} bits")
     return operator.pow(a, b)
 
 
@@ -184,7 +184,7 @@ def _step_budget(steps: int) -> Callable:
         if event == "line":
             left[0] -= 1
             if left[0] < 0:
-                raise TemplateLimit(f"the template ran more than {steps} steps")
+                raise TemplateLimitError(f"the template ran more than {steps} steps")
         return local
 
     def tracer(frame, event, arg):
