@@ -1,4 +1,5 @@
-"""Shared pytest set-up: hypothesis profiles, the gpu marker, a private kernel cache."""
+"""Shared pytest set-up: hypothesis profiles, the gpu marker, a private kernel cache, and the
+fixtures many test folders use (the tiny model, one torch thread, a fresh cache, the interpreter)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,19 @@ def fresh_cache(tmp_path, monkeypatch):
     yield root
     prefill_mod.forget()
     decode_mod.forget()
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny-model tests are latency bound: one intra-op thread avoids oversubscribing CI cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def interpreter_env(monkeypatch):
+    """For the interpreter case files: the interpreter flag (and quiet logs) for every case."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SPARSEGEN_QUIET", "1")

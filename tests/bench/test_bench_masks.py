@@ -1,4 +1,4 @@
-"""The benchmark summary tables (its FlexAttention mask is sparsegen.flex: tests/test_flex.py)."""
+"""The benchmark summary tables (its FlexAttention mask is sparsegen.flex: tests/toolkit/test_flex.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def test_bench_summary_reads_a_recorded_h200_run():
     from sparsegen.bench.common import format_table
     from sparsegen.commands.bench import SUMMARY_COLUMNS
 
-    run = json.loads((Path(__file__).parents[1] / "benchmarks/results/bench_h200_run2.json").read_text())
+    run = json.loads((Path(__file__).parents[2] / "benchmarks/results/bench_h200_run2.json").read_text())
     for kind, columns in SUMMARY_COLUMNS.items():
         table = format_table([n for n, _ in columns], [[get(r) for _, get in columns] for r in run[kind]])
         assert len(table.splitlines()) == 1 + len(run[kind]) > 1

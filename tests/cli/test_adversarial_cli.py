@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from sparsegen.cli import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HUGE = str(2**70)
 
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from sparsegen.cli import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(**extra) -> dict:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, single_thread, write_bpe_file, write_checkpoint  # noqa: F401
+from helpers.checkpoint import TINY_HF_CONFIG, random_tensors, write_bpe_file, write_checkpoint
 
 from sparsegen.cli import cli
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen.cli import cli
 from sparsegen.models.config import TINY_SPECIAL_TOKENS

@@ -21,7 +21,7 @@ from sparsegen import env as sg_env
 from sparsegen.cli import cli
 from sparsegen.figure import distinct_heads, picture_tile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_png_is_written_and_the_figure_groups_distinct_heads(tmp_path):

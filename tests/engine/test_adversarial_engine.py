@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen import CacheOutOfMemory, InputError, MemoryLimitError
 from sparsegen.engine import LLMEngine, SamplingParams

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread  # noqa: F401
+from helpers.graphs import stand_in_graphs
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.engine.sampling import sample, sample_on_device
@@ -266,8 +266,6 @@ def test_max_model_len_is_never_passed_by_a_lookahead_step(model, prompts):
 def test_graph_stand_in_takes_the_device_ids(model, prompts):
     """Lookahead steps through `DecodeGraphs.run` (static buffers, a CPU stand-in for the graph):
     the input ids come from the previous step's token tensor, copied into the static ids."""
-    from test_engine_parts import stand_in_graphs
-
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     want = per_request(drive(LLMEngine(model, async_decode=False, max_num_seqs=4), prompts[:3], params))
     engine = LLMEngine(model, max_num_seqs=4)

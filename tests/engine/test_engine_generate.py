@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen.engine import CacheOutOfMemory, LLMEngine, SamplingParams
 from sparsegen.errors import InputError

@@ -1,6 +1,6 @@
 """GPU tier for the model and the engine: compiled kernels in bf16 against the reference.
 
-Run on a GPU with `pytest -m gpu -s tests/test_engine_gpu.py` (-s shows the 7b tokens/s).
+Run on a GPU with `pytest -m gpu -s tests/engine/test_engine_gpu.py` (-s shows the 7b tokens/s).
 The weights are identical on both sides (same seed on the same device); only attention differs.
 """
 

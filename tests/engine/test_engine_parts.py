@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread  # noqa: F401
+from helpers.graphs import stand_in_graphs
 
 from sparsegen.engine import CacheOutOfMemory, LLMEngine, PageAllocator, SamplingParams
 from sparsegen.engine.cuda_graphs import DecodeGraphs, width_bucket
@@ -90,31 +90,6 @@ def test_a_capture_runs_the_forward_with_the_collector_off(monkeypatch, model):
     graphs.forward = forward
     graphs._capture(1, 64)
     assert seen == [True, False] and gc.isenabled()
-
-
-class _EagerGraph:
-    """Stands in for a CUDA graph on CPU: replay() reruns the captured call on the static buffers."""
-
-    def __init__(self, fn):
-        self.fn, self.out = fn, fn()
-
-    def replay(self):
-        self.out.copy_(self.fn())
-
-
-def stand_in_graphs(model, engine: LLMEngine, max_seqs: int) -> DecodeGraphs:
-    """DecodeGraphs for `engine` whose captures are `_EagerGraph`s (static buffers, width buckets
-    and host tables as on a GPU), installed as the engine's graphs."""
-    graphs = DecodeGraphs(model, engine.cache, max_seqs, engine.max_model_len)
-
-    def capture(b, w):
-        batch = graphs._batch(b, w)
-        graph = _EagerGraph(lambda: model(graphs.ids[:b], batch, engine.cache.layers))
-        return graph, graph.out
-
-    graphs._capture = capture
-    engine.runner.graphs = graphs
-    return graphs
 
 
 def _longrope_tiny():
@@ -279,7 +254,7 @@ def _host_timeline():
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "host_timeline.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "host_timeline.py"
     spec = importlib.util.spec_from_file_location("host_timeline", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("host_timeline", mod)  # its dataclasses look their module up

@@ -13,7 +13,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.engine.model_runner import token_ids

@@ -1,7 +1,7 @@
 """graph_capture.capture on the CPU: torch's CUDA capture is stood in for; what is checked is
 the collector around it (dead cycles freed before the capture begins, no automatic collection
 inside it, the collector's state restored after, also when the body raises). The GPU side is
-tests/test_graph_capture_gpu.py."""
+tests/engine/test_graph_capture_gpu.py."""
 
 from __future__ import annotations
 

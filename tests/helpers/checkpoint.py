@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -151,12 +150,3 @@ def write_bpe_file(path: str | Path) -> Path:
     path = Path(path)
     path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
     return path
-
-
-@pytest.fixture(scope="module", autouse=False)
-def single_thread():
-    """Tiny-model tests are latency bound: one intra-op thread avoids oversubscribing CI cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

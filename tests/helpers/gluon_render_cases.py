@@ -1,7 +1,7 @@
 """A fixed set of Gluon prefill render cases (spec, config overrides, dtype) for head_dim 64 and 128,
-whose rendered sources are pinned by SHA-256 (first 16 hex digits) in tests/golden/prefill_gluon_render_sha256.json: the
+whose rendered sources are pinned by SHA-256 (first 16 hex digits) in tests/kernels/golden/prefill_gluon_render_sha256.json: the
 kernels measured on the H200 (and their cache keys) must not change when the template grows a path
-for another head_dim. After a deliberate template change: python tests/golden/regenerate.py"""
+for another head_dim. After a deliberate template change: python tests/kernels/golden/regenerate.py"""
 
 from __future__ import annotations
 

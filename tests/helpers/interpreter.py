@@ -8,28 +8,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-HERE = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def run_in_interpreter(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """`python *args` in a fresh process with the interpreter on (tests/ importable too)."""
+    """`python *args` in a fresh process with the interpreter on (tests/ importable too, for `helpers`)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "SPARSEGEN_QUIET": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent), env.get("PYTHONPATH", "")])
     return subprocess.run(
-        [sys.executable, *args], env=env, capture_output=True, text=True, cwd=HERE.parent, timeout=timeout
+        [sys.executable, *args], env=env, capture_output=True, text=True, cwd=TESTS.parent, timeout=timeout
     )
 
 
 def assert_cases_pass(cases_file: str) -> None:
-    """Run tests/<cases_file> in the interpreter; fail with its output if any case fails."""
-    run = run_in_interpreter("-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / cases_file))
+    """Run tests/<cases_file> (a path under tests/) in the interpreter; fail with its output if any
+    case fails."""
+    run = run_in_interpreter("-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / cases_file))
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-
-
-@pytest.fixture
-def interpreter_env(monkeypatch):
-    """For the case files themselves: the interpreter flag (and quiet logs) for every case."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("SPARSEGEN_QUIET", "1")

@@ -8,7 +8,8 @@ import time
 
 import torch
 import torch.distributed as dist
-from helpers_checkpoint import TINY_HF_CONFIG
+
+from helpers.checkpoint import TINY_HF_CONFIG
 
 # A second tiny config with 4 KV heads (TP = 4 possible), 8 query heads, and a vocabulary that 4
 # ranks do not divide (270 = 4 * 68 - 2), so the vocab-parallel lm_head's zero padding is used.

@@ -3,7 +3,7 @@
 Against `F.linear` (and `gegelu(F.linear(...))`) in float64, fp32 and fp16 (the interpreter is
 fp16/fp32 only), on shapes that are not multiples of the tiles, with forced tile sizes larger
 than the matrix (every mask), plus the model and engine with `triton_gemv=True` against the
-plain model. Run by tests/test_gemv_interpreter.py in a fresh process with TRITON_INTERPRET=1
+plain model. Run by tests/kernels/test_gemv_interpreter.py in a fresh process with TRITON_INTERPRET=1
 set before Triton is imported.
 """
 
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread  # noqa: F401
-from helpers_interpreter import interpreter_env  # noqa: F401
 
 from sparsegen.errors import InputError
 

@@ -1,7 +1,7 @@
 """The generated Triton prefill kernel, run in Triton's interpreter, against the reference.
 
-Run by tests/test_prefill_interpreter.py in a fresh process with TRITON_INTERPRET=1 set before
-Triton is imported (or directly: TRITON_INTERPRET=1 pytest tests/interpreter_prefill_cases.py).
+Run by tests/kernels/test_prefill_interpreter.py in a fresh process with TRITON_INTERPRET=1 set before
+Triton is imported (or directly: TRITON_INTERPRET=1 pytest tests/kernels/interpreter_prefill_cases.py).
 fp16 and fp32 only: the interpreter computes bf16 tl.dot wrongly.
 """
 

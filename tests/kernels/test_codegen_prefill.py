@@ -20,7 +20,7 @@ def _phi3_sparse() -> LayerSpec:
 
 
 def test_phi3small_source_matches_golden():
-    """After a deliberate template change, regenerate the snapshot with tests/golden/regenerate.py."""
+    """After a deliberate template change, regenerate the snapshot with tests/kernels/golden/regenerate.py."""
     source = triton_build.render_source(_phi3_sparse(), triton_build.pick_config("bf16", 128, "sm_90"))
     assert source == GOLDEN.read_text()
 

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 import torch
+from helpers.ptxas import ptxas_report
+from helpers.specs import eight_class_hybrid_layer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,43 +87,15 @@ def test_template_knobs():
             dt.render_source(PHI3, "bf16", 16, qk_accs=bad)
 
 
-def _ptxas_report(source: str, arch: str) -> str:
-    import cuda.core as core
-
-    opts = core.ProgramOptions(
-        name="regs.cu", arch=arch, std="c++17", include_path=[nb.cuda_include_dir()], ptxas_options=["-v"]
-    )
-
-    class _Log:
-        text = ""
-
-        def write(self, t: str) -> None:
-            self.text += t
-
-    log = _Log()
-    core.Program(source, "c++", opts).compile("cubin", logs=log)
-    return log.text
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_phi3small_kernel_fits_registers_without_spills(arch):
     """The default build of the Phi-3-Small kernel keeps 4 blocks (16 warps) per SM, i.e. at most
     128 registers, and never spills to local memory (benchmarks/decode_notes.md has the counts)."""
-    report = _ptxas_report(dt.render_source(PHI3, "bf16", 16), arch)
+    report = ptxas_report(dt.render_source(PHI3, "bf16", 16), arch)
     main = report[report.index("entry function 'sparsegen_paged_decode'") :]
     regs = int(re.search(r"Used (\d+) registers", main).group(1))
     assert regs <= 128, main
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in main, main
-
-
-def eight_class_hybrid_layer() -> LayerSpec:
-    """32 heads over 8 KV heads (GQA 4) whose 8 head groups all differ: 8 pattern classes."""
-    heads = tuple(
-        HeadSpec(block_size=16 << (h % 4), local_blocks=1 + h % 3, vert_stride=2 + h % 5, vert_offset=h % 2,
-                 sliding_window=0 if h % 3 else 50 + h)
-        for h in range(32)
-    )  # fmt: skip
-    return LayerSpec(32, 8, 128, heads)
 
 
 def test_many_pattern_classes_compile():

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from test_decode_codegen import eight_class_hybrid_layer
+from helpers.specs import eight_class_hybrid_layer
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from test_decode_codegen import _ptxas_report
+from helpers.ptxas import ptxas_report
 
 from sparsegen.errors import InputError
 from sparsegen.models import gemm_rows as gr
@@ -23,7 +23,7 @@ pytest.importorskip("cuda.core")
 def test_tuned_builds_fit_without_spills(shape, gegelu):
     n, k = shape
     tile = gr.TUNED_TILES[shape]
-    report = _ptxas_report(gr.Build(n, k, "bf16", tile, True, gegelu).source(), "sm_90")
+    report = ptxas_report(gr.Build(n, k, "bf16", tile, True, gegelu).source(), "sm_90")
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     assert regs * tile.threads() <= 65536, report
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report

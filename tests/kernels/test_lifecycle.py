@@ -21,7 +21,7 @@ TINY = LayerSpec(2, 1, 64, (HeadSpec(block_size=16, local_blocks=2, vert_stride=
 
 def test_gluon_prefill_source_matches_golden():
     """The sm_90 Gluon kernel of phi3small's sparse layer, rule config (the source run on the H200
-    in session 4). After a deliberate template change, regenerate with tests/golden/regenerate.py."""
+    in session 4). After a deliberate template change, regenerate with tests/kernels/golden/regenerate.py."""
     from sparsegen.kernels import prefill_gluon_template
 
     layer = sparsegen.get_pattern("phi3small").layers[0]
@@ -30,7 +30,7 @@ def test_gluon_prefill_source_matches_golden():
 
 
 def test_decode_source_matches_golden():
-    """After a deliberate template change, regenerate with tests/golden/regenerate.py."""
+    """After a deliberate template change, regenerate with tests/kernels/golden/regenerate.py."""
     layer = sparsegen.get_pattern("phi3small").layers[0]
     source = decode_template.render_source(layer, "bf16", 16)
     assert source == (GOLDEN / "decode_phi3small_bf16_ps16.cu.txt").read_text()

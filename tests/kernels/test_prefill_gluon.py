@@ -142,7 +142,7 @@ def test_covers_and_rejects():
     assert tpl.covers(phi.layers[0], "bf16") is None and tpl.covers(phi.layers[1], "fp16") is None
     assert "dtype" in tpl.covers(phi.layers[0], "fp32")
     h96 = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=96, heads=(HeadSpec(local_blocks=2),) * 2)
-    assert tpl.covers(h96, "bf16") is None  # padded to 128-wide tiles (tests/test_prefill_gluon_hd96.py)
+    assert tpl.covers(h96, "bf16") is None  # padded to 128-wide tiles (test_prefill_gluon_hd96.py)
     narrow = LayerSpec(
         num_heads=1,
         num_kv_heads=1,

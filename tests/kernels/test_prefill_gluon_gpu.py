@@ -2,7 +2,7 @@
 against the reference with NaN-poisoned outputs, agreement with the tl kernel, and the
 metamorphic checks (the last row equals decode; a prefix plus a chunk equals the whole).
 head_dim 96 (128-wide tiles, 3-D TMA descriptors with zero fill) has its own specs and tests, all
-with "hd96" in their names: `pytest -m gpu tests/test_prefill_gluon_gpu.py -k hd96`."""
+with "hd96" in their names: `pytest -m gpu tests/kernels/test_prefill_gluon_gpu.py -k hd96`."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gluon_render_cases import digests
+from helpers.gluon_render_cases import digests
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec

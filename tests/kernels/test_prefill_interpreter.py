@@ -7,11 +7,11 @@ pytest process with TRITON_INTERPRET=1, whatever this session imported before.
 
 from __future__ import annotations
 
-from helpers_interpreter import assert_cases_pass, run_in_interpreter
+from helpers.interpreter import assert_cases_pass, run_in_interpreter
 
 
 def test_generated_kernels_match_reference_in_interpreter():
-    assert_cases_pass("interpreter_prefill_cases.py")
+    assert_cases_pass("kernels/interpreter_prefill_cases.py")
 
 
 def test_fuzz_command_on_cpu():

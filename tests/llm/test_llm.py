@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread, write_bpe_file, write_checkpoint  # noqa: F401
+from helpers.checkpoint import write_bpe_file, write_checkpoint
 
 import sparsegen
 from sparsegen import LLM, SamplingParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers_checkpoint import write_bpe_file
+from helpers.checkpoint import write_bpe_file
 
 from sparsegen.models.config import TINY_SPECIAL_TOKENS, TINY_VOCAB_SIZE
 from sparsegen.tokenizer import (

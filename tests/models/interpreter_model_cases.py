@@ -2,16 +2,14 @@
 
 This checks the model-to-kernel contract (contiguity, dtypes, varlen batches, chunks with a
 cached prefix) without a GPU. fp32: the interpreter computes bf16 dots wrongly. Run by
-tests/test_model_triton_interpreter.py in a fresh process with TRITON_INTERPRET=1 set before
-Triton is imported (or directly: TRITON_INTERPRET=1 pytest tests/interpreter_model_cases.py).
+tests/models/test_model_triton_interpreter.py in a fresh process with TRITON_INTERPRET=1 set before
+Triton is imported (or directly: TRITON_INTERPRET=1 pytest tests/models/interpreter_model_cases.py).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread  # noqa: F401
-from helpers_interpreter import interpreter_env  # noqa: F401
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import ForwardBatch, random_model

@@ -16,9 +16,9 @@ import struct
 
 import pytest
 import torch
-from adversarial import accepted, either, refused
-from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, write_bpe_file, write_checkpoint
-from hf_configs import GEMMA2_9B, GPT_OSS_20B, MISTRAL_7B_V01, QWEN3_8B
+from helpers.adversarial import accepted, either, refused
+from helpers.checkpoint import TINY_HF_CONFIG, random_tensors, write_bpe_file, write_checkpoint
+from helpers.hf_configs import GEMMA2_9B, GPT_OSS_20B, MISTRAL_7B_V01, QWEN3_8B
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch.nn.functional as F
-from helpers_checkpoint import single_thread  # noqa: F401
 from torch import nn
 
 from sparsegen.engine import LLMEngine, SamplingParams

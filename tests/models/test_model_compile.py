@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread  # noqa: F401
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import ForwardBatch, random_model

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers_checkpoint import TINY_HF_CONFIG
+from helpers.checkpoint import TINY_HF_CONFIG
 
 from sparsegen.models import CheckpointError, Phi3SmallConfig, model_spec, named_config
 from sparsegen.models.config import default_mscale

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, single_thread, write_checkpoint  # noqa: F401
+from helpers.checkpoint import TINY_HF_CONFIG, random_tensors, write_checkpoint
 
 from sparsegen import visible_mask
 from sparsegen.models import ForwardBatch, gegelu, load_checkpoint, random_model

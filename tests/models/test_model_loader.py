@@ -6,10 +6,9 @@ import json
 
 import pytest
 import torch
-from helpers_checkpoint import (
+from helpers.checkpoint import (
     TINY_HF_CONFIG,
     random_tensors,
-    single_thread,  # noqa: F401 (a fixture)
     write_checkpoint,
 )
 from safetensors.torch import save_file

@@ -8,7 +8,7 @@ import multiprocessing
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers_checkpoint import TINY_HF_CONFIG, random_tensors, write_checkpoint
+from helpers.checkpoint import TINY_HF_CONFIG, random_tensors, write_checkpoint
 
 from sparsegen import DistributedError, InputError
 from sparsegen import distributed as D

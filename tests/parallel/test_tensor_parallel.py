@@ -14,8 +14,8 @@ import time
 
 import pytest
 import torch
-from helpers_checkpoint import single_thread, write_checkpoint  # noqa: F401
-from helpers_tp import WIDE_HF_CONFIG, die_on_forward, exited, hang_on_forward, last_logits, rank_facts
+from helpers.checkpoint import write_checkpoint
+from helpers.tp import WIDE_HF_CONFIG, die_on_forward, exited, hang_on_forward, last_logits, rank_facts
 
 from sparsegen import DistributedError
 from sparsegen.engine import LLMEngine, SamplingParams
@@ -84,7 +84,7 @@ def test_tp2_refused_requests_and_aborts_keep_the_ranks_in_step(tp2, tiny_ckpt):
 
 
 def test_tp2_what_cannot_be_pickled_is_an_error_not_a_hang(tp2):
-    from helpers_tp import unpicklable_result
+    from helpers.tp import unpicklable_result
 
     from sparsegen import InputError
 

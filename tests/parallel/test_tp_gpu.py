@@ -1,6 +1,6 @@
 """Tensor parallelism on GPUs (NCCL): tokens equal one GPU's, collectives inside CUDA graphs.
 
-Needs at least 2 GPUs:  PYTHONPATH=$PWD python -m pytest -q -m gpu tests/test_tp_gpu.py
+Needs at least 2 GPUs:  PYTHONPATH=$PWD python -m pytest -q -m gpu tests/parallel/test_tp_gpu.py
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import gc
 
 import pytest
 import torch
-from helpers_tp import rank_facts
+from helpers.tp import rank_facts
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model

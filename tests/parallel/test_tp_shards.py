@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers_checkpoint import single_thread, write_checkpoint  # noqa: F401
+from helpers.checkpoint import write_checkpoint
 
 from sparsegen import reference
 from sparsegen.models import load_checkpoint, named_config, random_model

@@ -10,8 +10,7 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-from helpers_checkpoint import single_thread  # noqa: E402, F401
-from helpers_serve import all_pages_free  # noqa: E402
+from helpers.serve import all_pages_free  # noqa: E402
 
 from sparsegen import LLM  # noqa: E402
 from sparsegen.serve.server import ServerThread  # noqa: E402
@@ -23,7 +22,7 @@ CHAT = {"model": M, "messages": [{"role": "user", "content": "hi"}], "max_tokens
 
 
 @pytest.fixture(scope="module")
-def server(single_thread):  # noqa: F811
+def server(single_thread):
     with ServerThread(LLM(random="tiny", max_num_seqs=4), max_queue=8) as srv:
         yield srv
 

@@ -14,8 +14,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
-from helpers_checkpoint import single_thread  # noqa: E402, F401
-from helpers_serve import all_pages_free  # noqa: E402
+from helpers.serve import all_pages_free  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from sparsegen import LLM, SamplingParams  # noqa: E402
@@ -26,12 +25,12 @@ MODEL = "random-tiny"
 
 
 @pytest.fixture(scope="module")
-def ref(single_thread):  # noqa: F811
+def ref(single_thread):
     return LLM(random="tiny", max_num_seqs=8)
 
 
 @pytest.fixture(scope="module")
-def server(single_thread):  # noqa: F811
+def server(single_thread):
     llm = LLM(random="tiny", max_num_seqs=32)
     with ServerThread(llm, max_queue=64) as srv:
         yield srv
@@ -190,7 +189,7 @@ def test_models_health_metrics(server):
     assert r.status_code == 405 and "error" in r.json()
 
 
-def test_full_queue_gets_503(single_thread):  # noqa: F811
+def test_full_queue_gets_503(single_thread):
     llm = LLM(random="tiny", max_num_seqs=1)
     body = {"model": MODEL, "prompt": "x", "max_tokens": 3000, "stream": True, "ignore_eos": True}
     with ServerThread(llm, max_queue=1) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
@@ -236,7 +235,7 @@ def test_a_failed_step_fails_its_requests_not_the_server(server, monkeypatch):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
 
 
-def test_requests_larger_than_the_kv_cache_are_400(single_thread):  # noqa: F811
+def test_requests_larger_than_the_kv_cache_are_400(single_thread):
     llm = LLM(random="tiny", num_pages=5)  # 4 usable pages of 16 tokens
     with ServerThread(llm) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": "0123456789", "max_tokens": 60})

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from helpers_tp import children, exited
+from helpers.tp import children, exited
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")

@@ -14,7 +14,6 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-from helpers_checkpoint import single_thread  # noqa: E402, F401
 
 from sparsegen import LLM, SamplingParams  # noqa: E402
 from sparsegen.serve.server import ServerThread  # noqa: E402
@@ -25,12 +24,12 @@ PROMPT = "the quick brown fox " * 3
 
 
 @pytest.fixture(scope="module")
-def ref(single_thread):  # noqa: F811
+def ref(single_thread):
     return LLM(random="tiny", device="cpu", max_num_seqs=8)
 
 
 @pytest.fixture(scope="module")
-def tp_llm(single_thread):  # noqa: F811
+def tp_llm(single_thread):
     llm = LLM(random="tiny", device="cpu", tensor_parallel_size=2, max_num_seqs=8)
     yield llm
     llm.engine.close()

@@ -13,8 +13,17 @@ import sys
 
 import pytest
 import torch
-from adversarial import accepted, either, refused
-from hf_configs import GEMMA2_9B, GEMMA2_27B, GPT_OSS_20B, MISTRAL_7B_V01, PHI3_SMALL_8K, QWEN2_5_7B, QWEN3_8B
+from helpers.adversarial import accepted, either, refused
+from helpers.hf_configs import (
+    GEMMA2_9B,
+    GEMMA2_27B,
+    GPT_OSS_20B,
+    MISTRAL_7B_V01,
+    PHI3_SMALL_8K,
+    QWEN2_5_7B,
+    QWEN3_8B,
+)
+from helpers.specs import extreme_layer
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -119,18 +128,6 @@ def test_extreme_fields_are_clamped_to_an_equivalent_or_refused(
     assert 0.0 < float(density[0]) <= 1.0
 
 
-def extreme_layer() -> LayerSpec:
-    """Four heads at the clamps and the largest allowed stride/offset."""
-    heads = (
-        HeadSpec(block_size=16, local_blocks=2**70),  # clamped to MAX // 16
-        HeadSpec(block_size=256, local_blocks=2**28, vert_stride=MAX // 256, vert_offset=MAX // 256 - 1),
-        HeadSpec(block_size=64, sliding_window=2**63),  # clamped to MAX
-        HeadSpec(block_size=16, local_blocks=1, vert_stride=MAX // 16, vert_offset=MAX // 16 - 1,
-                 sliding_window=MAX - 1),
-    )  # fmt: skip
-    return LayerSpec(4, 1, 64, heads)
-
-
 def _ints(obj, path="c"):
     if isinstance(obj, bool):
         return
@@ -190,7 +187,7 @@ def test_extreme_decode_spec_compiles_without_warnings():
 
 _INTERPRETER_CHECK = """
 import torch, sparsegen as sg
-from test_adversarial_spec import extreme_layer
+from helpers.specs import extreme_layer
 layer = extreme_layer()
 for k_len, q_len in ((150, 150), (333, 17)):
     gen = torch.Generator().manual_seed(k_len)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.specs import sees
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,19 +13,6 @@ from sparsegen.layout import block_mask, decode_pages, head_key_counts, visible_
 from sparsegen.testing import head_specs, layer_specs
 
 PHI3 = sg.get_pattern("phi3small").layers[0]
-
-
-def sees(head, i: int, j: int) -> bool:
-    """DESIGN §1 written out literally, one pair at a time (the independent implementation)."""
-    if j > i:
-        return False
-    if head.dense:
-        return True
-    b = head.block_size
-    local = head.local_blocks > 0 and i // b - j // b < head.local_blocks
-    vert = head.vert_stride > 0 and (j // b + head.vert_offset + 1) % head.vert_stride == 0
-    window = head.sliding_window > 0 and i - j < head.sliding_window
-    return local or vert or window
 
 
 def test_phi3small_density_at_8192():

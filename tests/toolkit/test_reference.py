@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from helpers.specs import sees
 from hypothesis import given
 from hypothesis import strategies as st
-from test_layout import sees
 
 import sparsegen as sg
 from sparsegen import HeadSpec, InputError, LayerSpec, reference

@@ -1,4 +1,4 @@
-"""Rewrite the golden snapshots after a deliberate template change: python tests/golden/regenerate.py"""
+"""Rewrite the golden snapshots after a deliberate template change: python tests/kernels/golden/regenerate.py"""
 
 import json
 import sys
@@ -14,8 +14,8 @@ source = decode_template.render_source(layer, "bf16", 16)
 (Path(__file__).parent / "decode_phi3small_bf16_ps16.cu.txt").write_text(source)
 source = prefill_gluon_template.render_source(layer, "bf16")
 (Path(__file__).parent / "prefill_gluon_phi3small_bf16.py.txt").write_text(source)
-sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for its render cases
-from gluon_render_cases import digests  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/, for helpers.gluon_render_cases
+from helpers.gluon_render_cases import digests  # noqa: E402
 
 text = json.dumps(digests(), indent=1, sort_keys=True) + "\n"
 (Path(__file__).parent / "prefill_gluon_render_sha256.json").write_text(text)
