@@ -208,9 +208,9 @@ for k_len, q_len in ((150, 150), (333, 17)):
 def test_extreme_spec_prefill_in_the_interpreter_matches_the_reference(tmp_path):
     """The 2^28-local-blocks spec once gave max error 3.1 here; clamped, it matches the oracle.
     Runs in a fresh process: TRITON_INTERPRET=1 must be set before Triton is imported."""
-    here = os.path.dirname(__file__)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for helpers.specs
     env = {**os.environ, "TRITON_INTERPRET": "1", "SPARSEGEN_POISON_OUTPUT": "1", "SPARSEGEN_QUIET": "1",
-           "SPARSEGEN_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+           "SPARSEGEN_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     run = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], capture_output=True, text=True, env=env,
                          timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
