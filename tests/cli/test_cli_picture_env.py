@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import extras
 
 import sparsegen as sg
 from sparsegen import env as sg_env
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_png_is_written_and_the_figure_groups_distinct_heads(tmp_path):
-    pytest.importorskip("matplotlib")
+    extras.require("matplotlib")
     png = tmp_path / "phi3.png"
     res = CliRunner().invoke(cli, ["show", "--pattern", "phi3small", "--seq-len", "2048", "--png", str(png)])
     assert res.exit_code == 0, res.output

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from helpers import extras
 
 from sparsegen.cli import cli
 
-pytest.importorskip("fastapi")
+extras.require("fastapi")
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,6 @@ def code_lines(ptx: bytes) -> list[str]:
 
 
 def test_a_worker_builds_what_this_process_builds():
-    pytest.importorskip("triton")
     here = triton_build.compile_in_process(
         {**JOB, "source": SOURCE, "aligned": list(JOB["aligned"]), "gluon": False}
     )
@@ -47,7 +46,6 @@ def test_a_worker_builds_what_this_process_builds():
 
 
 def test_a_failed_build_in_a_worker_is_a_compile_error_and_the_worker_is_reused():
-    pytest.importorskip("triton")
     bad = SOURCE.replace("+ 1.0", "+ undefined_name")
     with build_workers.BuildWorkers(1) as workers, build_workers.using(workers):
         with pytest.raises(CompileError, match="add_one"):
@@ -91,13 +89,11 @@ def test_workers_import_this_sparsegen_from_any_directory(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)  # neither the cwd nor PYTHONPATH leads to the source tree
     env = build_workers.worker_env()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(sparsegen.__file__).resolve().parents[1])
-    pytest.importorskip("triton")
     with build_workers.BuildWorkers(1) as workers, build_workers.using(workers):
         assert any(n.endswith(".cubin") for n in triton_build.aot_compile(SOURCE, **JOB))
 
 
 def test_without_a_worker_process_the_build_runs_here(monkeypatch):
-    pytest.importorskip("triton")
     monkeypatch.setattr(build_workers.sys, "executable", "/nonexistent/python")
     with build_workers.BuildWorkers(2) as workers, build_workers.using(workers.start()):
         assert workers._all == []  # neither could start
@@ -106,7 +102,6 @@ def test_without_a_worker_process_the_build_runs_here(monkeypatch):
 
 @pytest.mark.parametrize("tl", [False, True])  # the default (Gluon on sm_90) and the tl variant
 def test_precompile_builds_each_kernel_once_into_the_cache(fresh_cache, monkeypatch, tl):
-    pytest.importorskip("triton")
     if tl:
         monkeypatch.setenv("SPARSEGEN_PREFILL_TL", "1")
     from sparsegen.kernels import base

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from helpers import extras
 
 import sparsegen
 from sparsegen import HeadSpec, JitDisabledError, LayerSpec
@@ -146,7 +147,7 @@ def test_decode_template_parts_are_in_its_bytes():
 
 def test_nvrtc_version_matches_the_library_cuda_core_loads():
     """The key's NVRTC version comes from the wheel's metadata; it must name the loaded library."""
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    nvrtc = extras.require("cuda.bindings.nvrtc")
     err, major, minor = nvrtc.nvrtcVersion()
     assert int(err) == 0
     assert cache.nvrtc_version().startswith(f"{major}.{minor}")

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import extras
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec
 from sparsegen.errors import CompileError, ImplUnavailableError, InputError
-from sparsegen.kernels import gluon_api
 from sparsegen.kernels import prefill_gluon_template as tpl
 from sparsegen.kernels.prefill_gluon import get_gluon_prefill_kernel
 from sparsegen.ops import get_kernel
 
-pytestmark = pytest.mark.skipif(
-    gluon_api.available() is not None, reason=f"no Gluon: {gluon_api.available()}"
-)
+extras.require_gluon()
 
 
 def test_not_a_layer():

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from helpers import extras
 from helpers.ptxas import ptxas_report
 from helpers.specs import eight_class_hybrid_layer
 from hypothesis import given, settings
@@ -24,7 +25,7 @@ from sparsegen.kernels import decode as dec
 from sparsegen.kernels import decode_template as dt
 from sparsegen.testing import layer_specs
 
-pytest.importorskip("cuda.core")
+extras.require("cuda.core")
 
 PHI3 = sparsegen.get_pattern("phi3small").layers[0]
 

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from helpers import extras
 
 import sparsegen
 from sparsegen.errors import InputError
@@ -121,7 +122,7 @@ def test_rendered_fused_merge():
 def test_fused_build_compiles_for_sm90_and_aot_launch_checks_merge():
     """The default kernel (fused merge inside) builds with NVRTC for sm_90; its launcher refuses a
     bad `merge` with a typed error before anything touches a GPU."""
-    pytest.importorskip("cuda.core")
+    extras.require("cuda.core")
     kernel = dec.get_decode_kernel(PHI3.layers[0], dtype=torch.bfloat16, arch="sm_90")
     assert kernel.cubin[:4] == b"\x7fELF" and "merge_if_last" in kernel.source
     q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
@@ -147,7 +148,7 @@ def test_split_floor_short_contexts():
 def test_build_without_the_fused_merge():
     """fused_merge=0 renders the kernel without the merge's code (a benchmark baseline); its
     launcher then uses the separate merge, and refuses an explicit merge="fused"."""
-    pytest.importorskip("cuda.core")
+    extras.require("cuda.core")
     layer = PHI3.layers[1]
     src = dt.render_source(layer, "bf16", 16, fused_merge=0)
     assert "#define FUSED_MERGE 0" in src and "#define FUSED_MERGE 1" in dt.render_source(layer, "bf16", 16)

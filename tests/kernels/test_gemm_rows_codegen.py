@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from helpers import extras
 from helpers.ptxas import ptxas_report
 
 from sparsegen.errors import InputError
@@ -15,7 +16,7 @@ from sparsegen.models import gemm_rows as gr
 from sparsegen.models.gemm_rows import Tile
 from sparsegen.models.layers import rows_gemm
 
-pytest.importorskip("cuda.core")
+extras.require("cuda.core")
 
 
 @pytest.mark.parametrize("shape", sorted(gr.TUNED_TILES))

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from helpers import extras
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -16,9 +17,7 @@ from sparsegen.kernels import gluon_api, gluon_schedule
 from sparsegen.kernels import prefill_gluon_template as tpl
 from sparsegen.testing import head_specs
 
-pytestmark = pytest.mark.skipif(
-    gluon_api.available() is not None, reason=f"no Gluon: {gluon_api.available()}"
-)
+extras.require_gluon()
 
 
 def _check_schedule(head: HeadSpec, q_len: int, k_len: int, block_m: int, block_n: int) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import extras
 from helpers.gluon_render_cases import digests
 
 import sparsegen
@@ -18,9 +19,7 @@ from sparsegen import HeadSpec, LayerSpec
 from sparsegen.kernels import gluon_api
 from sparsegen.kernels import prefill_gluon_template as tpl
 
-pytestmark = pytest.mark.skipif(
-    gluon_api.available() is not None, reason=f"no Gluon: {gluon_api.available()}"
-)
+extras.require_gluon()
 GOLDEN = Path(__file__).parent / "golden" / "prefill_gluon_render_sha256.json"
 PHI = sparsegen.get_pattern("phi3small").layers[0]
 PHI96 = LayerSpec(num_heads=32, num_kv_heads=8, head_dim=96, heads=PHI.heads)  # vertical: vpair tiles

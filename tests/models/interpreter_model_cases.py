@@ -18,7 +18,6 @@ pytestmark = pytest.mark.usefixtures("single_thread", "interpreter_env")
 
 
 def test_engine_with_generated_prefill_kernel_matches_reference():
-    pytest.importorskip("triton")
     triton_model = random_model("tiny", seed=4, attn_impl="triton")
     ref_model = random_model("tiny", seed=4, attn_impl="reference")
     gen = torch.Generator().manual_seed(4)

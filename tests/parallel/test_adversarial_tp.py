@@ -8,6 +8,7 @@ import multiprocessing
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import extras
 from helpers.checkpoint import TINY_HF_CONFIG, random_tensors, write_checkpoint
 
 from sparsegen import DistributedError, InputError
@@ -178,7 +179,7 @@ def _serve(*args):
 
 @pytest.mark.parametrize("tp, match", [*BAD_TP, ("-1", "not in the range")])
 def test_cli_serve_bad_tp_is_a_usage_error_before_anything_starts(tp, match):
-    pytest.importorskip("fastapi")
+    extras.require("fastapi")
     before = multiprocessing.active_children()
     res = _serve("--random", "tiny", "--device", "cpu", "--port", "0", "--tp", tp)
     assert res.exit_code == 2, res.output
@@ -187,7 +188,7 @@ def test_cli_serve_bad_tp_is_a_usage_error_before_anything_starts(tp, match):
 
 
 def test_cli_serve_tp_on_a_missing_gpu_is_a_usage_error():
-    pytest.importorskip("fastapi")
+    extras.require("fastapi")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU; the check is for a CPU-only one")
     res = _serve("--random", "tiny", "--device", "cuda", "--port", "0", "--tp", "2")

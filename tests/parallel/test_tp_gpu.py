@@ -9,6 +9,7 @@ import gc
 
 import pytest
 import torch
+from helpers import extras
 from helpers.tp import rank_facts
 
 from sparsegen.engine import LLMEngine, SamplingParams
@@ -84,8 +85,8 @@ def test_tp2_cuda_graph_replays_equal_eager_steps():
 def test_serve_tp2_over_http_equals_offline_generate():
     """`sparsegen serve --tp 2`'s engine on GPUs: a request over HTTP gives the tokens that
     `LLM.generate` gives on the same tensor-parallel engine, and /metrics reads rank 0's cache."""
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = extras.require("httpx")
+    extras.require("fastapi")
     from sparsegen import LLM
     from sparsegen.serve.server import ServerThread
 

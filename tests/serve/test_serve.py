@@ -10,10 +10,11 @@ import asyncio
 import json
 
 import pytest
+from helpers import extras
 
-httpx = pytest.importorskip("httpx")
-openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
+httpx = extras.require("httpx")
+openai = extras.require("openai")
+extras.require("fastapi")
 from helpers.serve import all_pages_free  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 import torch
+from helpers import extras
 
 from sparsegen.engine.sampling import SamplingParams, sample, seeded_exponentials
 
@@ -26,8 +27,8 @@ def test_seeded_noise_and_tokens_are_the_same_on_cuda_and_cpu():
 
 
 def test_server_on_cuda_graphs_matches_solo_runs():
-    pytest.importorskip("fastapi")
-    openai = pytest.importorskip("openai")
+    extras.require("fastapi")
+    openai = extras.require("openai")
     from sparsegen import LLM
     from sparsegen.serve.server import ServerThread
 

@@ -12,10 +12,11 @@ import threading
 import time
 
 import pytest
+from helpers import extras
 from helpers.tp import children, exited
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
+httpx = extras.require("httpx")
+extras.require("fastapi")
 
 
 @pytest.mark.parametrize("tp", ["1", "2"])

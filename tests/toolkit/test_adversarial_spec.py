@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from helpers import extras
 from helpers.adversarial import accepted, either, refused
 from helpers.hf_configs import (
     GEMMA2_9B,
@@ -174,11 +175,7 @@ def test_template_constants_of_extreme_specs_fit_32_bits():
 def test_extreme_decode_spec_compiles_without_warnings():
     from sparsegen.jit import nvrtc_build
 
-    try:
-        nvrtc_build.cuda_include_dir()
-        nvrtc_build._core()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"NVRTC is not installed here: {exc}")
+    extras.require_nvrtc()
     source = decode_template.render_source(extreme_layer(), "fp16", 16)
     cubin, log = nvrtc_build.compile_cubin(source, "sm_90", name="extreme.cu")
     assert cubin[:4] == b"\x7fELF"
