@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import sparsegen
-from sparsegen import HeadSpec, InputError, LayerSpec
+from sparsegen import HeadSpec, InputError, LayerSpec, ops
 from sparsegen.testing import PrefillProblem, layer_specs, prefill_problems, rel_err
 
 TOL = {torch.float16: 5e-3, torch.float32: 1e-4}
@@ -115,7 +115,7 @@ def test_value_check_runs_after_prepare_and_before_the_launch(monkeypatch):
     q, k, v, cu_q, cu_k, _, _ = p.args()
     events = []
     real_prepare, real_call = prefill_mod.PrefillKernel.prepare, prefill_mod.Launch.__call__
-    real_values = sparsegen.ops.check_cu_seqlens_values
+    real_values = ops.check_cu_seqlens_values
 
     def prepare(self, *a, **kw):
         events.append("prepare")
@@ -131,7 +131,7 @@ def test_value_check_runs_after_prepare_and_before_the_launch(monkeypatch):
 
     monkeypatch.setattr(prefill_mod.PrefillKernel, "prepare", prepare)
     monkeypatch.setattr(prefill_mod.Launch, "__call__", call)
-    monkeypatch.setattr(sparsegen.ops, "check_cu_seqlens_values", values)
+    monkeypatch.setattr(ops, "check_cu_seqlens_values", values)
     out = sparsegen.prefill(q, k, v, cu_q, cu_k, layer, impl="triton")
     assert events == ["prepare", "values", "launch"]
     assert not torch.isnan(out).any()

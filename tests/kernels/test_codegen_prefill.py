@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import sparsegen
-from sparsegen import HeadSpec, LayerSpec
+from sparsegen import HeadSpec, LayerSpec, codegen
 from sparsegen.errors import CompileError
 from sparsegen.kernels import prefill_template as triton_build
 
@@ -82,7 +82,7 @@ def test_non_affine_offsets_render_a_select_chain():
 
 def test_free_strings_never_reach_the_template():
     with pytest.raises(CompileError, match="not an allowed word"):
-        sparsegen.codegen.render(triton_build.TEMPLATE, evil="import os")
+        codegen.render(triton_build.TEMPLATE, evil="import os")
 
 
 def test_arch_spelling_is_checked():

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sparsegen
-from sparsegen import HeadSpec, LayerSpec
+from sparsegen import HeadSpec, LayerSpec, codegen
 from sparsegen.errors import CompileError, InputError
 from sparsegen.jit import nvrtc_build as nb
 from sparsegen.kernels import decode as dec
@@ -158,9 +158,7 @@ def test_context_limit_is_an_input_error():
 
 def test_template_rejects_free_strings():
     with pytest.raises(CompileError):
-        sparsegen.codegen.render(
-            dt.TEMPLATE, **{**dt.template_constants(PHI3, "bf16", 16), "ctype": "int; evil"}
-        )
+        codegen.render(dt.TEMPLATE, **{**dt.template_constants(PHI3, "bf16", 16), "ctype": "int; evil"})
 
 
 def test_bad_arguments():

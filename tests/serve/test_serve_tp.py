@@ -2,7 +2,8 @@
 
 The expected tokens come from a one-process `LLM` with the same random weights (tensor
 parallelism must not change a token). One TP engine is started for the whole module (spawning
-two ranks costs seconds on a 2-core machine); the last test kills a rank on purpose.
+two ranks costs seconds on a 2-core machine); the test that kills a rank on purpose starts one
+of its own, so the tests pass in any order.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ def ref(single_thread):
     return LLM(random="tiny", device="cpu", max_num_seqs=8)
 
 
+def _tp_llm():
+    return LLM(random="tiny", device="cpu", tensor_parallel_size=2, max_num_seqs=8)
+
+
 @pytest.fixture(scope="module")
 def tp_llm(single_thread):
-    llm = LLM(random="tiny", device="cpu", tensor_parallel_size=2, max_num_seqs=8)
+    llm = _tp_llm()
     yield llm
     llm.engine.close()
 
@@ -40,6 +45,17 @@ def tp_llm(single_thread):
 def server(tp_llm):
     with ServerThread(tp_llm, max_queue=16) as srv:
         yield srv
+
+
+@pytest.fixture
+def doomed():
+    """A TP engine and its server of their own, for a test that kills a rank."""
+    llm = _tp_llm()
+    try:
+        with ServerThread(llm, max_queue=16) as srv:
+            yield srv, llm
+    finally:
+        llm.engine.close()
 
 
 def post(server, body: dict) -> httpx.Response:
@@ -93,8 +109,9 @@ def test_tp2_stream_and_metrics(server, ref, tp_llm):
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
 
 
-def test_tp2_a_lost_rank_fails_requests_and_health(server, tp_llm):
-    """Last in this module: it kills rank 1, and the engine cannot run again."""
+def test_tp2_a_lost_rank_fails_requests_and_health(doomed):
+    """Rank 1 killed: requests fail naming it, health turns 503, and the engine cannot run again."""
+    server, tp_llm = doomed
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
     tp_llm.engine._procs[1].kill()
     tp_llm.engine._procs[1].join(10)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sparsegen as sg
-from sparsegen import HeadSpec, InputError, LayerSpec, reference
+from sparsegen import HeadSpec, InputError, LayerSpec, ops, presets, reference
 from sparsegen.testing import DecodeProblem, decode_problems, layer_specs, prefill_problems, rel_err
 
 
@@ -88,7 +88,7 @@ def test_sliding_window_equals_sliced_keys(n, window):
 
 
 def test_homo_head_equals_identical_heads():
-    homo = sg.presets.blocksparse_heads(8, block_size=16, local_blocks=2, vert_stride=4, homo_head=True)
+    homo = presets.blocksparse_heads(8, block_size=16, local_blocks=2, vert_stride=4, homo_head=True)
     layer = LayerSpec(num_heads=8, num_kv_heads=2, head_dim=64, heads=homo)
     single = LayerSpec(num_heads=1, num_kv_heads=1, head_dim=64, heads=(homo[0],))
     n = 150
@@ -188,7 +188,7 @@ def test_interpreter_set_too_late_is_a_clear_error(monkeypatch):
     q, k = torch.randn(4, 2, 64, dtype=torch.float16), torch.randn(4, 1, 64, dtype=torch.float16)
     cu = torch.tensor([0, 4], dtype=torch.int32)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    if sg.ops.interpreter_usable():
+    if ops.interpreter_usable():
         pytest.skip("this process started with TRITON_INTERPRET=1, so the interpreter is active")
     with pytest.raises(sg.ImplUnavailableError, match="after Triton was imported"):
         sg.prefill(q, k, k, cu, cu, layer, impl="triton")

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sparsegen as sg
-from sparsegen import HeadSpec, LayerSpec, ModelSpec, SpecError
+from sparsegen import HeadSpec, LayerSpec, ModelSpec, SpecError, presets
 from sparsegen.testing import head_specs, layer_specs
 
 
@@ -186,7 +186,7 @@ def test_hf_config_maps_to_phi3small(tmp_path):
 
 
 def test_hf_config_homo_head_and_window(tmp_path):
-    homo = sg.presets.from_hf_config(_hf_config(blocksparse_homo_head_pattern=True))
+    homo = presets.from_hf_config(_hf_config(blocksparse_homo_head_pattern=True))
     assert len(set(homo.layers[0].heads)) == 1
     mistral = {
         "model_type": "mistral",
@@ -196,7 +196,7 @@ def test_hf_config_homo_head_and_window(tmp_path):
         "num_key_value_heads": 8,
         "sliding_window": 4096,
     }
-    assert sg.presets.from_hf_config(mistral).layers[0].heads[0].sliding_window == 4096
+    assert presets.from_hf_config(mistral).layers[0].heads[0].sliding_window == 4096
 
 
 @pytest.mark.parametrize(
@@ -212,7 +212,7 @@ def test_hf_config_homo_head_and_window(tmp_path):
 )
 def test_hf_config_errors(extra, match):
     with pytest.raises(SpecError, match=match):
-        sg.presets.from_hf_config(_hf_config(**extra))
+        presets.from_hf_config(_hf_config(**extra))
 
 
 def test_get_pattern_errors(tmp_path):
@@ -229,7 +229,7 @@ def test_get_pattern_errors(tmp_path):
 
 
 def test_tensor_parallel_shard_uses_global_head_index():
-    shard = sg.presets.blocksparse_heads(
+    shard = presets.blocksparse_heads(
         8, block_size=64, local_blocks=16, vert_stride=8, first_head=8, total_heads=32
     )
     full = sg.get_pattern("phi3small").layers[0].heads
