@@ -237,6 +237,7 @@ def test_cache_clear_without_confirmation_aborts(fresh_cache):
     assert result.exit_code == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_python_dash_m_gives_the_same_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for argv, code, needle in [

@@ -25,6 +25,7 @@ from sparsegen.figure import distinct_heads, picture_tile
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_png_is_written_and_the_figure_groups_distinct_heads(tmp_path):
     extras.require("matplotlib")
     png = tmp_path / "phi3.png"
@@ -110,6 +111,7 @@ def _run_on_pty(argv: list[str], env: dict) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("json_flag", [False, True])
+@pytest.mark.slow
 def test_compile_bar_on_a_terminal_only(tmp_path, json_flag):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
@@ -144,6 +146,7 @@ def test_driver_release_from_proc_text():
     assert driver_release("no driver here") is None
 
 
+@pytest.mark.slow
 def test_generate_bar_shows_tokens_per_second_on_a_terminal(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)

@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test starts a script in a fresh interpreter
 ROOT = Path(__file__).resolve().parents[2]
 
 

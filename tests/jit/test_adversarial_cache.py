@@ -904,6 +904,7 @@ def sparsegen_log():
     logger.setLevel(level)
 
 
+@pytest.mark.slow
 def test_waiter_logs_that_another_process_holds_the_lock(root, sparsegen_log):
     holder = _hold_lock(root, 2.5)  # > 1 s notice, with margin for a loaded machine
     try:

@@ -102,6 +102,7 @@ print(sparsegen.lookup_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90
 """
 
 
+@pytest.mark.slow
 def test_four_processes_racing_build_once(fresh_cache):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
     procs = [

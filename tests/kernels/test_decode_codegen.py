@@ -216,6 +216,7 @@ def test_repeated_get_kernel_is_a_memo_hit(monkeypatch):
     dtype=st.sampled_from(("fp16", "bf16")),
     arch=st.sampled_from(("sm_80", "sm_90")),
 )
+@pytest.mark.slow
 def test_nvrtc_compiles_random_specs(layer, page_size, dtype, arch):
     src = dt.render_source(layer, dtype, page_size)
     cubin, _ = nb.compile_cubin(src, arch, name="fuzz.cu")

@@ -119,6 +119,7 @@ def test_rendered_fused_merge():
     assert re.search(r"if \(num_splits > 1 && counters != nullptr\)", src)
 
 
+@pytest.mark.slow
 def test_fused_build_compiles_for_sm90_and_aot_launch_checks_merge():
     """The default kernel (fused merge inside) builds with NVRTC for sm_90; its launcher refuses a
     bad `merge` with a typed error before anything touches a GPU."""
@@ -145,6 +146,7 @@ def test_split_floor_short_contexts():
             assert s == 1 or s * dec.MIN_SPLIT_TOKENS <= -(-ctx // dec.TILE) * dec.TILE
 
 
+@pytest.mark.slow
 def test_build_without_the_fused_merge():
     """fused_merge=0 renders the kernel without the merge's code (a benchmark baseline); its
     launcher then uses the separate merge, and refuses an explicit merge="fused"."""

@@ -6,8 +6,10 @@ cases (tests/kernels/interpreter_gemv_cases.py) run in a fresh pytest process wi
 
 from __future__ import annotations
 
+import pytest
 from helpers.interpreter import assert_cases_pass
 
 
+@pytest.mark.slow
 def test_gemv_cases_in_interpreter():
     assert_cases_pass("kernels/interpreter_gemv_cases.py")

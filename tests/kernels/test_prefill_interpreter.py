@@ -7,13 +7,16 @@ pytest process with TRITON_INTERPRET=1, whatever this session imported before.
 
 from __future__ import annotations
 
+import pytest
 from helpers.interpreter import assert_cases_pass, run_in_interpreter
 
 
+@pytest.mark.slow
 def test_generated_kernels_match_reference_in_interpreter():
     assert_cases_pass("kernels/interpreter_prefill_cases.py")
 
 
+@pytest.mark.slow
 def test_fuzz_command_on_cpu():
     run = run_in_interpreter(
         "-m", "sparsegen.cli", "fuzz", "--random", "--examples", "3", "--max-len", "80", "--seed", "1"

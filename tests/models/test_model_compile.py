@@ -63,6 +63,7 @@ def _decode_state(model):
     return engine, ids, batch
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_of_prefill_and_decode_equals_eager(model):
     torch._dynamo.reset()
     rec = Recorder()
@@ -141,6 +142,7 @@ def test_export_of_prefill_and_decode_equals_eager(model):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compiled_engine_decode_equals_eager_as_the_batch_shrinks(model, monkeypatch):
     """compile_model=True: decode steps run the compiled forward (here through aot_eager, which
     traces what inductor would get) while the batch shrinks 3 -> 2 -> 1 and the block tables

@@ -6,8 +6,10 @@ cases (tests/models/interpreter_model_cases.py) run in a fresh pytest process wi
 
 from __future__ import annotations
 
+import pytest
 from helpers.interpreter import assert_cases_pass
 
 
+@pytest.mark.slow
 def test_model_over_generated_prefill_kernel_in_interpreter():
     assert_cases_pass("models/interpreter_model_cases.py")

@@ -22,7 +22,7 @@ from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import load_checkpoint
 from sparsegen.tp_engine import ModelSource, TPEngine
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]  # each test spawns ranks
 
 # Longer than local_blocks * block_size = 32 tokens, so that vertical-stride blocks (whose
 # offsets follow the global head numbers) decide what the sparse layers see.

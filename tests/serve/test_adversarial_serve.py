@@ -152,6 +152,7 @@ RAW = [b"", b"{", b"null", b"[]", b"123", b'"str"', b"[" * 100_000, b"\xff\xfe{}
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.slow
 def test_raw_garbage_is_a_400(http, path):
     for raw in RAW:
         err = check_error(http.post(path, content=raw, headers={"content-type": "application/json"}), 400)

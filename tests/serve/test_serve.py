@@ -128,6 +128,7 @@ def test_sampling_fields_reach_the_engine(client, ref, server):
     assert all_pages_free(server)
 
 
+@pytest.mark.slow
 def test_32_concurrent_streams_equal_solo_runs(server, ref):
     prompts = [f"client {i}: " + "ab" * (i % 5) for i in range(32)]
     solo = [

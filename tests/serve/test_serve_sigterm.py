@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from helpers import extras
@@ -18,13 +19,16 @@ from helpers.tp import children, exited
 httpx = extras.require("httpx")
 extras.require("fastapi")
 
+pytestmark = pytest.mark.slow  # each test starts a server process
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.mark.parametrize("tp", ["1", "2"])
 def test_sigterm_drains_and_exits_zero(tp):
     if tp != "1" and not os.path.isdir("/proc"):
         pytest.skip("finds the rank processes in /proc")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-c", "from sparsegen.cli import main; main()", "serve", "--random", "tiny", "--port", "0", "--no-warmup",
            "--drain-timeout", "30", "--device", "cpu", "--tp", tp]  # fmt: skip
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)

@@ -109,6 +109,7 @@ def test_tp2_stream_and_metrics(server, ref, tp_llm):
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
 
 
+@pytest.mark.slow
 def test_tp2_a_lost_rank_fails_requests_and_health(doomed):
     """Rank 1 killed: requests fail naming it, health turns 503, and the engine cannot run again."""
     server, tp_llm = doomed

@@ -202,6 +202,7 @@ for k_len, q_len in ((150, 150), (333, 17)):
 """
 
 
+@pytest.mark.slow
 def test_extreme_spec_prefill_in_the_interpreter_matches_the_reference(tmp_path):
     """The 2^28-local-blocks spec once gave max error 3.1 here; clamped, it matches the oracle.
     Runs in a fresh process: TRITON_INTERPRET=1 must be set before Triton is imported."""
@@ -429,6 +430,7 @@ def test_unreadable_and_oversized_files(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["show", "compile"])
+@pytest.mark.slow
 def test_cli_deep_json_gives_one_line_not_a_traceback(tmp_path, command):
     path = tmp_path / "deep.json"
     path.write_text(_deep(100_000, "list"))
@@ -493,6 +495,7 @@ def test_other_models_map_per_layer(tmp_path, cfg, shape, windows):
         assert _windows(spec) == windows
 
 
+@pytest.mark.slow
 def test_gpt_oss_window_means_hf_keys():
     """HF's sliding window of W keys: query i sees j iff i - j < W (W keys including i)."""
     spec = presets.from_hf_config(GPT_OSS_20B)

@@ -148,6 +148,7 @@ def test_spec_json_is_the_spec_s_canonical_json():
     assert "_json" not in repr(layer) and layer == LayerSpec.from_json(layer.to_json())
 
 
+@pytest.mark.slow
 def test_import_sparsegen_does_not_import_dynamo():
     import subprocess
     import sys

@@ -37,6 +37,7 @@ def _tokens_equal(layer, n_q, n_k):
 
 @settings(max_examples=8)
 @given(layer_specs(hybrid=True))
+@pytest.mark.slow
 def test_mask_mod_equals_visible_mask_on_random_layers(layer):
     _tokens_equal(layer, 150, 200)
 
@@ -77,6 +78,7 @@ def _sg_layout(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(
     "layer", [HYBRID, sg.get_pattern("phi3small").layers[0]], ids=["hybrid", "phi3small"]
 )
+@pytest.mark.slow
 def test_flex_attention_output_equals_reference(layer):
     n_q, n_k = (70, 150) if layer is HYBRID else (16, 1600)  # past 16 local blocks: offsets matter
     gen = torch.Generator().manual_seed(0)

@@ -23,6 +23,7 @@ def test_phi3small_density_at_8192():
     assert float(dens.mean()) == pytest.approx(0.3242, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_phi3small_density_falls_toward_one_eighth():
     blocks_32k = block_mask(PHI3, 32768, 64).float()
     n = 512
@@ -74,6 +75,7 @@ def test_closed_form_counts_match_mask(head, seq_len):
 
 
 @given(layer_specs(max_kv_heads=2), st.integers(1, 400), st.sampled_from([8, 16, 64, 128]))
+@pytest.mark.slow
 def test_block_and_page_maps_match_mask(layer, seq_len, size):
     mask = sg.visible_mask(layer, seq_len)
     blocks = block_mask(layer, seq_len, size)

@@ -38,6 +38,7 @@ def naive_prefill(problem) -> torch.Tensor:
 
 
 @given(prefill_problems(layer_specs(max_kv_heads=2, gqa_ratios=(1, 2, 4)), max_len=120, dtype=torch.float32))
+@pytest.mark.slow
 def test_reference_matches_naive_float64(problem):
     out = reference.prefill(*problem.args())
     assert out.dtype == torch.float32
@@ -45,6 +46,7 @@ def test_reference_matches_naive_float64(problem):
 
 
 @given(prefill_problems(max_len=200, dtype=torch.float64))
+@pytest.mark.slow
 def test_prefill_chunks_equal_whole(problem):
     """Prefix + chunk: attention over the last queries equals those rows of the whole prefill."""
     layer, t = problem.layer, problem.tensors
@@ -101,6 +103,7 @@ def test_homo_head_equals_identical_heads():
 
 
 @given(decode_problems(max_len=500, dtype=torch.float64))
+@pytest.mark.slow
 def test_decode_is_last_prefill_row_and_paged_equals_contiguous(problem):
     layer, t = problem.layer, problem.tensors
     decoded = reference.paged_decode(*problem.args())
@@ -113,6 +116,7 @@ def test_decode_is_last_prefill_row_and_paged_equals_contiguous(problem):
         assert rel_err(decoded[b : b + 1], row) < 1e-12
 
 
+@pytest.mark.slow
 def test_reference_never_builds_a_full_mask(monkeypatch):
     """The chunked loop keeps every score tensor under the budget, whatever the length."""
     seen = []
