@@ -37,6 +37,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """The random order's seed, even under -q (pytest-randomly prints it only in the header)."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(
+            f"random test order: --randomly-seed={seed} repeats it; -p no:randomly turns it off"
+        )
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory):
     """Every test session compiles into its own cache unless SPARSEGEN_CACHE_DIR is set."""
