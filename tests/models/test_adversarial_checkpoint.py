@@ -27,7 +27,7 @@ from sparsegen import CheckpointError, MissingExtraError, TokenizerError
 from sparsegen.models import Phi3SmallConfig, load_checkpoint
 from sparsegen.tokenizer import load_tokenizer
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("single_thread")  # one torch thread here, restored after
 
 
 @pytest.fixture(autouse=True)
