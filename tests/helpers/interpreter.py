@@ -3,7 +3,9 @@ a process first imports Triton, so each case file runs in a fresh pytest process
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,10 @@ def run_in_interpreter(*args: str, timeout: int = 900) -> subprocess.CompletedPr
 
 def assert_cases_pass(cases_file: str) -> None:
     """Run tests/<cases_file> (a path under tests/) in the interpreter; fail with its output if any
-    case fails."""
-    run = run_in_interpreter("-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / cases_file))
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    case fails. With pytest-randomly, the cases run in an order drawn from `random`, which the
+    plugin seeds from this run's --randomly-seed, so one outer seed repeats the inner order."""
+    order = ["-p", "no:randomly"]
+    if importlib.util.find_spec("pytest_randomly") is not None:
+        order = ["-p", "randomly", f"--randomly-seed={random.randrange(2**32)}"]
+    run = run_in_interpreter("-m", "pytest", "-q", "-p", "no:cacheprovider", *order, str(TESTS / cases_file))
+    assert run.returncode == 0, " ".join(order) + "\n" + run.stdout[-6000:] + run.stderr[-2000:]
