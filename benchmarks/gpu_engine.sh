@@ -4,7 +4,7 @@
 #   STAGES="profile1 generate" bash benchmarks/gpu_engine.sh   # a subset (tests profile1 profile32 prefill generate gemv)
 #   SMOKE=1 bash benchmarks/gpu_engine.sh                      # CPU: tiny model, checks the plumbing only
 # Stages, each python step under its own `timeout`:
-#   tests      pytest -m gpu tests/test_engine_gpu.py (graph steps vs eager, bf16 vs the reference,
+#   tests      pytest -m gpu tests/engine/test_engine_gpu.py (graph steps vs eager, bf16 vs the reference,
 #              compile_model=True inside the graphs as the batch shrinks)
 #   profile1   profile_decode_step.py at batch 1, 8K: graphs (async_decode steps, then synchronous
 #              ones), graphs + Triton GEMV, torch.compile in graphs, eager profile, split sweep
@@ -72,7 +72,7 @@ cat "$summary"
 if want tests; then
   echo "== engine gpu tests"
   step tests "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -s -p no:cacheprovider --durations=8 \
-    tests/test_engine_gpu.py
+    tests/engine/test_engine_gpu.py
   grep -E '(passed|failed|error|skipped)' "$LOGS/tests.log" | tail -n 1 | tee -a "$summary"
   grep -E '^(FAILED|ERROR)|tokens/s' "$LOGS/tests.log" | head -n 12
 fi

@@ -1,4 +1,5 @@
-"""Shared pytest set-up: hypothesis profiles, the gpu marker, a private kernel cache."""
+"""Shared pytest set-up: hypothesis profiles, the gpu marker, a private kernel cache, and the
+fixtures many test folders use (the tiny model, one torch thread, a fresh cache, the interpreter)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """The random order's seed, even under -q (pytest-randomly prints it only in the header)."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(
+            f"random test order: --randomly-seed={seed} repeats it; -p no:randomly turns it off"
+        )
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory):
     """Every test session compiles into its own cache unless SPARSEGEN_CACHE_DIR is set."""
@@ -78,3 +88,19 @@ def fresh_cache(tmp_path, monkeypatch):
     yield root
     prefill_mod.forget()
     decode_mod.forget()
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny-model tests are latency bound: one intra-op thread avoids oversubscribing CI cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def interpreter_env(monkeypatch):
+    """For the interpreter case files: the interpreter flag (and quiet logs) for every case."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SPARSEGEN_QUIET", "1")

@@ -61,12 +61,12 @@ import torch
 from profile_decode_step import engine_at, replay_ms, step_ms, sync
 from torch import nn
 
-from sparsegen.engine import sampling
 from sparsegen.kernels import base as kernel_base
 from sparsegen.kernels import decode_template
 from sparsegen.kernels.fused import add_norm as fused
 from sparsegen.kernels.linear import gemv
 from sparsegen.models import attention, layers, random_model
+from sparsegen.runner import sampling
 
 
 @dataclass(frozen=True)

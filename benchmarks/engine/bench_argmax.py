@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from sparsegen.commands.bench.common import graph_us
-from sparsegen.engine import sampling
+from sparsegen.runner import sampling
 
 
 def main() -> None:

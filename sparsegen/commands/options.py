@@ -86,7 +86,7 @@ def torch_device(value: str | None) -> str:
 def engine_step_options(command):
     """--chunk-size, --page-size and --no-cuda-graphs: how the engine steps, for generate and serve.
     The defaults are EngineConfig's, written out so that `--help` needs no torch import
-    (tests/test_cli_conventions.py holds them equal)."""
+    (tests/cli/test_cli_conventions.py holds them equal)."""
     command = click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")(command)
     command = click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)(command)
     return click.option(
