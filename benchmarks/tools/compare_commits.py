@@ -39,7 +39,9 @@ bf16 = torch.bfloat16
 def layer_of(name):
     model = sparsegen.get_pattern(name)
     return next(l for l in model.layers if not l.is_dense)
-for name, seq in (("phi3small", 8192), ("phi3small", 32768), ("phi3small", 131072), ("sliding-window", 32768)):
+import os
+PREFILL = (("phi3small", 8192), ("phi3small", 32768), ("phi3small", 131072), ("sliding-window", 32768))
+for name, seq in () if os.environ.get("COMPARE_DECODE_ONLY") else PREFILL:
     layer = layer_of(name)
     g = torch.Generator(device="cuda").manual_seed(seq)
     q = torch.randn(seq, 32, 128, device="cuda", dtype=bf16, generator=g)
@@ -81,8 +83,10 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run_worker(tree: Path, cache: Path, *, tl: bool = False) -> dict[str, float]:
+def run_worker(tree: Path, cache: Path, *, tl: bool = False, decode_only: bool = False) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree), "SPARSEGEN_CACHE_DIR": str(cache), "SPARSEGEN_QUIET": "1"}
+    if decode_only:
+        env["COMPARE_DECODE_ONLY"] = "1"
     if tl:  # both trees on the tl prefill kernel (older trees have no other and ignore the flag)
         env["SPARSEGEN_PREFILL_TL"] = "1"
     proc = subprocess.run([sys.executable, "-c", WORKER], env=env, cwd=tree, capture_output=True, text=True)
@@ -100,6 +104,7 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tl", action="store_true", help="force the tl prefill kernel in both trees")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode cases (fresh processes)")
     ap.add_argument("--out", type=Path, default=None, help="write every round's numbers as JSON")
     args = ap.parse_args()
     trees = {"base": args.base.resolve(), "new": args.new.resolve()}
@@ -110,7 +115,7 @@ def main() -> None:
             c.mkdir(mode=0o700)
         for r in range(args.rounds):
             order = ("base", "new") if r % 2 == 0 else ("new", "base")
-            result = {name: run_worker(trees[name], caches[name], tl=args.tl) for name in order}
+            result = {name: run_worker(trees[name], caches[name], tl=args.tl, decode_only=args.decode_only) for name in order}
             rounds.append(result)
             print(f"round {r + 1}/{args.rounds} done (order {order[0]} first)", file=sys.stderr, flush=True)
     for name in trees:

@@ -34,9 +34,11 @@ def sample_isolating(
     fails, as without isolation). Deterministic rows fail alike on every tensor-parallel rank."""
 
     def run(rows: list[int]) -> sampling.DeviceSample:
-        pick = torch.tensor(rows, device=logits.device)
+        # the whole batch (every step that does not fail) samples the logits as they are: no
+        # row gather, no host-to-device copy, nothing that would wait for the GPU
+        picked = logits if len(rows) == logits.shape[0] else logits[rows]
         return sampling.sample_on_device(
-            logits.index_select(0, pick),
+            picked,
             [params[r] for r in rows],
             [output_ids[r] for r in rows],
             [prompt_ids[r] for r in rows],
@@ -63,6 +65,6 @@ def sample_isolating(
     if not good:
         return sampling.DeviceSample(tokens, failed=reasons)
     out = run(good)
-    tokens[torch.tensor(good, device=logits.device)] = out.token_ids
+    tokens[good] = out.token_ids
     rows = tuple(good[j] for j in out.logprob_rows)
     return replace(out, token_ids=tokens, logprob_rows=rows, failed=reasons)
