@@ -115,7 +115,10 @@ def main() -> None:
             c.mkdir(mode=0o700)
         for r in range(args.rounds):
             order = ("base", "new") if r % 2 == 0 else ("new", "base")
-            result = {name: run_worker(trees[name], caches[name], tl=args.tl, decode_only=args.decode_only) for name in order}
+            result = {
+                name: run_worker(trees[name], caches[name], tl=args.tl, decode_only=args.decode_only)
+                for name in order
+            }
             rounds.append(result)
             print(f"round {r + 1}/{args.rounds} done (order {order[0]} first)", file=sys.stderr, flush=True)
     for name in trees:
