@@ -34,7 +34,7 @@ EXTRAS = {
     "model": ("tiktoken",),
     "plot": ("matplotlib",),
     "serve": ("fastapi", "uvicorn", "prometheus-client"),
-    "test": ("pytest", "build", "hatchling", "ruff", "openai", "httpx", "transformers"),
+    "test": ("pytest", "pytest-randomly", "build", "hatchling", "ruff", "openai", "httpx", "transformers"),
 }
 PACKAGES = tuple(dict.fromkeys([d for dists in EXTRAS.values() for d in dists] + ["cuda-pathfinder"]))
 

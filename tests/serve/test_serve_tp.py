@@ -124,4 +124,5 @@ def test_tp2_a_lost_rank_fails_requests_and_health(doomed):
     assert httpx.get(server.url + "/health", timeout=10).status_code == 503
     again = post(server, {"prompt": [1, 2, 3], "max_tokens": 4})
     assert again.status_code == 503
-    assert tp_llm.engine.abort(0) is False  # request 0 finished long ago; cleanup never raises
+    tp_llm.engine.abort(0)  # cleanup on a dead engine never raises (request 0 may be the failed one)
+    assert tp_llm.engine.abort(0) is False  # and after it nothing of request 0 is left
