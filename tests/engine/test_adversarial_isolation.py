@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from helpers import extras
 
 from sparsegen.engine import LLMEngine
 from sparsegen.errors import RequestFailedError
@@ -140,8 +141,8 @@ def test_llm_generate_raises_and_serves_on(poison):
 
 
 # -- the server -------------------------------------------------------------------------------
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
+httpx = extras.require("httpx")
+extras.require("fastapi")
 
 
 @pytest.fixture(scope="module")

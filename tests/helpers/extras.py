@@ -26,6 +26,7 @@ EXTRA_OF = {
     "cuda.core": "cuda",
     "cuda.bindings.nvrtc": "cuda",
     "matplotlib": "plot",
+    "transformers": "test",
 }
 
 

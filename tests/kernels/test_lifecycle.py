@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import extras
 
 import sparsegen
 from sparsegen import HeadSpec, InputError, LayerSpec
@@ -135,7 +136,7 @@ def test_names_of_many_head_groups_stay_short():
 def test_knob_variants_are_ordinary_cached_requests(fresh_cache):
     """Template knobs (benchmarks, tests) are part of the request and its key: a variant builds
     once, is cached like any kernel, and leaves the default kernel's key alone."""
-    pytest.importorskip("cuda.core")
+    extras.require("cuda.core")
     from sparsegen.kernels import decode
 
     plain = base.key_of(KernelRequest.make("decode", TINY, dtype="fp16", arch="sm_90"))

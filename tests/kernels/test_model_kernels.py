@@ -23,7 +23,6 @@ from sparsegen.kernels.linear import gemm_rows, gemv
 from sparsegen.kernels.linear.gemm_rows_tiles import Tile
 from sparsegen.kernels.linear.rope_write import RopeWrite
 
-pytest.importorskip("triton")
 ARCH = "sm_90"
 TARGET = aot_target(ARCH)
 MODELS = Path(__file__).resolve().parents[2] / "sparsegen" / "models"

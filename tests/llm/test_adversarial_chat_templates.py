@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from helpers import extras
 
 from sparsegen.errors import InputError
 from sparsegen.llm.chat import PHI3SMALL_CHAT_TEMPLATE, ChatTemplate
@@ -121,8 +122,8 @@ def test_a_checkpoint_template_fails_the_request_not_the_llm(tmp_path):
 
 
 def test_the_server_answers_400_for_a_failing_template():
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = extras.require("httpx")
+    extras.require("fastapi")
     from sparsegen import LLM
     from sparsegen.serve.server import ServerThread
 

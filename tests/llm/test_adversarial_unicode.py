@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from helpers import extras
 from helpers.checkpoint import write_bpe_file
 
 from sparsegen.cli import COMMANDS, cli
@@ -120,8 +121,8 @@ CHAT_BODIES = [
 
 @pytest.fixture(scope="module")
 def http(llm):
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = extras.require("httpx")
+    extras.require("fastapi")
     from sparsegen.serve.server import ServerThread
 
     with ServerThread(llm, max_queue=4) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:

@@ -8,9 +8,10 @@ import threading
 import time
 
 import pytest
+from helpers import extras
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
+httpx = extras.require("httpx")
+extras.require("fastapi")
 
 from sparsegen import LLM  # noqa: E402
 from sparsegen.serve.server import ServerThread  # noqa: E402

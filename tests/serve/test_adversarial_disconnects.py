@@ -10,9 +10,10 @@ import socket
 import time
 
 import pytest
+from helpers import extras
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
+httpx = extras.require("httpx")
+extras.require("fastapi")
 from helpers.serve import all_pages_free  # noqa: E402
 
 from sparsegen import LLM  # noqa: E402

@@ -5,9 +5,10 @@ ones beside it succeed, and the server stays healthy with every KV page free."""
 from __future__ import annotations
 
 import pytest
+from helpers import extras
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
+httpx = extras.require("httpx")
+extras.require("fastapi")
 from helpers.serve import all_pages_free  # noqa: E402
 
 from sparsegen import LLM  # noqa: E402

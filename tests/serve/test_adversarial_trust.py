@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import extras
 
 from sparsegen.errors import InputError
 from sparsegen.llm.chat import ChatTemplate, eos_token_ids
@@ -30,8 +31,8 @@ BODY = json.dumps({"model": "random-tiny", "prompt": "hi", "max_tokens": 1})
 # -- content types ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def served():
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = extras.require("httpx")
+    extras.require("fastapi")
     from sparsegen import LLM
     from sparsegen.serve.server import ServerThread
 
@@ -81,7 +82,7 @@ def test_json_is_served(served, ctype):
 
 # -- the address it listens on ---------------------------------------------------------------------
 def test_every_way_to_serve_defaults_to_loopback():
-    pytest.importorskip("fastapi")
+    extras.require("fastapi")
     from sparsegen.commands.serve import command
     from sparsegen.serve.server import ServerThread, serve
 
@@ -92,7 +93,7 @@ def test_every_way_to_serve_defaults_to_loopback():
 
 
 def test_loopback_is_told_from_other_addresses():
-    pytest.importorskip("fastapi")
+    extras.require("fastapi")
     from sparsegen.serve.server import bind, loopback
 
     for host, local in (("127.0.0.1", True), ("0.0.0.0", False)):
@@ -114,7 +115,7 @@ def _first_lines(proc: subprocess.Popen, until: str, timeout: float = 120) -> st
 
 @pytest.mark.parametrize("host,warned", [("0.0.0.0", True), ("127.0.0.1", False)])
 def test_the_server_says_when_others_can_reach_it(tmp_path, host, warned):
-    pytest.importorskip("fastapi")
+    extras.require("fastapi")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARSEGEN_CACHE_DIR": str(tmp_path)}
     args = ["serve", "--random", "tiny", "--port", "0", "--no-warmup", "--host", host, "--max-num-seqs", "1"]
     proc = subprocess.Popen(

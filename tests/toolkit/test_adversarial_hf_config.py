@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import extras
 
 import sparsegen as sg
 from sparsegen.errors import CheckpointError, SpecError
@@ -73,7 +74,7 @@ def _ours(cfg: dict) -> list[int | None]:
 
 def _transformers(model_type: str, cfg: dict) -> list[int | None]:
     """Each layer's window as transformers' model for `model_type` would apply it."""
-    transformers = pytest.importorskip("transformers")
+    transformers = extras.require("transformers")
     config = getattr(transformers, CLASSES[model_type]).from_dict(dict(cfg))
     assert config.num_hidden_layers == N
     if model_type == "llama":
@@ -93,7 +94,7 @@ def test_a_hub_file_maps_as_transformers_reads_it(model_type, extra):
 @pytest.mark.parametrize("model_type", sorted(CLASSES))
 def test_transformers_own_default_config_written_out_maps_as_it_reads(model_type):
     """`Config(...)` -> `to_dict()` (a file as transformers saves it) -> the same windows."""
-    transformers = pytest.importorskip("transformers")
+    transformers = extras.require("transformers")
     config = getattr(transformers, CLASSES[model_type])(num_hidden_layers=N, **SHAPE)
     written = json.loads(json.dumps(config.to_dict()))
     assert _ours(written) == _transformers(model_type, written)
@@ -156,7 +157,7 @@ def test_the_refused_pattern_fields_are_ones_transformers_reads_otherwise(model_
 
 
 def test_bidirectional_gemma3_is_not_causal_in_transformers():
-    transformers = pytest.importorskip("transformers")
+    transformers = extras.require("transformers")
     config = transformers.Gemma3TextConfig(use_bidirectional_attention=True, **SHAPE)
     assert config.use_bidirectional_attention and config.sliding_window != 4096  # halved for its masks
 
