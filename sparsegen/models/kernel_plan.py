@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .. import dtypes
+from ..env import parse_arch
 from ..kernels.base import KernelRequest
 from ..kernels.fused import add_norm, gegelu, rotary
 from ..kernels.launch_target import aot_target
@@ -75,10 +76,12 @@ def model_kernel_requests(
     gemv_req(m(1, h * d), w_o, b_o)
     gemv_req(x1, w_lm, None, norm=(x1, ln_w, ln_b, eps))
 
-    # steps of 2..32 rows
+    # steps of 2..32 rows: gemm_rows and PDL launches exist on Hopper only (clusters,
+    # griddepcontrol); elsewhere those steps run cuBLAS and a plain add + LayerNorm
+    hopper = parse_arch(arch) // 10 == 9
     for n, k, bias, gegelu_on, rope_on in ((qkv_rows, hidden, True, False, True), (qkv_rows, hidden, True, False, False),
                                            (2 * ff, hidden, True, True, False), (hidden, h * d, True, False, False)):  # fmt: skip
-        if (n, k) in ROWS_LAYERS:
+        if hopper and (n, k) in ROWS_LAYERS:
             build = gemm_rows.build_for(
                 n, k, dtypes.name(dtype), bias, gegelu_on, (d, g) if rope_on else None
             )
@@ -86,8 +89,8 @@ def model_kernel_requests(
     for rows in ROW_COUNTS:
         xr = m(rows, hidden)
         for residual in (None, xr):
-            for trigger in (True, False):
-                out.append(add_norm.request(xr, residual, ln_w, ln_b, eps, pdl=True, trigger=trigger,
+            for pdl, trigger in ((True, True), (True, False)) if hopper else ((False, False),):
+                out.append(add_norm.request(xr, residual, ln_w, ln_b, eps, pdl=pdl, trigger=trigger,
                                             target=target, arch=arch))  # fmt: skip
 
     # prefills
