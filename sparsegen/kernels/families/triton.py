@@ -17,6 +17,7 @@ in Triton's interpreter.
 
 from __future__ import annotations
 
+import abc
 import functools
 import json
 from dataclasses import dataclass
@@ -112,9 +113,9 @@ class TritonFamily(Family):
     constexpr_names: tuple[str, ...]
     do_not_specialize: tuple[str, ...] = ()
 
+    @abc.abstractmethod
     def describe(self, constexprs: dict[str, Any], options: dict[str, Any]) -> str:
-        """The name after `<kind>_<dtype>_`: the constexprs that matter to a reader."""
-        raise NotImplementedError
+        """The name after `<kind>_<dtype>_`: the constexprs that matter to a reader (each family's own)."""
 
     def check(self, request: Request) -> None:
         p = request.params
