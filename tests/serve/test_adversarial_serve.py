@@ -13,19 +13,10 @@ httpx = extras.require("httpx")
 extras.require("fastapi")
 from helpers.serve import all_pages_free  # noqa: E402
 
-from sparsegen import LLM  # noqa: E402
-from sparsegen.serve.server import ServerThread  # noqa: E402
-
 pytestmark = pytest.mark.usefixtures("single_thread")
 M = "random-tiny"
 OK = {"model": M, "prompt": "hi", "max_tokens": 2}
 CHAT = {"model": M, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-
-
-@pytest.fixture(scope="module")
-def server(single_thread):
-    with ServerThread(LLM(random="tiny", max_num_seqs=4), max_queue=8) as srv:
-        yield srv
 
 
 @pytest.fixture(autouse=True)
@@ -33,12 +24,6 @@ def _every_page_back(server):
     """After each bad request (and the good one), no KV page is held and nothing is queued."""
     yield
     assert all_pages_free(server) and server.app.state.engine.inflight == 0
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        yield c
 
 
 def without(body: dict, key: str) -> dict:

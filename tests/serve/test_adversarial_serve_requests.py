@@ -11,9 +11,7 @@ httpx = extras.require("httpx")
 extras.require("fastapi")
 from helpers.serve import all_pages_free  # noqa: E402
 
-from sparsegen import LLM  # noqa: E402
 from sparsegen.request.sampling_params import MAX_TOKEN_COUNT  # noqa: E402
-from sparsegen.serve.server import ServerThread  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 M = "random-tiny"
@@ -21,23 +19,11 @@ OK = {"model": M, "prompt": "hi", "max_tokens": 2}
 CHAT = {"model": M, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
-@pytest.fixture(scope="module")
-def server(single_thread):  # noqa: F811
-    with ServerThread(LLM(random="tiny", max_num_seqs=4), max_queue=8) as srv:
-        yield srv
-
-
 @pytest.fixture(autouse=True)
 def _every_page_back(server):
     yield
     assert all_pages_free(server) and server.app.state.engine.inflight == 0
     assert server.app.state.engine.alive
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
 
 
 def _refused(r, param: str) -> None:
