@@ -11,12 +11,10 @@ from helpers import extras
 
 httpx = extras.require("httpx")
 extras.require("fastapi")
-from helpers.serve import all_pages_free  # noqa: E402
+from helpers.serve import CHAT, MODEL, OK, all_pages_free  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-M = "random-tiny"
-OK = {"model": M, "prompt": "hi", "max_tokens": 2}
-CHAT = {"model": M, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+M = MODEL
 
 
 @pytest.fixture(autouse=True)
