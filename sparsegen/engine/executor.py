@@ -23,6 +23,7 @@ import torch
 
 from ..errors import InputError
 from ..models.config import Phi3SmallConfig
+from ..models.families import DecoderConfig, DecoderForCausalLM
 from ..models.phi3small import Phi3SmallForCausalLM
 from ..parallel.source import ModelSource
 from ..request.sequence import Plan
@@ -59,7 +60,7 @@ class ModelFacts:
 def model_facts(model: object, config: EngineConfig, device) -> ModelFacts:
     """The model's config and where it runs; for a ModelSource, `tensor_parallel_size` checked
     against the model (whole KV groups and GeGeLU units per rank) and the visible GPUs."""
-    if isinstance(model, Phi3SmallForCausalLM):
+    if isinstance(model, (Phi3SmallForCausalLM, DecoderForCausalLM)):
         if config.tensor_parallel_size != 1:
             raise InputError(
                 f"tensor_parallel_size={config.tensor_parallel_size} needs a ModelSource (each rank builds "
@@ -69,9 +70,12 @@ def model_facts(model: object, config: EngineConfig, device) -> ModelFacts:
             raise InputError(f"device={device!r}, but the model is on {model.device}")
         return ModelFacts(model.config, model.device, model.attn_impl)
     if not isinstance(model, ModelSource):
-        raise InputError(f"model must be a Phi3SmallForCausalLM or a ModelSource, got {type(model).__name__}")
+        raise InputError(f"model must be a Phi3SmallForCausalLM, a DecoderForCausalLM or a ModelSource, got {type(model).__name__}")
     dev = _source_device(device)
     cfg = model.load_config()
+    if config.tensor_parallel_size != 1 and isinstance(cfg, DecoderConfig):
+        raise InputError(f"tensor_parallel_size={config.tensor_parallel_size}: sparsegen shards Phi-3-Small "
+                         f"only, not a {cfg.model_type} model")  # fmt: skip
     if config.tensor_parallel_size != 1:
         # imported here, not at the top: a spawned rank imports parallel.rank first, which
         # imports sparsegen.engine, whose __init__ imports this module; a top-level import of

@@ -1,4 +1,4 @@
-"""Build a Phi-3-Small model: from a local HF checkpoint folder, or with random weights.
+"""Build a model of any family (`models.families`, by config.json's `model_type`): from a local HF checkpoint folder, or with random weights.
 
 A checkpoint folder holds `config.json` and `*.safetensors`, either sharded with a
 `model.safetensors.index.json` weight map or not. Tensors are matched by their HF names,
@@ -21,6 +21,7 @@ from .. import folders, jsonio
 from .config import CheckpointError, Phi3SmallConfig, named_config
 from .memory import check_model_fits
 from .options import ModelOptions
+from .families import config_from_file, model_class
 from .phi3small import Phi3SmallForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -35,7 +36,7 @@ def empty_model(
     free memory first (`MemoryLimitError`)."""
     options = ModelOptions.of(options, **fields)
     check_model_fits(config, options.dtype, options.device)
-    return Phi3SmallForCausalLM(config, options).eval().requires_grad_(False)
+    return model_class(config)(config, options).eval().requires_grad_(False)
 
 
 def random_model(
@@ -64,7 +65,7 @@ def init_random_(name: str, param: torch.Tensor, gen: torch.Generator) -> None:
     drawn in the tensor's logical order, so an `in_major` weight gets the same numbers as a
     row-major one."""
     out = param if param.is_contiguous() else torch.empty_like(param, memory_format=torch.contiguous_format)
-    if name.endswith("layernorm.weight"):
+    if name.endswith(("layernorm.weight", "norm.weight")):
         out.normal_(1.0, 0.1, generator=gen)
     elif name.endswith(".bias"):
         out.normal_(0.0, 0.02, generator=gen)
@@ -185,7 +186,7 @@ def load_into(folder, options: ModelOptions | None, fields: dict, build, read):
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
-    config = Phi3SmallConfig.from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
+    config = config_from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
     weight_map = checkpoint_weight_map(folder)
     model = build(config, options)
     params = dict(model.named_parameters())
@@ -194,7 +195,7 @@ def load_into(folder, options: ModelOptions | None, fields: dict, build, read):
         if name.endswith(SKIPPED_SUFFIXES):
             continue
         if name not in params:
-            raise CheckpointError(f"{path} holds tensor {name!r}, which Phi-3-Small has no place for")
+            raise CheckpointError(f"{path} holds tensor {name!r}, which the {getattr(config, 'model_type', 'phi3small')} model has no place for")
         by_file.setdefault(path, []).append(name)
     loaded: set[str] = set()
     with torch.no_grad():

@@ -21,7 +21,10 @@ USABLE_FRACTION = 0.9
 
 
 def parameter_count(config: Phi3SmallConfig) -> int:
-    """Parameters of Phi3SmallForCausalLM for `config` (lm_head counted: random models untie it)."""
+    """Parameters of Phi3SmallForCausalLM for `config` (lm_head counted: random models untie it);
+    a decoder family's config counts its own (`DecoderConfig.parameter_count`)."""
+    if hasattr(config, "parameter_count"):
+        return config.parameter_count()
     h, f, v = config.hidden_size, config.ff_intermediate_size, config.vocab_size
     qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
     per_layer = (

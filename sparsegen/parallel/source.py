@@ -39,13 +39,14 @@ class ModelSource:
             raise InputError(f"ModelSource.dtype must name a floating-point torch dtype, got {self.dtype!r}")
 
     def load_config(self):
-        from ..models import Phi3SmallConfig, named_config
+        from ..models import named_config
 
         if self.model_dir is not None:
+            from ..models.families import config_from_file
             from ..models.loader import contained_file
 
             folder = Path(self.model_dir)
-            return Phi3SmallConfig.from_file(
+            return config_from_file(
                 contained_file(folder, "config.json", f"checkpoint {folder} has")
             )
         return named_config(self.random) if self.random is not None else self.config

@@ -1,0 +1,119 @@
+"""The shared layers of the Llama-style decoder families: RMSNorm, the SwiGLU MLP, and attention
+with separate q/k/v/o projections (optional biases, optional per-head q/k RMSNorm) whose
+attention goes through `sparsegen.prefill` / `sparsegen.paged_decode` with the layer's own
+`LayerSpec`, over the engine's paged KV cache. Module names equal the HF tensor names. Plain
+torch math (cuBLAS linears; the batch-1 Triton GEMV for the projections when the options turn it
+on). Activations are `[T, features]` for T tokens."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ... import ops
+from ...errors import InputError
+from ...spec import LayerSpec
+from ..batch import ForwardBatch
+from ..kv_write import read_kv, write_kv
+from ..layers import Linear, linear
+from ..options import ModelOptions
+from ..rope import Rotary
+from .config import DecoderConfig
+
+KVCacheLayer = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_pages, page_size, Hkv, D]
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * w, computed in float32 and cast back before the weight, as transformers does."""
+
+    def __init__(self, size: int, eps: float, fk: dict):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(size, **fk))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., size]
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: DecoderConfig, options: ModelOptions, fk: dict):
+        super().__init__()
+        h, f, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gemv = options.gemv_on
+        self.gate_proj = Linear(h, f, bias=b, **fk)
+        self.up_proj = Linear(h, f, bias=b, **fk)
+        self.down_proj = Linear(f, h, bias=b, **fk)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
+        gate, up = linear(self.gate_proj, x, self.gemv), linear(self.up_proj, x, self.gemv)  # [T, F]
+        return linear(self.down_proj, F.silu(gate) * up, self.gemv)
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config: DecoderConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
+        super().__init__()
+        self.layer = layer
+        self.prefill_impl, self.decode_impl = options.attn_impls
+        self.gemv = options.gemv_on
+        h, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
+        self.scale = config.attention_scale
+        hidden, bias = config.hidden_size, config.qkv_bias
+        self.q_proj = Linear(hidden, h * d, bias=bias, **fk)
+        self.k_proj = Linear(hidden, hkv * d, bias=bias, **fk)
+        self.v_proj = Linear(hidden, hkv * d, bias=bias, **fk)
+        self.o_proj = Linear(h * d, hidden, bias=config.o_bias, **fk)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, fk)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, fk)
+        self.qk_norm = config.qk_norm
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+        batch: ForwardBatch,
+        kv_cache: KVCacheLayer | None,
+    ) -> torch.Tensor:  # [T, hidden]
+        t, h, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        q = linear(self.q_proj, x, self.gemv).view(t, h, d)  # [T, H, D]
+        k = linear(self.k_proj, x, self.gemv).view(t, hkv, d)  # [T, Hkv, D]
+        v = linear(self.v_proj, x, self.gemv).view(t, hkv, d).contiguous()  # [T, Hkv, D]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
+        if kv_cache is not None and batch.slot_mapping is not None:
+            write_kv(kv_cache[0], kv_cache[1], batch.slot_mapping, k, v)
+        if batch.is_decode:
+            if kv_cache is None:
+                raise InputError("a decode step needs a KV cache")
+            out = ops.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables, batch.seq_lens, self.layer,
+                                   scale=self.scale, impl=self.decode_impl)  # fmt: skip
+        else:
+            if batch.kv_gather is not None:
+                k = read_kv(kv_cache[0], batch.kv_gather)  # [Tk, Hkv, D]: cached prefix + new
+                v = read_kv(kv_cache[1], batch.kv_gather)
+            out = ops.prefill(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer, scale=self.scale,
+                              impl=self.prefill_impl, check=False, max_seqlen_q=batch.max_seqlen_q,
+                              max_seqlen_k=batch.max_seqlen_k)  # fmt: skip
+        return linear(self.o_proj, out.reshape(t, h * d), self.gemv)  # [T, hidden]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, config: DecoderConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, fk)
+        self.self_attn = DecoderAttention(config, layer, options, fk)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, fk)
+        self.mlp = SwiGLU(config, options, fk)
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, kv_cache: KVCacheLayer | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv_cache)  # [T, hidden]
+        return x + self.mlp(self.post_attention_layernorm(x))

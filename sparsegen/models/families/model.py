@@ -1,0 +1,95 @@
+"""`DecoderForCausalLM`: a Llama-style decoder family (`families.FAMILIES`) with the interface
+the engine drives (`forward(input_ids, batch, kv_caches)` -> float32 logits for
+`batch.logits_index` rows, `spec`, `set_force_dense`, `local_num_kv_heads`, ...), as
+`Phi3SmallForCausalLM` has it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from ...errors import InputError
+from ...spec import HeadSpec, LayerSpec, ModelSpec
+from ..batch import ForwardBatch
+from ..layers import Embedding, Linear, linear
+from ..options import ModelOptions
+from .blocks import DecoderLayer, KVCacheLayer, RMSNorm
+from .config import DecoderConfig
+from .rope import DecoderRotary
+
+
+def decoder_spec(config: DecoderConfig, force_dense: bool = False) -> ModelSpec:
+    """Each layer's LayerSpec from config.json (`hf_config`: windows per layer), or all dense."""
+    spec = config.attention_spec()
+    if not force_dense:
+        return spec
+    dense = tuple(replace(layer, heads=(HeadSpec(dense=True),) * layer.num_heads) for layer in spec.layers)
+    return ModelSpec(name=f"{spec.name}-dense", layers=dense)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: DecoderConfig, spec: ModelSpec, options: ModelOptions, fk: dict):
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, **fk)
+        self.layers = nn.ModuleList(DecoderLayer(config, layer, options, fk) for layer in spec.layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fk)
+
+
+class DecoderForCausalLM(nn.Module):
+    def __init__(self, config: DecoderConfig, options: ModelOptions | None = None, **fields):
+        super().__init__()
+        options = ModelOptions.of(options, **fields)
+        self.config = config
+        self.options = options
+        self.spec = decoder_spec(config, options.force_dense)
+        self.attn_impl = options.attn_impl
+        fk = {"device": options.device, "dtype": options.dtype}
+        self.model = DecoderModel(config, self.spec, options, fk)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, **fk)
+        self.rotary = DecoderRotary(config.rope, options.device)
+        self.fused = False  # no hand-fused kernels (rotary, add + norm) in these families yet
+        self.gemv = options.gemv_on
+
+    def set_force_dense(self, force_dense: bool) -> None:
+        self.spec = decoder_spec(self.config, force_dense)
+        for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
+            block.self_attn.layer = layer
+
+    def set_triton_gemv(self, on: bool, o_proj: bool | None = None) -> None:
+        if not isinstance(on, bool) or not isinstance(o_proj, (bool, type(None))):
+            raise InputError(f"set_triton_gemv takes bools, got {on!r}, o_proj={o_proj!r}")
+        self.options = replace(self.options, triton_gemv=on)
+        self.gemv = on
+        for block in self.model.layers:
+            block.self_attn.gemv = block.mlp.gemv = on
+
+    def tie_embeddings(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def local_num_kv_heads(self) -> int:
+        return self.config.num_key_value_heads
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        batch: ForwardBatch,
+        kv_caches: list[KVCacheLayer] | None = None,
+    ) -> torch.Tensor:  # [B, vocab] float32, or [T, vocab] when batch.logits_index is None
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rotary.cos_sin(batch.positions)  # [T, D]
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, batch, kv_caches[i] if kv_caches is not None else None)
+        if batch.logits_index is not None:
+            x = x[batch.logits_index]  # [B, hidden]
+        return linear(self.lm_head, self.model.norm(x), self.gemv).float()  # [B, vocab]
