@@ -19,9 +19,9 @@ import torch
 
 from .. import folders, jsonio
 from .config import CheckpointError, Phi3SmallConfig, named_config
+from .families import config_from_file, model_class
 from .memory import check_model_fits
 from .options import ModelOptions
-from .families import config_from_file, model_class
 from .phi3small import Phi3SmallForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -195,7 +195,9 @@ def load_into(folder, options: ModelOptions | None, fields: dict, build, read):
         if name.endswith(SKIPPED_SUFFIXES):
             continue
         if name not in params:
-            raise CheckpointError(f"{path} holds tensor {name!r}, which the {getattr(config, 'model_type', 'phi3small')} model has no place for")
+            raise CheckpointError(
+                f"{path} holds tensor {name!r}, which the {getattr(config, 'model_type', 'phi3small')} model has no place for"
+            )
         by_file.setdefault(path, []).append(name)
     loaded: set[str] = set()
     with torch.no_grad():

@@ -46,9 +46,7 @@ class ModelSource:
             from ..models.loader import contained_file
 
             folder = Path(self.model_dir)
-            return config_from_file(
-                contained_file(folder, "config.json", f"checkpoint {folder} has")
-            )
+            return config_from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
         return named_config(self.random) if self.random is not None else self.config
 
     def build_model(self, device: torch.device):

@@ -16,14 +16,36 @@ TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_laye
 # per family: transformers' config class and what sets its tiny checkpoint apart (small windows
 # that bite inside a 20-token prompt, biases, rope variants)
 FAMILY_CASES = {
-    "llama": ("LlamaConfig", dict(attention_bias=True, rope_parameters={
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),  # fmt: skip
+    "llama": (
+        "LlamaConfig",
+        dict(
+            attention_bias=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),  # fmt: skip
     "mistral": ("MistralConfig", dict(sliding_window=8)),
     "qwen2": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
-    "qwen3": ("Qwen3Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1,
-                                  rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
-                                                   "original_max_position_embeddings": 64})),  # fmt: skip
+    "qwen3": (
+        "Qwen3Config",
+        dict(
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=1,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ),  # fmt: skip
 }
 
 
@@ -54,7 +76,7 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              eos_token_id=None, pad_token_id=0)  # fmt: skip
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def hf_logits(model, prompt: list[int]) -> torch.Tensor:  # [len(prompt), vocab] float32

@@ -104,7 +104,7 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
     hidden = num("hidden_size")
     layers = num("num_hidden_layers", hi=MAX_LAYERS)
     heads = num("num_attention_heads", hi=4096)
-    kv_heads = num("num_key_value_heads", hi=4096) if cfg.get("num_key_value_heads") is not None else heads
+    kv_heads = num("num_key_value_heads", hi=4096) if val("num_key_value_heads") is not None else heads
     if heads % kv_heads:
         raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of "
                               f"num_key_value_heads {kv_heads}")  # fmt: skip
@@ -118,7 +118,9 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
         head_dim = hidden // heads
     act = val("hidden_act")
     if act not in ("silu", "swish"):
-        raise CheckpointError(f"{source}: hidden_act {act!r:.40}; sparsegen's {traits.model_type} runs silu only")
+        raise CheckpointError(
+            f"{source}: hidden_act {act!r:.40}; sparsegen's {traits.model_type} runs silu only"
+        )
     max_pos = num("max_position_embeddings", hi=2**24)
     bias = flag("attention_bias")
     return DecoderConfig(
@@ -140,5 +142,5 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
         qk_norm=traits.qk_norm,
         bos_token_id=_token(cfg, "bos_token_id", d.get("bos_token_id"), vocab, source),
         eos_token_id=_token(cfg, "eos_token_id", d.get("eos_token_id"), vocab, source),
-        hf=tuple(sorted({**cfg, "head_dim": head_dim}.items(), key=lambda kv: kv[0])),
+        hf=tuple(sorted({**cfg, "head_dim": head_dim, "num_key_value_heads": kv_heads}.items())),
     )

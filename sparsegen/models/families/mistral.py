@@ -4,7 +4,12 @@ from .traits import COMMON_DEFAULTS, Traits
 
 TRAITS = Traits(
     "mistral",
-    defaults={**COMMON_DEFAULTS, "vocab_size": 32000, "max_position_embeddings": 131072},
+    defaults={
+        **COMMON_DEFAULTS,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 131072,
+    },
     qkv_bias=False,
     o_bias=False,
     mlp_bias=False,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ...errors import InputError
-from ...spec import HeadSpec, LayerSpec, ModelSpec
+from ...spec import HeadSpec, ModelSpec
 from ..batch import ForwardBatch
 from ..layers import Embedding, Linear, linear
 from ..options import ModelOptions

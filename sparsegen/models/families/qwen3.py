@@ -5,8 +5,14 @@ from .traits import COMMON_DEFAULTS, Traits
 
 TRAITS = Traits(
     "qwen3",
-    defaults={**COMMON_DEFAULTS, "vocab_size": 151936, "max_position_embeddings": 32768,
-              "bos_token_id": None, "eos_token_id": None},  # fmt: skip
+    defaults={
+        **COMMON_DEFAULTS,
+        "num_key_value_heads": 32,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    },  # fmt: skip
     mlp_bias=False,
     qk_norm=True,
     head_dim_default=128,

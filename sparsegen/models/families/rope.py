@@ -32,7 +32,9 @@ class RopeParams:
     head_dim: int = 128
 
 
-def read_rope(cfg: dict[str, Any], theta_default: float, head_dim: int, max_pos: int, source: str) -> RopeParams:
+def read_rope(
+    cfg: dict[str, Any], theta_default: float, head_dim: int, max_pos: int, source: str
+) -> RopeParams:
     kw = {"source": source, "error": CheckpointError}
     params = cfg.get("rope_parameters")
     if params is None:
@@ -43,7 +45,9 @@ def read_rope(cfg: dict[str, Any], theta_default: float, head_dim: int, max_pos:
         raise CheckpointError(f"{source}: rope_parameters must be an object, got {params!r:.80}")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise CheckpointError(f"{source}: rope type {kind!r:.40} is not one sparsegen runs ({', '.join(ROPE_TYPES)})")
+        raise CheckpointError(
+            f"{source}: rope type {kind!r:.40} is not one sparsegen runs ({', '.join(ROPE_TYPES)})"
+        )
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise CheckpointError(f"{source}: partial_rotary_factor is not supported")
 

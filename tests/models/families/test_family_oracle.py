@@ -61,7 +61,9 @@ def test_llm_greedy_tokens_equal_transformers(family):
     from sparsegen import LLM, SamplingParams
 
     _, folder, hf, want = family
-    llm = LLM(model=folder, device="cpu", dtype="float32", max_num_batched_tokens=16)  # the prompt in 2 chunks
+    llm = LLM(
+        model=folder, device="cpu", dtype="float32", max_num_batched_tokens=16
+    )  # the prompt in 2 chunks
     short = PROMPT[:11]
     outs = llm.generate([PROMPT, short], SamplingParams(max_tokens=NEW, ignore_eos=True), use_tqdm=False)
     assert outs[0].token_ids == want

@@ -1,0 +1,121 @@
+"""Decoder-family configs read as transformers' own config classes read the same file (their
+defaults when a field is absent), the rotary variants' frequencies against transformers'
+`ROPE_INIT_FUNCTIONS`, and bad configs refused with a CheckpointError naming the field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.extras import require
+
+from sparsegen.errors import CheckpointError
+from sparsegen.models.families import FAMILY_TYPES, config_from_dict
+from sparsegen.models.families.rope import inv_freq
+
+transformers = require("transformers")
+
+CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+MINIMAL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=32)
+
+
+def hf_config(model_type: str, fields: dict):
+    return getattr(transformers, CLASSES[model_type])(**fields)
+
+
+@pytest.mark.parametrize("model_type", sorted(CLASSES))
+@pytest.mark.parametrize(
+    "extra", [{}, {"num_key_value_heads": 4, "head_dim": 64, "tie_word_embeddings": True}]
+)
+def test_defaults_equal_transformers_config_class(model_type, extra):
+    fields = {**MINIMAL, **extra}
+    ours = config_from_dict({"model_type": model_type, **fields})
+    theirs = hf_config(model_type, fields)
+    head_dim = getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads
+    assert ours.head_dim == head_dim
+    for key in ("vocab_size", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
+                "tie_word_embeddings", "bos_token_id", "eos_token_id"):  # fmt: skip
+        assert getattr(ours, key) == getattr(theirs, key), key
+    assert ours.rope.theta == theirs.rope_parameters["rope_theta"]
+
+
+@pytest.mark.parametrize("model_type", sorted(CLASSES))
+def test_projection_biases_and_norms_match_transformers_modules(model_type):
+    fields = {**MINIMAL, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 1, "vocab_size": 32,
+              "attention_bias": True}  # fmt: skip
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config(model_type, fields))
+    attn = hf.model.layers[0].self_attn
+    ours = config_from_dict({"model_type": model_type, **fields})
+    assert ours.qkv_bias == (attn.q_proj.bias is not None)
+    assert ours.o_bias == (attn.o_proj.bias is not None)
+    assert ours.mlp_bias == (hf.model.layers[0].mlp.up_proj.bias is not None)
+    assert ours.qk_norm == hasattr(attn, "q_norm")
+
+
+ROPES = [
+    {"rope_type": "default", "rope_theta": 5e5},
+    {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0},
+    {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768},
+    {"rope_type": "yarn", "rope_theta": 1e4, "factor": 16.0, "original_max_position_embeddings": 4096,
+     "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.5},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("rope", ROPES, ids=lambda r: r["rope_type"])
+def test_rope_frequencies_equal_transformers(rope):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    fields = {**MINIMAL, "head_dim": 128, "max_position_embeddings": 131072, "rope_parameters": dict(rope)}
+    theirs = hf_config("llama", fields)
+    ours = config_from_dict({"model_type": "llama", **fields})
+    if rope["rope_type"] == "default":
+        want = 1.0 / rope["rope_theta"] ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+        factor = 1.0
+    else:
+        want, factor = ROPE_INIT_FUNCTIONS[rope["rope_type"]](theirs, "cpu")
+    torch.testing.assert_close(inv_freq(ours.rope).float(), want.float(), rtol=1e-6, atol=0)
+    assert ours.rope.attention_factor == pytest.approx(factor if rope["rope_type"] == "yarn" else 1.0)
+
+
+def test_old_style_rope_theta_and_rope_scaling():
+    cfg = config_from_dict({"model_type": "llama", **MINIMAL, "rope_theta": 5e5,
+                            "rope_scaling": {"type": "linear", "factor": 2.0}})  # fmt: skip
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.factor) == ("linear", 5e5, 2.0)
+
+
+def test_model_types_served():
+    assert set(FAMILY_TYPES) >= {"phi3small", "llama", "mistral", "qwen2", "qwen3"}
+    assert type(config_from_dict({"model_type": "phi3small"})).__name__ == "Phi3SmallConfig"
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"model_type": "falcon"}, "model_type is 'falcon'"),
+        ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act"),
+        ({"model_type": "llama", "num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
+        ({"model_type": "llama", "hidden_size": 250}, "not a multiple of 32 heads"),
+        ({"model_type": "llama", "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
+        ({"model_type": "llama", "rope_parameters": {"rope_type": "linear"}}, "'factor'"),
+        ({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
+         "original_max_position_embeddings"),
+        ({"model_type": "llama", "rope_parameters": "x"}, "rope_parameters must be an object"),
+        ({"model_type": "qwen2", "vocab_size": 1.5}, "'vocab_size' must be an int"),
+        ({"model_type": "mistral", "rms_norm_eps": -1.0}, "rms_norm_eps"),
+        ({"model_type": "qwen3", "tie_word_embeddings": "yes"}, "tie_word_embeddings"),
+        ({"model_type": "llama", "eos_token_id": 10**9}, "eos_token_id"),
+        ({"model_type": "llama", "num_hidden_layers": 0}, "num_hidden_layers"),
+    ],
+)  # fmt: skip
+def test_bad_config_is_a_checkpoint_error_naming_the_field(fields, message):
+    with pytest.raises(CheckpointError, match=message.replace("(", r"\(")):
+        config_from_dict({**MINIMAL, **fields}, "ckpt/config.json")
+
+
+@pytest.mark.parametrize("fields,message", [({"sliding_window": 0, "head_dim": 64}, "sliding_window"),
+                                            ({"sliding_window": 8}, "head_dim")])  # fmt: skip
+def test_attention_spec_errors_are_checkpoint_errors(fields, message):
+    cfg = config_from_dict({"model_type": "mistral", **MINIMAL, **fields})
+    with pytest.raises(CheckpointError, match=message):
+        cfg.attention_spec()
