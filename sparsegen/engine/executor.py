@@ -70,9 +70,7 @@ def model_facts(model: object, config: EngineConfig, device) -> ModelFacts:
             raise InputError(f"device={device!r}, but the model is on {model.device}")
         return ModelFacts(model.config, model.device, model.attn_impl)
     if not isinstance(model, ModelSource):
-        raise InputError(
-            f"model must be a Phi3SmallForCausalLM, a DecoderForCausalLM or a ModelSource, got {type(model).__name__}"
-        )
+        raise InputError(f"model must be a Phi3SmallForCausalLM or a ModelSource, got {type(model).__name__}")
     dev = _source_device(device)
     cfg = model.load_config()
     if config.tensor_parallel_size != 1 and isinstance(cfg, DecoderConfig):

@@ -167,13 +167,21 @@ def test_spec_errors_from_a_config_name_the_file(tmp_path, good, changes, match)
     assert str(folder / "config.json") in str(exc)
 
 
-@pytest.mark.parametrize("cfg", [MISTRAL_7B_V01, QWEN3_8B, GPT_OSS_20B, GEMMA2_9B])
+@pytest.mark.parametrize("cfg", [GPT_OSS_20B, GEMMA2_9B])
 def test_other_models_are_refused_at_once_by_model_type(tmp_path, cfg):
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg))  # no weights: model_type decides first
     exc = refused(CheckpointError, f"model_type is '{cfg['model_type']}'", _load, folder)
     assert "config.json" in str(exc)
+
+
+@pytest.mark.parametrize("cfg", [MISTRAL_7B_V01, QWEN3_8B])
+def test_served_families_read_config_then_want_weights(tmp_path, cfg):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))  # a family sparsegen runs: the weights are missing
+    refused(CheckpointError, "no \\*.safetensors files", _load, folder)
 
 
 def test_generate_would_have_printed_zeros(tmp_path, good):

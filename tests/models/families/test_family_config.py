@@ -119,3 +119,23 @@ def test_attention_spec_errors_are_checkpoint_errors(fields, message):
     cfg = config_from_dict({"model_type": "mistral", **MINIMAL, **fields})
     with pytest.raises(CheckpointError, match=message):
         cfg.attention_spec()
+
+
+@pytest.mark.parametrize("name", ["QWEN2_5_7B", "QWEN3_8B", "MISTRAL_7B_V01"])
+def test_real_configs_read_as_transformers_reads_them(name):
+    from helpers import hf_configs
+
+    cfg = getattr(hf_configs, name)
+    ours = config_from_dict(cfg)
+    theirs = transformers.AutoConfig.for_model(**cfg)
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings"):  # fmt: skip
+        assert getattr(ours, key) == getattr(theirs, key), key
+    assert ours.rope.theta == theirs.rope_parameters["rope_theta"]
+    assert ours.head_dim == (
+        getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads
+    )
+    windows = [layer.heads[0].sliding_window for layer in ours.attention_spec().layers]
+    types = getattr(theirs, "layer_types", None) or ["sliding_attention"] * theirs.num_hidden_layers
+    want = [theirs.sliding_window if t == "sliding_attention" and theirs.sliding_window else 0 for t in types]
+    assert windows == want
