@@ -58,3 +58,18 @@ def resolve(dtype: object, *, kernel: bool = False, what: str = "dtype") -> DTyp
 def name(dtype: object) -> str:
     """'bf16' for torch.bfloat16 or 'bfloat16'; InputError for anything not in the table."""
     return resolve(dtype).name
+
+
+# fp8 KV caches: the cache holds fp8 bytes, and the kernels dequantise with per-KV-head (or
+# per-tensor) float32 scales: key = k.float() * k_scale[kv_head]. vLLM's names.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+KV_CACHE_DTYPE_NAMES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+FP8_NAMES = {torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2"}  # in kernel names and keys
+
+
+def is_fp8(dtype: object) -> bool:
+    return dtype in FP8_DTYPES

@@ -51,6 +51,8 @@ def head_visible(head: HeadSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> to
         seen |= (j // bs + head.vert_offset + 1) % head.vert_stride == 0
     if head.sliding_window:
         seen |= (i - j) < head.sliding_window
+    if head.sink_tokens:
+        seen |= j < head.sink_tokens
     return causal & seen
 
 
@@ -94,7 +96,8 @@ def _vertical_keys_below(head: HeadSpec, n: torch.Tensor) -> torch.Tensor:
 
 def near_start(head: HeadSpec, q_pos: torch.Tensor) -> torch.Tensor:
     """First key of the contiguous range [near_start, i] that query i sees through its local
-    blocks, window or density; vertical blocks add keys only below it. Non-decreasing in i."""
+    blocks, window or density; vertical blocks and sink tokens add keys only below it.
+    Non-decreasing in i."""
     i = q_pos.to(torch.int64)
     if head.dense:
         return torch.zeros_like(i)
@@ -112,8 +115,15 @@ def head_key_counts(head: HeadSpec, q_pos: torch.Tensor) -> torch.Tensor:
     i = q_pos.to(torch.int64)
     near = near_start(head, i)
     count = i - near + 1
-    if head.vert_stride and not head.dense:
+    if head.dense:
+        return count
+    if head.vert_stride:
         count = count + _vertical_keys_below(head, near)
+    if head.sink_tokens:  # keys [0, min(sinks, near)), less those already counted as vertical
+        sinks = torch.clamp(near, max=head.sink_tokens)
+        count = count + sinks
+        if head.vert_stride:
+            count = count - _vertical_keys_below(head, sinks)
     return count
 
 
@@ -140,7 +150,8 @@ def block_mask(layer: LayerSpec, seq_len: int, block: int) -> torch.Tensor:
     """[H, nb, nb] bool: does query tile a see anything in key tile b (tiles of `block` tokens).
 
     Closed form, exact for any tile size: the rows of tile a = [a0, a1] together see the
-    contiguous range [near_start(a0), a1] plus the vertical-stride keys at or below a1.
+    contiguous range [near_start(a0), a1] plus the vertical-stride keys and the sink tokens at
+    or below a1.
     """
     layer = check_layer(layer)
     seq_len = check_length("seq_len", seq_len)
@@ -163,6 +174,8 @@ def block_mask(layer: LayerSpec, seq_len: int, block: int) -> torch.Tensor:
             top = torch.minimum(k_hi, q_hi) + 1
             below = _vertical_keys_below(head, k_lo.expand_as(top))
             seen |= (top > k_lo) & (_vertical_keys_below(head, top) > below)
+        if head.sink_tokens and not head.dense:
+            seen |= (k_lo < head.sink_tokens) & (k_lo <= q_hi)
         planes[head] = seen
     return torch.stack([planes[h] for h in layer.heads])
 

@@ -25,6 +25,7 @@ import functools
 import torch
 
 from . import env, reference
+from .dtypes import FP8_DTYPES
 from .errors import ImplUnavailableError, InputError
 from .spec import LayerSpec
 from .validate import (
@@ -32,7 +33,7 @@ from .validate import (
     check_cu_seqlens_values,
     check_decode_inputs,
     check_prefill_inputs,
-    softmax_scale,
+    layer_scale,
 )
 
 KINDS = ("prefill", "decode")
@@ -75,8 +76,12 @@ def _check_flag(name: str, value: object) -> None:
 
 
 def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *, impl=None, check=None,
-            max_seqlen_q=None, max_seqlen_k=None):  # fmt: skip
+            max_seqlen_q=None, max_seqlen_k=None, sinks=None, k_scale=None, v_scale=None):  # fmt: skip
     """Block-sparse varlen prefill. q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D].
+
+    `scale=None` takes the layer's (`LayerSpec.scale`, else 1/sqrt(head_dim)). `sinks` ([H]
+    float32) is required exactly when the layer has `learned_sinks`; `k_scale` / `v_scale`
+    (float32 [Hkv] or []) exactly when k/v are fp8 (DESIGN §1 and §3).
 
     `max_seqlen_q` / `max_seqlen_k` (flash-attn's names): the longest query / key length of the
     batch. Given, the compiled kernel sizes its grid from them and does not read cu_seqlens on
@@ -88,22 +93,24 @@ def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer: LayerSpec, scale=None, *
     _check_impl(impl, PREFILL_IMPLS)
     _check_flag("check", check)
     layer = _check_layer(layer)
-    scale = softmax_scale(scale, layer.head_dim)
+    scale = layer_scale(scale, layer)
     if torch.compiler.is_compiling():
-        return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, spec_json(layer),
-                                           scale, impl, check, max_seqlen_q, max_seqlen_k)  # fmt: skip
-    return _prefill(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, impl, check, max_seqlen_q, max_seqlen_k
-    )
+        return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, spec_json(layer), scale, impl,
+                                           check, max_seqlen_q, max_seqlen_k, sinks, k_scale, v_scale)  # fmt: skip
+    return _prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, impl, check, max_seqlen_q, max_seqlen_k,
+                    sinks, k_scale, v_scale)  # fmt: skip
 
 
-def _prefill(q, k, v, cu_q, cu_k, layer: LayerSpec, scale: float, impl, check, max_q, max_k) -> torch.Tensor:
+def _prefill(q, k, v, cu_q, cu_k, layer: LayerSpec, scale: float, impl, check, max_q, max_k, sinks=None,
+             k_scale=None, v_scale=None) -> torch.Tensor:  # fmt: skip
     """The implementation behind `prefill` and `torch.ops.sparsegen.prefill` (runs eagerly)."""
     if impl is None:
         on_gpu = isinstance(q, torch.Tensor) and gpu_capable(q.device)
         impl = "triton" if on_gpu and q.dtype in (torch.float16, torch.bfloat16) else "reference"
     if impl == "reference":
-        return reference.prefill(q, k, v, cu_q, cu_k, layer, scale)
+        return reference.prefill(
+            q, k, v, cu_q, cu_k, layer, scale, sinks=sinks, k_scale=k_scale, v_scale=v_scale
+        )
     interp = isinstance(q, torch.Tensor) and not gpu_capable(q.device)
     if interp:
         if not interpreter_enabled():
@@ -120,7 +127,9 @@ def _prefill(q, k, v, cu_q, cu_k, layer: LayerSpec, scale: float, impl, check, m
     if check is None:
         check = env.flag("SPARSEGEN_DEBUG") or (max_q is None and max_k is None)
     check_prefill_inputs(q, k, v, cu_q, cu_k, layer, allow_cpu=interp, kernel=True, check_values=False,
-                         max_seqlen_q=max_q, max_seqlen_k=max_k)  # fmt: skip
+                         max_seqlen_q=max_q, max_seqlen_k=max_k, sinks=sinks, k_scale=k_scale,
+                         v_scale=v_scale)  # fmt: skip
+    _no_fp8_kernel("prefill", k)
     from .kernels.prefill import get_prefill_kernel
 
     kernel = get_prefill_kernel(layer, dtype=q.dtype)
@@ -132,8 +141,10 @@ def _prefill(q, k, v, cu_q, cu_k, layer: LayerSpec, scale: float, impl, check, m
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale=None, *, impl=None,
-                 check=None, pdl=False):  # fmt: skip
+                 check=None, pdl=False, sinks=None, k_scale=None, v_scale=None):  # fmt: skip
     """One decode step over a paged cache. q: [B, H, D], caches: [pages, page_size, Hkv, D].
+
+    `scale`, `sinks`, `k_scale` and `v_scale` mean what they mean for `prefill`.
 
     `check=True` (or SPARSEGEN_DEBUG=1) validates seq_lens and every used page id on the host
     before the compiled kernel launches; the reference always does.
@@ -150,32 +161,41 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, 
     _check_flag("check", check)
     check_bool("pdl", pdl)
     layer = _check_layer(layer)
-    scale = softmax_scale(scale, layer.head_dim)
+    scale = layer_scale(scale, layer)
     if torch.compiler.is_compiling():
-        return torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens,
-                                                spec_json(layer), scale, impl, check)  # fmt: skip
-    return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check, pdl)
+        return torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, spec_json(layer),
+                                                scale, impl, check, sinks, k_scale, v_scale)  # fmt: skip
+    return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check, pdl, sinks,
+                         k_scale, v_scale)  # fmt: skip
 
 
-def _paged_decode(
-    q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale: float, impl, check, pdl=False
-):
+def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec, scale: float, impl, check,
+                  pdl=False, sinks=None, k_scale=None, v_scale=None):  # fmt: skip
     """The implementation behind `paged_decode` and `torch.ops.sparsegen.paged_decode`."""
     if impl is None:
         on_gpu = isinstance(q, torch.Tensor) and gpu_capable(q.device)
         impl = "cuda" if on_gpu and q.dtype in (torch.float16, torch.bfloat16) else "reference"
     if impl == "reference":
-        return reference.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale)
+        return reference.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, sinks=sinks,
+                                      k_scale=k_scale, v_scale=v_scale)  # fmt: skip
     if not (isinstance(q, torch.Tensor) and gpu_capable(q.device)):
         where = q.device if isinstance(q, torch.Tensor) else "no tensor"
         raise ImplUnavailableError(f"impl='cuda' needs q on a CUDA GPU of sm_80 or newer (q is on {where})")
     if check is None:
         check = env.flag("SPARSEGEN_DEBUG")
     check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check,
-                        kernel=True)  # fmt: skip
+                        kernel=True, sinks=sinks, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+    _no_fp8_kernel("decode", k_cache)
     from .kernels.decode import launch_checked
 
     return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, pdl=pdl)
+
+
+def _no_fp8_kernel(kind: str, k: torch.Tensor) -> None:
+    if k.dtype in FP8_DTYPES:
+        raise ImplUnavailableError(
+            f"the compiled {kind} kernels do not read fp8 K/V ({k.dtype}); impl='reference' does"
+        )
 
 
 def get_kernel(layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int | None = None, variant=None):
@@ -242,18 +262,20 @@ def _prefill_op(
     check: bool | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    sinks: torch.Tensor | None = None,  # [H] float32
+    k_scale: torch.Tensor | None = None,  # [Hkv] or [] float32
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [Tq, H, D]
     layer = layer_from_json(layer_json)
     _check_impl(impl, PREFILL_IMPLS)
-    scale = softmax_scale(scale, layer.head_dim)
-    return _prefill(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, impl, check, max_seqlen_q, max_seqlen_k
-    )
+    scale = layer_scale(scale, layer)
+    return _prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale, impl, check, max_seqlen_q, max_seqlen_k,
+                    sinks, k_scale, v_scale)  # fmt: skip
 
 
 @_prefill_op.register_fake
 def _prefill_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, layer_json, scale, impl=None, check=None,
-                  max_seqlen_q=None, max_seqlen_k=None):  # fmt: skip
+                  max_seqlen_q=None, max_seqlen_k=None, sinks=None, k_scale=None, v_scale=None):  # fmt: skip
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -268,25 +290,32 @@ def _paged_decode_op(
     scale: float | None,
     impl: str | None = None,
     check: bool | None = None,
+    sinks: torch.Tensor | None = None,  # [H] float32
+    k_scale: torch.Tensor | None = None,  # [Hkv] or [] float32
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [B, H, D]
     layer = layer_from_json(layer_json)
     _check_impl(impl, DECODE_IMPLS)
-    scale = softmax_scale(scale, layer.head_dim)
-    return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check)
+    scale = layer_scale(scale, layer)
+    return _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, impl, check, False, sinks,
+                         k_scale, v_scale)  # fmt: skip
 
 
 @_paged_decode_op.register_fake
-def _paged_decode_fake(q, k_cache, v_cache, block_tables, seq_lens, layer_json, scale, impl=None, check=None):
+def _paged_decode_fake(q, k_cache, v_cache, block_tables, seq_lens, layer_json, scale, impl=None, check=None,
+                       sinks=None, k_scale=None, v_scale=None):  # fmt: skip
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-def prefill_op(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale=None) -> torch.Tensor:
+def prefill_op(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, scale=None, *, sinks=None, k_scale=None,
+               v_scale=None) -> torch.Tensor:  # fmt: skip
     """`sparsegen.prefill` through the registered op. q: [Tq, H, D] -> [Tq, H, D]."""
-    return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, _layer_json(layer), scale)
+    return torch.ops.sparsegen.prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, _layer_json(layer), scale,
+                                       sinks=sinks, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
 
 
-def paged_decode_op(q, k_cache, v_cache, block_tables, seq_lens, layer, scale=None) -> torch.Tensor:
+def paged_decode_op(q, k_cache, v_cache, block_tables, seq_lens, layer, scale=None, *, sinks=None, k_scale=None,
+                    v_scale=None) -> torch.Tensor:  # fmt: skip
     """`sparsegen.paged_decode` through the registered op. q: [B, H, D] -> [B, H, D]."""
-    return torch.ops.sparsegen.paged_decode(
-        q, k_cache, v_cache, block_tables, seq_lens, _layer_json(layer), scale
-    )
+    return torch.ops.sparsegen.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, _layer_json(layer),
+                                            scale, sinks=sinks, k_scale=k_scale, v_scale=v_scale)  # fmt: skip

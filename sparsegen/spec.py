@@ -10,17 +10,24 @@ Semantics (DESIGN §1): query i sees key j iff j <= i and any enabled part allow
   local blocks     i//B - j//B < local_blocks
   vertical stride  (j//B + vert_offset + 1) % vert_stride == 0
   sliding window   i - j < sliding_window
+  sink tokens      j < sink_tokens (StreamingLLM's attention sinks)
+A layer may also soft-cap its scores (`logit_softcap`: s -> c * tanh(s / c)), add one learned
+sink logit per head to the softmax denominator (`learned_sinks`: the kernels then take
+`sinks=`), and carry its own default softmax scale (`scale`). Fields at their defaults are left
+out of the canonical JSON, so a spec that does not use them keeps its digest.
 
 Bounds (every value is checked here, so none reaches a template unchecked): no kernel serves a
 sequence longer than MAX_SEQ_LEN tokens, so a spec is only ever evaluated at positions below it.
   local_blocks     above MAX_SEQ_LEN // block_size it is clamped to that: every causal key is
                    already inside the local blocks there, so the two are the same pattern.
   sliding_window   above MAX_SEQ_LEN it is clamped to MAX_SEQ_LEN, for the same reason.
+  sink_tokens      the same clamp; a dense head's sink tokens are 0 (it sees them anyway).
   vert_stride      above MAX_SEQ_LEN // block_size it is refused (SpecError): such a stride picks
                    at most one block of the longest sequence, which no real pattern means.
   vert_offset      below vert_stride (refused otherwise).
   block_size       a power of two in MIN_BLOCK_SIZE..MAX_BLOCK_SIZE (refused otherwise).
   num_heads        at most MAX_HEADS (refused otherwise); head_dim one of SUPPORTED_HEAD_DIMS.
+  logit_softcap    0 (off) or in MIN_SOFTCAP..MAX_SOFTCAP; scale None or in MIN_SCALE..MAX_SCALE.
 Sizes are exact ints: bools, floats (even 8.0), strings and numpy scalars are refused.
 """
 
@@ -28,6 +35,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
@@ -35,12 +44,21 @@ from . import jsonio
 from .errors import SpecError
 
 SPEC_FORMAT = "sparsegen.spec/1"
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
+SUPPORTED_HEAD_DIMS = tuple(range(32, 257, 16))  # every multiple of 16 from 32 to 256
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 16, 256
 # The longest sequence any kernel serves, in tokens (decode's split arithmetic stays within 32
 # bits below it). The one definition: launchers and layout import it from here.
 MAX_SEQ_LEN = 2**23
 MAX_HEADS = 1024  # query heads per layer; the largest published models have 128
+# The kernels multiply raw scores by scale * log2(e) in fp32 before exp2; outside this range that
+# factor is inf (every row NaN) or flushes to zero / a subnormal (every row uniform, scale lost).
+LOG2E = 1.4426950408889634
+FP32_MAX = 3.4028234663852886e38
+FP32_MIN_NORMAL = 1.1754943508222875e-38
+MAX_SCALE = FP32_MAX / LOG2E  # ~2.36e38
+MIN_SCALE = FP32_MIN_NORMAL / LOG2E  # ~8.15e-39
+# Soft-cap c: the kernels compute c * tanh(s * (1/c)) in fp32; published models use 30 and 50.
+MIN_SOFTCAP, MAX_SOFTCAP = 1e-3, 1e6
 
 
 def _check_int(owner: str, name: str, value: Any, minimum: int = 0) -> None:
@@ -49,6 +67,17 @@ def _check_int(owner: str, name: str, value: Any, minimum: int = 0) -> None:
         raise SpecError(f"{owner}.{name} must be an int, got {value!r}")
     if value < minimum:
         raise SpecError(f"{owner}.{name} must be >= {minimum}, got {value!r}")
+
+
+def _real(value: Any) -> float | None:
+    """value as a finite float, or None when it is not a real number (bools and strings are not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        value = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _canonical_json(obj: Any) -> str:
@@ -69,9 +98,17 @@ class HeadSpec:
     vert_offset: int = 0
     sliding_window: int = 0
     dense: bool = False
+    sink_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window"):
+        for name in (
+            "block_size",
+            "local_blocks",
+            "vert_stride",
+            "vert_offset",
+            "sliding_window",
+            "sink_tokens",
+        ):
             _check_int("HeadSpec", name, getattr(self, name))
         if not isinstance(self.dense, bool):
             raise SpecError(f"HeadSpec.dense must be a bool, got {self.dense!r}")
@@ -92,6 +129,10 @@ class HeadSpec:
             object.__setattr__(self, "local_blocks", max_blocks)
         if self.sliding_window > MAX_SEQ_LEN:
             object.__setattr__(self, "sliding_window", MAX_SEQ_LEN)
+        if self.sink_tokens > MAX_SEQ_LEN:
+            object.__setattr__(self, "sink_tokens", MAX_SEQ_LEN)
+        if self.dense:  # a dense head sees every causal key already
+            object.__setattr__(self, "sink_tokens", 0)
         if self.vert_stride == 0 and self.vert_offset != 0:
             raise SpecError(f"HeadSpec.vert_offset must be 0 when vert_stride is 0, got {self.vert_offset!r}")
         if self.vert_stride > 0 and self.vert_offset >= self.vert_stride:
@@ -107,7 +148,7 @@ class HeadSpec:
 
     @property
     def kind(self) -> str:
-        """The pattern kind, e.g. 'dense', 'local+vert', 'window', 'local+window'."""
+        """The pattern kind, e.g. 'dense', 'local+vert', 'window', 'window+sink'."""
         if self.dense:
             return "dense"
         parts = []
@@ -117,10 +158,15 @@ class HeadSpec:
             parts.append("vert")
         if self.sliding_window:
             parts.append("window")
+        if self.sink_tokens:
+            parts.append("sink")
         return "+".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.sink_tokens:  # left out at its default: older specs keep their digests
+            del data["sink_tokens"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HeadSpec:
@@ -141,6 +187,9 @@ class LayerSpec:
     num_kv_heads: int
     head_dim: int
     heads: tuple[HeadSpec, ...]
+    logit_softcap: float = 0.0  # c > 0: each scaled score s becomes c * tanh(s / c); 0: off
+    learned_sinks: bool = False  # the kernels take sinks= [H] float32, one logit per head
+    scale: float | None = None  # the layer's default softmax scale (None: 1 / sqrt(head_dim))
 
     def __post_init__(self) -> None:
         _check_int("LayerSpec", "num_heads", self.num_heads, 1)
@@ -154,7 +203,27 @@ class LayerSpec:
                 f"num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
-            raise SpecError(f"LayerSpec.head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim!r}")
+            raise SpecError(
+                f"LayerSpec.head_dim must be a multiple of 16 from {SUPPORTED_HEAD_DIMS[0]} to "
+                f"{SUPPORTED_HEAD_DIMS[-1]}, got {self.head_dim!r}"
+            )
+        softcap = _real(self.logit_softcap)
+        if softcap is None or not (softcap == 0 or MIN_SOFTCAP <= softcap <= MAX_SOFTCAP):
+            raise SpecError(
+                f"LayerSpec.logit_softcap must be 0 (off) or a number in [{MIN_SOFTCAP:g}, {MAX_SOFTCAP:g}], "
+                f"got {self.logit_softcap!r:.80}"
+            )
+        object.__setattr__(self, "logit_softcap", softcap)
+        if not isinstance(self.learned_sinks, bool):
+            raise SpecError(f"LayerSpec.learned_sinks must be a bool, got {self.learned_sinks!r:.80}")
+        if self.scale is not None:
+            scale = _real(self.scale)
+            if scale is None or not (MIN_SCALE <= scale <= MAX_SCALE):
+                raise SpecError(
+                    f"LayerSpec.scale must be None or a finite number in [{MIN_SCALE:.3g}, {MAX_SCALE:.3g}], "
+                    f"got {self.scale!r:.80}"
+                )
+            object.__setattr__(self, "scale", scale)
         if not isinstance(self.heads, (tuple, list)):
             raise SpecError(f"LayerSpec.heads must be a sequence of HeadSpec, got {self.heads!r}")
         heads = tuple(self.heads)
@@ -167,7 +236,7 @@ class LayerSpec:
         # The canonical JSON, made once: kernel keys and the registered ops take it, and under
         # torch.compile reading a str attribute is a constant, where calling to_json() on the
         # frozen instance is something torch 2.11's dynamo cannot trace. Not a field: eq, hash
-        # and repr see only the four fields.
+        # and repr see only the fields.
         object.__setattr__(self, "_json", _canonical_json(self.to_dict()))
 
     @property
@@ -180,7 +249,27 @@ class LayerSpec:
 
     @property
     def is_dense(self) -> bool:
+        """Every head sees every causal key (soft-cap and learned sinks change the scores, not
+        which keys are seen)."""
         return all(h.dense for h in self.heads)
+
+    @property
+    def default_scale(self) -> float:
+        """The softmax scale a call with `scale=None` uses."""
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The optional attention features this layer uses, by name, in a fixed order; a kernel
+        that does not implement one of them must refuse the layer."""
+        found = []
+        if any(h.sink_tokens for h in self.heads):
+            found.append("sink_tokens")
+        if self.logit_softcap:
+            found.append("logit_softcap")
+        if self.learned_sinks:
+            found.append("learned_sinks")
+        return tuple(found)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -193,6 +282,10 @@ class LayerSpec:
             "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
             "heads": [h.to_dict() for h in self.heads],
+            # the optional fields only when set: a spec that does not use them keeps its digest
+            **({"logit_softcap": self.logit_softcap} if self.logit_softcap else {}),
+            **({"learned_sinks": True} if self.learned_sinks else {}),
+            **({"scale": self.scale} if self.scale is not None else {}),
         }
 
     @classmethod

@@ -21,19 +21,20 @@ import torch
 
 from . import dtypes
 from .errors import InputError
-from .spec import MAX_SEQ_LEN, LayerSpec
+from .spec import FP32_MAX, FP32_MIN_NORMAL, LOG2E, MAX_SCALE, MAX_SEQ_LEN, MIN_SCALE, LayerSpec
+
+__all__ = ["FP32_MAX", "FP32_MIN_NORMAL", "LOG2E", "MAX_SCALE", "MIN_SCALE"]  # re-exported bounds
 
 KERNEL_DTYPES = dtypes.KERNEL_DTYPES
 REFERENCE_DTYPES = dtypes.REFERENCE_DTYPES
 ALIGN_BYTES = 16
 ALIGN_STRIDE = 16  # elements
-LOG2E = 1.4426950408889634
-FP32_MAX = 3.4028234663852886e38
-FP32_MIN_NORMAL = 1.1754943508222875e-38
-# The kernels multiply raw scores by scale * log2(e) in fp32 before exp2; outside this range that
-# factor is inf (every row NaN) or flushes to zero / a subnormal (every row uniform, scale lost).
-MAX_SCALE = FP32_MAX / LOG2E  # ~2.36e38
-MIN_SCALE = FP32_MIN_NORMAL / LOG2E  # ~8.15e-39
+
+
+def layer_scale(scale: object, layer: LayerSpec) -> float:
+    """The call's score scale: `scale` when given, else the layer's default (`LayerSpec.scale`,
+    else 1/sqrt(head_dim)); checked as `softmax_scale` checks it."""
+    return softmax_scale(layer.default_scale if scale is None else scale, layer.head_dim)
 
 
 def softmax_scale(scale: object, head_dim: int) -> float:
@@ -105,6 +106,60 @@ def _check_float_dtypes(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...
     for n, t in zip(names[1:], tensors[1:]):
         if t.dtype != dt:
             raise InputError(f"{n} has dtype {t.dtype} but {names[0]} has {dt}")
+
+
+def _check_qkv_dtypes(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], allowed) -> None:
+    """q in `allowed`; k and v of q's dtype, or both of one fp8 dtype (an fp8 KV cache)."""
+    q, k, v = tensors
+    if k.dtype in dtypes.FP8_DTYPES or v.dtype in dtypes.FP8_DTYPES:
+        _check_float_dtypes(names[:1], (q,), allowed)
+        if k.dtype != v.dtype:
+            raise InputError(f"{names[2]} has dtype {v.dtype} but {names[1]} has {k.dtype}")
+        return
+    _check_float_dtypes(names, tensors, allowed)
+
+
+def check_features(layer: LayerSpec, q: torch.Tensor, kv_dtype: torch.dtype, *, sinks=None, k_scale=None,
+                   v_scale=None, values: bool = True) -> None:  # fmt: skip
+    """The per-call feature tensors: `sinks` ([H] float32, finite) exactly when the layer has
+    learned sinks; `k_scale` and `v_scale` (float32, [Hkv] or [], finite and > 0) exactly when
+    the KV dtype is fp8. All on q's device. `values` also reads them (a device sync)."""
+    if layer.learned_sinks and sinks is None:
+        raise InputError(
+            "this layer has learned_sinks=True: pass sinks=, a float32 tensor [H] of one logit per head"
+        )
+    if not layer.learned_sinks and sinks is not None:
+        raise InputError("sinks= was passed, but the layer has learned_sinks=False (set it in the LayerSpec)")
+    if sinks is not None:
+        _check_feature_tensor("sinks", sinks, q, ((layer.num_heads,),))
+        if values and not bool(torch.isfinite(sinks).all()):
+            raise InputError("sinks must be finite (a head with no sink is not a learned-sinks head)")
+    fp8 = kv_dtype in dtypes.FP8_DTYPES
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if fp8 and scale is None:
+            raise InputError(f"the KV tensors are {kv_dtype}: pass {name}=, float32 of shape [Hkv] or []")
+        if not fp8 and scale is not None:
+            raise InputError(f"{name}= is only for fp8 K/V, but they are {kv_dtype}")
+        if scale is not None:
+            _check_feature_tensor(name, scale, q, ((layer.num_kv_heads,), ()))
+            if values and not bool(((scale > 0) & torch.isfinite(scale)).all()):
+                raise InputError(f"{name} must be finite and > 0")
+
+
+def _check_feature_tensor(name: str, t: object, q: torch.Tensor, shapes: tuple[tuple[int, ...], ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _check_storage((name,), (t,))
+    if t.dtype != torch.float32:
+        raise InputError(f"{name} must be float32, got {t.dtype}")
+    if tuple(t.shape) not in shapes:
+        raise InputError(
+            f"{name} must have shape {' or '.join(map(str, map(list, shapes)))}, got {list(t.shape)}"
+        )
+    if t.device != q.device:
+        raise InputError(f"{name} is on {t.device} but q is on {q.device}")
+    if t.dim() and t.stride(0) != 1:
+        raise InputError(f"{name} must be contiguous, got stride {t.stride()}")
 
 
 def _check_same_device(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
@@ -182,14 +237,16 @@ def check_cu_seqlens_values(cu_q, cu_k, total_q: int, total_k: int, *, max_seqle
 
 
 def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cpu: bool, kernel: bool = False,
-                         check_values: bool = True, max_seqlen_q=None, max_seqlen_k=None) -> None:  # fmt: skip
-    """Everything about prefill's arguments; `kernel=True` adds the alignment policy."""
+                         check_values: bool = True, max_seqlen_q=None, max_seqlen_k=None, sinks=None,
+                         k_scale=None, v_scale=None) -> None:  # fmt: skip
+    """Everything about prefill's arguments (`check_features` for the feature tensors);
+    `kernel=True` adds the alignment policy."""
     layer = _check_layer(layer)
     q = _check_tensor("q", q, 3)
     k = _check_tensor("k", k, 3)
     v = _check_tensor("v", v, 3)
     _check_storage(("q", "k", "v"), (q, k, v))
-    _check_float_dtypes(("q", "k", "v"), (q, k, v), REFERENCE_DTYPES if allow_cpu else KERNEL_DTYPES)
+    _check_qkv_dtypes(("q", "k", "v"), (q, k, v), REFERENCE_DTYPES if allow_cpu else KERNEL_DTYPES)
     _check_same_device(("q", "k", "v"), (q, k, v))
     h, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     if q.shape[1:] != (h, d):
@@ -202,6 +259,7 @@ def check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, layer, *, allow_cp
                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
     if cu_seqlens_q.device != q.device:
         raise InputError(f"cu_seqlens_q is on {cu_seqlens_q.device} but q is on {q.device}")
+    check_features(layer, q, k.dtype, sinks=sinks, k_scale=k_scale, v_scale=v_scale, values=check_values)
     if kernel:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_alignment(name, t)
@@ -218,14 +276,18 @@ def check_decode_inputs(
     allow_cpu: bool,
     check_pages: bool,
     kernel: bool = False,
+    sinks=None,
+    k_scale=None,
+    v_scale=None,
 ) -> None:
-    """Everything about paged decode's arguments; `kernel=True` adds the alignment policy."""
+    """Everything about paged decode's arguments (`check_features` for the feature tensors);
+    `kernel=True` adds the alignment policy."""
     layer = _check_layer(layer)
     q = _check_tensor("q", q, 3)
     k_cache = _check_tensor("k_cache", k_cache, 4)
     v_cache = _check_tensor("v_cache", v_cache, 4)
     _check_storage(("q", "k_cache", "v_cache"), (q, k_cache, v_cache))
-    _check_float_dtypes(
+    _check_qkv_dtypes(
         ("q", "k_cache", "v_cache"), (q, k_cache, v_cache), REFERENCE_DTYPES if allow_cpu else KERNEL_DTYPES
     )
     batch = q.shape[0]
@@ -253,6 +315,7 @@ def check_decode_inputs(
         raise InputError(f"block_tables must have {batch} rows (one per query), got {block_tables.shape[0]}")
     if batch == 0:
         raise InputError("q has batch size 0")
+    check_features(layer, q, k_cache.dtype, sinks=sinks, k_scale=k_scale, v_scale=v_scale, values=check_pages)
     if kernel:
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             check_alignment(name, t)

@@ -140,7 +140,9 @@ class KernelRequest(Request):
             known = sorted(v for k, v in FAMILY_MODULES if k == kind)
             raise InputError(f"variant must be one of {known} for {kind} kernels, got {variant!r}")
         request = cls(kind, params, dtype, arch, variant)
-        family(request).check(request)
+        fam = family(request)
+        fam.check_layer(request)
+        fam.check(request)
         return request
 
 

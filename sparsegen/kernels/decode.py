@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..spec import LayerSpec
-from ..validate import check_decode_inputs, softmax_scale
+from ..validate import check_decode_inputs, layer_scale
 from . import base
 from .families.decode import (
     BLOCKS_PER_SM,
@@ -70,7 +70,7 @@ def cuda_paged_decode(
     check_decode_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check, kernel=True
     )
-    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, softmax_scale(scale, layer.head_dim),
+    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, layer_scale(scale, layer),
                           kernel=kernel, pdl=pdl)  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import ImplUnavailableError, InputError
 from ..spec import LayerSpec
 
 INTERPRETER_ARCH = "interpreter"  # pseudo-arch of kernels that run in Triton's interpreter
@@ -96,6 +96,27 @@ class Family(abc.ABC):
     kind: str
     variant: str
     source_file: str
+    # The optional attention features (LayerSpec.features) and head dims this family's kernels
+    # implement; a layer that needs anything else is refused before any render (check_layer).
+    features: frozenset[str] = frozenset()
+    head_dims: tuple[int, ...] = (64, 96, 128)
+
+    def check_layer(self, request: Request) -> None:
+        """Refuse an attention layer whose features or head_dim these kernels do not implement."""
+        if not isinstance(request.params, AttentionParams):
+            return
+        layer = request.params.layer
+        missing = [f for f in layer.features if f not in self.features]
+        if missing:
+            raise ImplUnavailableError(
+                f"the {self.kind} kernels of variant {self.variant!r} do not implement {', '.join(missing)}; "
+                "impl='reference' computes it"
+            )
+        if layer.head_dim not in self.head_dims:
+            raise ImplUnavailableError(
+                f"the {self.kind} kernels of variant {self.variant!r} take head_dim {self.head_dims}, "
+                f"not {layer.head_dim}; impl='reference' computes it"
+            )
 
     def check(self, request: Request) -> None:
         """Refuse requests this family cannot build (typed errors); the default refuses knobs."""

@@ -59,8 +59,8 @@ def test_layer_spec_errors():
     head = HeadSpec(local_blocks=1)
     with pytest.raises(SpecError, match="multiple of num_kv_heads"):
         LayerSpec(num_heads=6, num_kv_heads=4, head_dim=64, heads=(head,) * 6)
-    with pytest.raises(SpecError, match="head_dim.*80"):
-        LayerSpec(num_heads=2, num_kv_heads=1, head_dim=80, heads=(head,) * 2)
+    with pytest.raises(SpecError, match="head_dim.*72"):
+        LayerSpec(num_heads=2, num_kv_heads=1, head_dim=72, heads=(head,) * 2)
     with pytest.raises(SpecError, match="3 entries"):
         LayerSpec(num_heads=2, num_kv_heads=1, head_dim=64, heads=(head,) * 3)
     with pytest.raises(SpecError, match=r"heads\[1\]"):
@@ -207,7 +207,7 @@ def test_hf_config_homo_head_and_window(tmp_path):
         ({"hidden_size": 4100}, "multiple"),
         ({"num_attention_heads": "32"}, "num_attention_heads"),
         ({"layer_types": ["full_attention"]}, "layer_types"),
-        ({"hidden_size": 2560}, "head_dim"),
+        ({"hidden_size": 2304}, "head_dim"),
     ],
 )
 def test_hf_config_errors(extra, match):

@@ -30,7 +30,7 @@ from ... import dtypes, env
 from ...errors import CompileError, ImplUnavailableError, InputError
 from ...jit import nvrtc_build as nb
 from ...spec import MAX_SEQ_LEN
-from ...validate import check_bool, check_decode_inputs, softmax_scale
+from ...validate import check_bool, check_decode_inputs, layer_scale
 from ..decode_merge import COUNTERS, use_fused
 from ..decode_template import (
     DEFAULT_KNOBS,
@@ -100,7 +100,7 @@ class DecodeKernel(Kernel):
         check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, self.layer, allow_cpu=False,
                             check_pages=bool(check), kernel=True)  # fmt: skip
         check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens)
-        scale = softmax_scale(scale, self.layer.head_dim)
+        scale = layer_scale(scale, self.layer)
         return launch_matching(self, q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl)
 
     def launch(

@@ -21,7 +21,7 @@ import triton
 from ... import dtypes, env
 from ...errors import ImplUnavailableError, InputError
 from ...jit import triton_build
-from ...validate import check_cu_seqlens_values, check_prefill_inputs, softmax_scale
+from ...validate import check_cu_seqlens_values, check_prefill_inputs, layer_scale
 from .. import prefill_template as tpl
 from ..family import INTERPRETER_ARCH, Family, Kernel, Request, register
 
@@ -49,7 +49,7 @@ class PrefillKernel(Kernel):
                              allow_cpu=self.arch == INTERPRETER_ARCH, kernel=True, check_values=False,
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
         self.check_target(q)
-        scale = softmax_scale(scale, self.layer.head_dim)
+        scale = layer_scale(scale, self.layer)
         launch = self.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k)
         if check:  # the device sync last (see prepare)
             check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
