@@ -71,6 +71,8 @@ def init_random_(name: str, param: torch.Tensor, gen: torch.Generator) -> None:
         out.normal_(0.0, 0.02, generator=gen)
     elif name == "model.embed_tokens.weight":
         out.normal_(0.0, 0.1, generator=gen)
+    elif param.dim() == 1:  # other vectors (gpt-oss's sink logits)
+        out.normal_(0.0, 0.02, generator=gen)
     else:
         out.normal_(0.0, param.shape[1] ** -0.5, generator=gen)
     if out is not param:

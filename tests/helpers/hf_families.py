@@ -46,6 +46,24 @@ FAMILY_CASES = {
             },
         ),
     ),  # fmt: skip
+    "gemma2": (
+        "Gemma2Config",
+        dict(sliding_window=8, query_pre_attn_scalar=32, attn_logit_softcapping=2.0, final_logit_softcapping=3.0),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=48,
+            final_logit_softcapping=4.0,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    ),
+    "gpt_oss": ("GptOssConfig", dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=1.0)),
 }
 
 
@@ -58,8 +76,8 @@ def hf_model(family: str, seed: int = 0):
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     with torch.no_grad():  # biases and norm weights away from their init values, so they count
         for name, p in model.named_parameters():
-            if name.endswith(("bias", "norm.weight")):
-                p.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.2)
+            if name.endswith(("bias", "norm.weight", "sinks")):
+                p.normal_(1.0 if name.endswith("norm.weight") else 0.0, 1.0 if name.endswith("sinks") else 0.2)
     return model.float().eval()
 
 

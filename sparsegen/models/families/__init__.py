@@ -1,5 +1,5 @@
 """The model families, chosen by `config.json`'s `model_type`: Phi-3-Small (`models.phi3small`)
-and the Llama-style decoders (`DecoderForCausalLM` with one `Traits` per family module).
+and the decoders (Llama, Mistral, Qwen2/3, Gemma-2/3, gpt-oss) (`DecoderForCausalLM` with one `Traits` per family module).
 
 `config_from_dict` reads a config of any family; `model_class` is the module class that builds
 it; `FAMILY_TYPES` lists the model types served."""
@@ -10,11 +10,11 @@ from typing import Any
 
 from ...errors import CheckpointError
 from ..config import Phi3SmallConfig
-from . import llama, mistral, qwen2, qwen3
+from . import gemma2, gemma3_text, gpt_oss, llama, mistral, qwen2, qwen3
 from .config import DecoderConfig, read_decoder_config
 from .model import DecoderForCausalLM, decoder_spec
 
-DECODERS = {m.TRAITS.model_type: m.TRAITS for m in (llama, mistral, qwen2, qwen3)}
+DECODERS = {m.TRAITS.model_type: m.TRAITS for m in (llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gpt_oss)}
 FAMILY_TYPES = ("phi3small", *DECODERS)
 
 

@@ -1,5 +1,6 @@
-"""The shared layers of the Llama-style decoder families: RMSNorm, the SwiGLU MLP, and attention
-with separate q/k/v/o projections (optional biases, optional per-head q/k RMSNorm) whose
+"""The shared layers of the decoder families: RMSNorm (and Gemma's 1 + w), the SwiGLU / GeGLU-tanh
+MLPs (or gpt-oss's experts, `moe`), and attention
+with separate q/k/v/o projections (optional biases, per-head q/k RMSNorm, learned sinks) whose
 attention goes through `sparsegen.prefill` / `sparsegen.paged_decode` with the layer's own
 `LayerSpec`, over the engine's paged KV cache. Module names equal the HF tensor names. Plain
 torch math (cuBLAS linears; the batch-1 Triton GEMV for the projections when the options turn it
@@ -20,28 +21,35 @@ from ..layers import Linear, linear
 from ..options import ModelOptions
 from ..rope import Rotary
 from .config import DecoderConfig
+from .moe import MixtureOfExperts
 
 KVCacheLayer = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_pages, page_size, Hkv, D]
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * w, computed in float32 and cast back before the weight, as transformers does."""
+    """x / rms(x) * w in float32, cast back before the weight, as transformers' Llama does; with
+    `offset` (Gemma's 1), x / rms(x) * (offset + w) all in float32, then cast, as Gemma does."""
 
-    def __init__(self, size: int, eps: float, fk: dict):
+    def __init__(self, size: int, eps: float, fk: dict, offset: float = 0.0):
         super().__init__()
-        self.eps = eps
+        self.eps, self.offset = eps, offset
         self.weight = nn.Parameter(torch.empty(size, **fk))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., size]
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (xf * (self.offset + self.weight.float())).to(x.dtype)
         return self.weight * xf.to(x.dtype)
 
 
-class SwiGLU(nn.Module):
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU with tanh-approximated GELU."""
+
     def __init__(self, config: DecoderConfig, options: ModelOptions, fk: dict):
         super().__init__()
         h, f, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.act = config.act
         self.gemv = options.gemv_on
         self.gate_proj = Linear(h, f, bias=b, **fk)
         self.up_proj = Linear(h, f, bias=b, **fk)
@@ -49,7 +57,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
         gate, up = linear(self.gate_proj, x, self.gemv), linear(self.up_proj, x, self.gemv)  # [T, F]
-        return linear(self.down_proj, F.silu(gate) * up, self.gemv)
+        act = F.silu(gate) if self.act == "silu" else F.gelu(gate, approximate="tanh")
+        return linear(self.down_proj, act * up, self.gemv)
 
 
 class DecoderAttention(nn.Module):
@@ -67,9 +76,11 @@ class DecoderAttention(nn.Module):
         self.v_proj = Linear(hidden, hkv * d, bias=bias, **fk)
         self.o_proj = Linear(h * d, hidden, bias=config.o_bias, **fk)
         if config.qk_norm:
-            self.q_norm = RMSNorm(d, config.rms_norm_eps, fk)
-            self.k_norm = RMSNorm(d, config.rms_norm_eps, fk)
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, fk, config.norm_offset)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, fk, config.norm_offset)
         self.qk_norm = config.qk_norm
+        if config.sinks:
+            self.sinks = nn.Parameter(torch.empty(h, **fk))  # [H]: one sink logit per head
 
     def forward(
         self,
@@ -88,32 +99,43 @@ class DecoderAttention(nn.Module):
         q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
         if kv_cache is not None and batch.slot_mapping is not None:
             write_kv(kv_cache[0], kv_cache[1], batch.slot_mapping, k, v)
+        sinks = self.sinks.float() if self.layer.learned_sinks else None  # [H] float32
         if batch.is_decode:
             if kv_cache is None:
                 raise InputError("a decode step needs a KV cache")
             out = ops.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables, batch.seq_lens, self.layer,
-                                   scale=self.scale, impl=self.decode_impl)  # fmt: skip
+                                   scale=self.scale, impl=self.decode_impl, sinks=sinks)  # fmt: skip
         else:
             if batch.kv_gather is not None:
                 k = read_kv(kv_cache[0], batch.kv_gather)  # [Tk, Hkv, D]: cached prefix + new
                 v = read_kv(kv_cache[1], batch.kv_gather)
             out = ops.prefill(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer, scale=self.scale,
                               impl=self.prefill_impl, check=False, max_seqlen_q=batch.max_seqlen_q,
-                              max_seqlen_k=batch.max_seqlen_k)  # fmt: skip
+                              max_seqlen_k=batch.max_seqlen_k, sinks=sinks)  # fmt: skip
         return linear(self.o_proj, out.reshape(t, h * d), self.gemv)  # [T, hidden]
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.))."""
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). With `sandwich` (Gemma-2/3) the
+    attention output is normed before its add (`post_attention_layernorm`) and the MLP is
+    wrapped in `pre_feedforward_layernorm` / `post_feedforward_layernorm`."""
 
     def __init__(self, config: DecoderConfig, layer: LayerSpec, options: ModelOptions, fk: dict):
         super().__init__()
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, fk)
+        eps, h, off = config.rms_norm_eps, config.hidden_size, config.norm_offset
+        self.sandwich = config.sandwich
+        self.input_layernorm = RMSNorm(h, eps, fk, off)
         self.self_attn = DecoderAttention(config, layer, options, fk)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, fk)
-        self.mlp = SwiGLU(config, options, fk)
+        self.post_attention_layernorm = RMSNorm(h, eps, fk, off)
+        if config.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(h, eps, fk, off)
+            self.post_feedforward_layernorm = RMSNorm(h, eps, fk, off)
+        self.mlp = MixtureOfExperts(config, fk) if config.num_experts else GatedMLP(config, options, fk)
 
     def forward(self, x, cos, sin, batch: ForwardBatch, kv_cache: KVCacheLayer | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv_cache)  # [T, hidden]
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, batch, kv_cache)  # [T, hidden]
+        if not self.sandwich:
+            x = x + attn
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(attn)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))

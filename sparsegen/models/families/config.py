@@ -5,14 +5,14 @@ naming the file and the field. The attention pattern per layer comes from `spars
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import CheckpointError, SpecError
 from ...hf_config import get_bool, get_float, get_int, model_spec_from_hf
 from ...spec import ModelSpec
 from ..config import MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
-from .rope import RopeParams, read_rope
+from .rope import RopeParams, read_ropes
 from .traits import Traits
 
 
@@ -37,6 +37,19 @@ class DecoderConfig:
     bos_token_id: int | None
     eos_token_id: int | None
     hf: tuple[tuple[str, Any], ...]  # the file's fields (with head_dim), for `attention_spec`
+    act: str = "silu"  # the MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    norm_offset: float = 0.0  # RMSNorm weight offset (Gemma: 1)
+    embed_scale: float = 1.0  # embeddings multiplier (Gemma: sqrt(hidden_size))
+    sandwich: bool = False  # post-attention and pre/post-feedforward RMSNorms (Gemma-2/3)
+    attn_softcap: float = 0.0  # LayerSpec.logit_softcap (0: off)
+    final_softcap: float = 0.0  # logits -> c * tanh(logits / c) (0: off)
+    query_scalar: float | None = None  # softmax scale query_scalar ** -0.5 (None: head_dim ** -0.5)
+    local_rope: RopeParams | None = None  # the windowed layers' rotary (Gemma-3); None: `rope` for all
+    sinks: bool = False  # learned sink logits per head (gpt-oss)
+    num_experts: int = 0  # > 0: a mixture of experts replaces the MLP (gpt-oss)
+    experts_per_tok: int = 0
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
 
     # what the engine reads of a config besides the sizes: no LongRoPE switch, no dummy ids
     rope_scaling = None
@@ -52,7 +65,7 @@ class DecoderConfig:
 
     @property
     def attention_scale(self) -> float:
-        return self.head_dim**-0.5
+        return (self.query_scalar if self.query_scalar is not None else self.head_dim) ** -0.5
 
     def hf_dict(self) -> dict[str, Any]:
         return dict(self.hf)
@@ -67,12 +80,22 @@ class DecoderConfig:
             + q * h + h * self.o_bias
             + 3 * h * f + (2 * f + h) * self.mlp_bias
             + 2 * d * self.qk_norm
+            + 2 * h * self.sandwich
         )  # fmt: skip
+        if self.num_experts:
+            e = self.num_experts
+            per_layer += e * (3 * h * f + 2 * f + h) + e * h + e - (3 * h * f + (2 * f + h) * self.mlp_bias)
+            per_layer += self.num_attention_heads * self.sinks
         return 2 * v * h + self.num_hidden_layers * per_layer + h
 
     def attention_spec(self, name: str | None = None) -> ModelSpec:
+        """Windows per layer from `hf_config`; each layer also soft-capped, with learned sinks and
+        its softmax scale as the family says."""
         try:
-            return model_spec_from_hf(self.hf_dict(), name=name or self.model_type)
+            spec = model_spec_from_hf(self.hf_dict(), name=name or self.model_type)
+            layers = tuple(replace(layer, logit_softcap=self.attn_softcap, learned_sinks=self.sinks,
+                                   scale=self.attention_scale) for layer in spec.layers)  # fmt: skip
+            return ModelSpec(spec.name, layers)
         except SpecError as exc:
             raise CheckpointError(str(exc)) from None
 
@@ -116,13 +139,19 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
         raise CheckpointError(f"{source}: hidden_size {hidden} is not a multiple of {heads} heads")
     else:
         head_dim = hidden // heads
-    act = val("hidden_act")
-    if act not in ("silu", "swish"):
-        raise CheckpointError(
-            f"{source}: hidden_act {act!r:.40}; sparsegen's {traits.model_type} runs silu only"
-        )
+    act = val(traits.act_key)
+    acts = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+    if act not in acts:
+        raise CheckpointError(f"{source}: {traits.act_key} {act!r:.40} is not an activation sparsegen runs "
+                              f"({', '.join(acts)})")  # fmt: skip
     max_pos = num("max_position_embeddings", hi=2**24)
     bias = flag("attention_bias")
+
+    def softcap(key):
+        value = val(key)
+        return 0.0 if value is None else get_float({key: value}, key, positive=True, **kw)
+
+    global_rope, local_rope = read_ropes(cfg, d, head_dim, max_pos, traits.local_rope, source)
     return DecoderConfig(
         model_type=traits.model_type,
         vocab_size=vocab,
@@ -133,7 +162,23 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=get_float({"rms_norm_eps": val("rms_norm_eps")}, "rms_norm_eps", positive=True, **kw),
-        rope=read_rope(cfg, d["rope_theta"], head_dim, max_pos, source),
+        rope=global_rope,
+        act=acts[act],
+        norm_offset=traits.norm_offset,
+        embed_scale=hidden**0.5 if traits.embed_scale else 1.0,
+        sandwich=traits.sandwich,
+        attn_softcap=softcap("attn_logit_softcapping") if traits.softcaps else 0.0,
+        final_softcap=softcap("final_logit_softcapping") if traits.softcaps else 0.0,
+        query_scalar=get_float({"q": val("query_pre_attn_scalar")}, "q", positive=True, **kw) if traits.query_scalar
+        else None,
+        local_rope=local_rope,
+        sinks=traits.sinks,
+        num_experts=num("num_local_experts", hi=4096) if traits.moe else 0,
+        experts_per_tok=num("num_experts_per_tok", hi=4096) if traits.moe else 0,
+        swiglu_limit=get_float({"swiglu_limit": val("swiglu_limit")}, "swiglu_limit", positive=True, **kw)
+        if traits.moe else 7.0,
+        swiglu_alpha=get_float({"swiglu_alpha": val("swiglu_alpha")}, "swiglu_alpha", positive=True, **kw)
+        if traits.moe else 1.702,
         max_position_embeddings=max_pos,
         tie_word_embeddings=flag("tie_word_embeddings"),
         qkv_bias=bias if traits.qkv_bias is None else traits.qkv_bias,

@@ -1,4 +1,4 @@
-"""`DecoderForCausalLM`: a Llama-style decoder family (`families.FAMILIES`) with the interface
+"""`DecoderForCausalLM`: a decoder family (`families.FAMILIES`) with the interface
 the engine drives (`forward(input_ids, batch, kv_caches)` -> float32 logits for
 `batch.logits_index` rows, `spec`, `set_force_dense`, `local_num_kv_heads`, ...), as
 `Phi3SmallForCausalLM` has it."""
@@ -34,7 +34,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, **fk)
         self.layers = nn.ModuleList(DecoderLayer(config, layer, options, fk) for layer in spec.layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fk)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fk, config.norm_offset)
 
 
 class DecoderForCausalLM(nn.Module):
@@ -49,6 +49,11 @@ class DecoderForCausalLM(nn.Module):
         self.model = DecoderModel(config, self.spec, options, fk)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, **fk)
         self.rotary = DecoderRotary(config.rope, options.device)
+        # Gemma-3: the windowed layers rotate with their own base (which layers: the file's own
+        # spec, so that force_dense keeps each layer's rotary)
+        self.local_rotary = DecoderRotary(config.local_rope, options.device) if config.local_rope else None
+        windowed = [layer.heads[0].sliding_window > 0 for layer in decoder_spec(config).layers]
+        self.local_layers = tuple(windowed) if self.local_rotary is not None else (False,) * len(windowed)
         self.fused = False  # no hand-fused kernels (rotary, add + norm) in these families yet
         self.gemv = options.gemv_on
 
@@ -86,10 +91,19 @@ class DecoderForCausalLM(nn.Module):
         batch: ForwardBatch,
         kv_caches: list[KVCacheLayer] | None = None,
     ) -> torch.Tensor:  # [B, vocab] float32, or [T, vocab] when batch.logits_index is None
+        cfg = self.config
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        cos, sin = self.rotary.cos_sin(batch.positions)  # [T, D]
+        if cfg.embed_scale != 1.0:
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+        rope = {False: self.rotary.cos_sin(batch.positions)}  # [T, D] cos and sin
+        if self.local_rotary is not None:
+            rope[True] = self.local_rotary.cos_sin(batch.positions)
         for i, layer in enumerate(self.model.layers):
+            cos, sin = rope[self.local_layers[i]]
             x = layer(x, cos, sin, batch, kv_caches[i] if kv_caches is not None else None)
         if batch.logits_index is not None:
             x = x[batch.logits_index]  # [B, hidden]
-        return linear(self.lm_head, self.model.norm(x), self.gemv).float()  # [B, vocab]
+        logits = linear(self.lm_head, self.model.norm(x), self.gemv)  # [B, vocab]
+        if cfg.final_softcap:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits.float()

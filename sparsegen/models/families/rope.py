@@ -32,17 +32,37 @@ class RopeParams:
     head_dim: int = 128
 
 
-def read_rope(
-    cfg: dict[str, Any], theta_default: float, head_dim: int, max_pos: int, source: str
-) -> RopeParams:
-    kw = {"source": source, "error": CheckpointError}
+def read_ropes(cfg: dict[str, Any], defaults: dict[str, Any], head_dim: int, max_pos: int, local: bool,
+               source: str) -> tuple[RopeParams, RopeParams | None]:  # fmt: skip
+    """(the rotary of every layer or of the global ones, the windowed layers' own or None):
+    `rope_parameters` (per layer type when `local`), else `rope_theta` + `rope_scaling` (and
+    `rope_local_base_freq` for the windowed layers), else the family's defaults."""
     params = cfg.get("rope_parameters")
-    if params is None:
+    if params is None and (cfg.get("rope_scaling") is not None or cfg.get("rope_theta") is not None):
         params = dict(cfg.get("rope_scaling") or {})
-        if cfg.get("rope_theta") is not None:
-            params["rope_theta"] = cfg["rope_theta"]
+        theta = cfg.get("rope_theta")
+        params.setdefault("rope_theta", defaults["rope_theta"] if theta is None else theta)
+    if params is None:
+        params = defaults.get("rope_parameters", {"rope_type": "default", "rope_theta": defaults["rope_theta"]})
+    if isinstance(params, dict) and "full_attention" not in params:
+        params = {"rope_theta": defaults["rope_theta"], **params}  # transformers' default theta
+    if not local:
+        return read_rope(params, head_dim, max_pos, source), None
+    if isinstance(params, dict) and "full_attention" in params:
+        full, slide = params["full_attention"], params.get("sliding_attention")
+    else:
+        full = params
+        base = cfg.get("rope_local_base_freq", defaults.get("rope_local_base_freq"))
+        slide = {"rope_type": "default", "rope_theta": base}
+    return read_rope(full, head_dim, max_pos, source), read_rope(slide, head_dim, max_pos, source)
+
+
+def read_rope(params: Any, head_dim: int, max_pos: int, source: str) -> RopeParams:
+    kw = {"source": source, "error": CheckpointError}
     if not isinstance(params, dict):
         raise CheckpointError(f"{source}: rope_parameters must be an object, got {params!r:.80}")
+    if "rope_theta" not in params:
+        raise CheckpointError(f"{source}: rope_parameters lacks 'rope_theta'")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise CheckpointError(
@@ -54,7 +74,7 @@ def read_rope(
     def f(key, default):
         return get_float({key: params.get(key, default)}, key, positive=True, **kw)
 
-    theta = f("rope_theta", theta_default)
+    theta = f("rope_theta", None)
     if kind == "default":
         return RopeParams("default", theta, head_dim=head_dim)
     factor = f("factor", None if kind != "yarn" else params.get("factor"))

@@ -1,0 +1,48 @@
+"""gpt-oss's mixture of experts: a biased linear router picks each token's top-k experts and
+softmaxes their logits into weights; each expert is a clamped SwiGLU over interleaved gate / up
+columns (gate clamped above at `limit`, up to [-limit, limit], out = (up + 1) * gate *
+sigmoid(alpha * gate)). Plain loops over the experts a batch hits (correct first, no grouped
+GEMM yet). Tensor names are the checkpoint's (`mlp.router.*`, `mlp.experts.*`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..layers import Linear
+from .config import DecoderConfig
+
+
+class Experts(nn.Module):
+    def __init__(self, config: DecoderConfig, fk: dict):
+        super().__init__()
+        e, h, f = config.num_experts, config.hidden_size, config.intermediate_size
+        self.limit, self.alpha = config.swiglu_limit, config.swiglu_alpha
+        self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * f, **fk))  # [E, hidden, 2F] interleaved
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * f, **fk))  # [E, 2F]
+        self.down_proj = nn.Parameter(torch.empty(e, f, h, **fk))  # [E, F, hidden]
+        self.down_proj_bias = nn.Parameter(torch.empty(e, h, **fk))  # [E, hidden]
+
+    def expert(self, i: int, x: torch.Tensor) -> torch.Tensor:  # x: [n, hidden] -> [n, hidden]
+        gate_up = x @ self.gate_up_proj[i] + self.gate_up_proj_bias[i]  # [n, 2F]
+        gate = gate_up[:, 0::2].clamp(max=self.limit)
+        up = gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
+        return ((up + 1) * (gate * torch.sigmoid(gate * self.alpha))) @ self.down_proj[i] + self.down_proj_bias[i]
+
+
+class MixtureOfExperts(nn.Module):
+    def __init__(self, config: DecoderConfig, fk: dict):
+        super().__init__()
+        self.top_k = config.experts_per_tok
+        self.router = Linear(config.hidden_size, config.num_experts, bias=True, **fk)
+        self.experts = Experts(config, fk)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
+        logits = self.router(x)  # [T, E]
+        top, idx = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
+        weights = torch.softmax(top, dim=-1)  # [T, k]
+        out = torch.zeros_like(x)
+        for e in torch.unique(idx).tolist():
+            tok, slot = torch.where(idx == e)  # the tokens routed to expert e, and at which rank
+            out.index_add_(0, tok, self.experts.expert(e, x[tok]) * weights[tok, slot, None])
+        return out
