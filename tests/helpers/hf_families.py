@@ -48,7 +48,12 @@ FAMILY_CASES = {
     ),  # fmt: skip
     "gemma2": (
         "Gemma2Config",
-        dict(sliding_window=8, query_pre_attn_scalar=32, attn_logit_softcapping=2.0, final_logit_softcapping=3.0),
+        dict(
+            sliding_window=8,
+            query_pre_attn_scalar=32,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+        ),
     ),
     "gemma3_text": (
         "Gemma3TextConfig",
@@ -63,7 +68,10 @@ FAMILY_CASES = {
             },
         ),
     ),
-    "gpt_oss": ("GptOssConfig", dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=1.0)),
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=1.0),
+    ),
 }
 
 
@@ -76,8 +84,12 @@ def hf_model(family: str, seed: int = 0):
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     with torch.no_grad():  # biases and norm weights away from their init values, so they count
         for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):  # sharper attention: rope and windows count
+                p.mul_(4.0)
             if name.endswith(("bias", "norm.weight", "sinks")):
-                p.normal_(1.0 if name.endswith("norm.weight") else 0.0, 1.0 if name.endswith("sinks") else 0.2)
+                p.normal_(
+                    1.0 if name.endswith("norm.weight") else 0.0, 1.0 if name.endswith("sinks") else 0.2
+                )
     return model.float().eval()
 
 

@@ -167,7 +167,9 @@ def test_spec_errors_from_a_config_name_the_file(tmp_path, good, changes, match)
     assert str(folder / "config.json") in str(exc)
 
 
-@pytest.mark.parametrize("cfg", [GPT_OSS_20B, GEMMA2_9B])
+@pytest.mark.parametrize(
+    "cfg", [{**GPT_OSS_20B, "model_type": "falcon"}, {**GEMMA2_9B, "model_type": "phi3"}]
+)
 def test_other_models_are_refused_at_once_by_model_type(tmp_path, cfg):
     folder = tmp_path / "m"
     folder.mkdir()
@@ -176,7 +178,7 @@ def test_other_models_are_refused_at_once_by_model_type(tmp_path, cfg):
     assert "config.json" in str(exc)
 
 
-@pytest.mark.parametrize("cfg", [MISTRAL_7B_V01, QWEN3_8B])
+@pytest.mark.parametrize("cfg", [MISTRAL_7B_V01, QWEN3_8B, GPT_OSS_20B, GEMMA2_9B])
 def test_served_families_read_config_then_want_weights(tmp_path, cfg):
     folder = tmp_path / "m"
     folder.mkdir()

@@ -14,7 +14,9 @@ from . import gemma2, gemma3_text, gpt_oss, llama, mistral, qwen2, qwen3
 from .config import DecoderConfig, read_decoder_config
 from .model import DecoderForCausalLM, decoder_spec
 
-DECODERS = {m.TRAITS.model_type: m.TRAITS for m in (llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gpt_oss)}
+DECODERS = {
+    m.TRAITS.model_type: m.TRAITS for m in (llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gpt_oss)
+}
 FAMILY_TYPES = ("phi3small", *DECODERS)
 
 

@@ -169,16 +169,19 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
         sandwich=traits.sandwich,
         attn_softcap=softcap("attn_logit_softcapping") if traits.softcaps else 0.0,
         final_softcap=softcap("final_logit_softcapping") if traits.softcaps else 0.0,
-        query_scalar=get_float({"q": val("query_pre_attn_scalar")}, "q", positive=True, **kw) if traits.query_scalar
+        query_scalar=get_float({"q": val("query_pre_attn_scalar")}, "q", positive=True, **kw)
+        if traits.query_scalar
         else None,
         local_rope=local_rope,
         sinks=traits.sinks,
         num_experts=num("num_local_experts", hi=4096) if traits.moe else 0,
         experts_per_tok=num("num_experts_per_tok", hi=4096) if traits.moe else 0,
         swiglu_limit=get_float({"swiglu_limit": val("swiglu_limit")}, "swiglu_limit", positive=True, **kw)
-        if traits.moe else 7.0,
+        if traits.moe
+        else 7.0,
         swiglu_alpha=get_float({"swiglu_alpha": val("swiglu_alpha")}, "swiglu_alpha", positive=True, **kw)
-        if traits.moe else 1.702,
+        if traits.moe
+        else 1.702,
         max_position_embeddings=max_pos,
         tie_word_embeddings=flag("tie_word_embeddings"),
         qkv_bias=bias if traits.qkv_bias is None else traits.qkv_bias,

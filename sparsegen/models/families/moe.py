@@ -27,7 +27,9 @@ class Experts(nn.Module):
         gate_up = x @ self.gate_up_proj[i] + self.gate_up_proj_bias[i]  # [n, 2F]
         gate = gate_up[:, 0::2].clamp(max=self.limit)
         up = gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
-        return ((up + 1) * (gate * torch.sigmoid(gate * self.alpha))) @ self.down_proj[i] + self.down_proj_bias[i]
+        return ((up + 1) * (gate * torch.sigmoid(gate * self.alpha))) @ self.down_proj[
+            i
+        ] + self.down_proj_bias[i]
 
 
 class MixtureOfExperts(nn.Module):

@@ -43,7 +43,9 @@ def read_ropes(cfg: dict[str, Any], defaults: dict[str, Any], head_dim: int, max
         theta = cfg.get("rope_theta")
         params.setdefault("rope_theta", defaults["rope_theta"] if theta is None else theta)
     if params is None:
-        params = defaults.get("rope_parameters", {"rope_type": "default", "rope_theta": defaults["rope_theta"]})
+        params = defaults.get(
+            "rope_parameters", {"rope_type": "default", "rope_theta": defaults["rope_theta"]}
+        )
     if isinstance(params, dict) and "full_attention" not in params:
         params = {"rope_theta": defaults["rope_theta"], **params}  # transformers' default theta
     if not local:

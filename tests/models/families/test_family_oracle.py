@@ -16,6 +16,8 @@ from helpers.hf_families import FAMILY_CASES, hf_greedy, hf_logits, write_family
 
 from sparsegen.cli import cli
 from sparsegen.models import ForwardBatch, load_checkpoint
+from sparsegen.models.families.rope import DecoderRotary, RopeParams
+from sparsegen.spec import HeadSpec
 
 require("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -35,8 +37,43 @@ def test_config_model_type_and_windows(family):
     model = load_checkpoint(folder, dtype=torch.float32, device="cpu")
     assert model.config.model_type == name == hf.config.model_type
     windows = [layer.heads[0].sliding_window for layer in model.spec.layers]
-    want = {"llama": [0, 0], "mistral": [8, 8], "qwen2": [0, 8], "qwen3": [0, 8]}[name]
+    want = {"llama": [0, 0], "mistral": [8, 8], "qwen2": [0, 8], "qwen3": [0, 8]}.get(name, [8, 0])
     assert windows == want
+    layer = model.spec.layers[0]
+    assert layer.logit_softcap == (hf.config.attn_logit_softcapping or 0.0 if "gemma" in name else 0.0)
+    assert layer.learned_sinks == (name == "gpt_oss")
+
+
+def test_window_softcap_sinks_and_rope_bite(family):
+    """The prompt is long enough for the windows, and the weights strong enough for the soft-cap
+    and sinks, to change the logits: each turned off (or the rope variant replaced by the plain
+    rotary), the model no longer matches."""
+    from dataclasses import replace
+
+    name, folder, hf, _ = family
+    model = load_checkpoint(folder, dtype=torch.float32, device="cpu")
+    want = hf_logits(hf, PROMPT)
+    changes = [dict(heads=(HeadSpec(dense=True),) * layer.num_heads) for layer in model.spec.layers[:1]]
+    if model.spec.layers[0].logit_softcap:
+        changes.append(dict(logit_softcap=0.0))
+    if model.spec.layers[0].learned_sinks:
+        changes.append(dict(learned_sinks=False))
+    if all(layer.heads[0].dense for layer in model.spec.layers):
+        changes = changes[1:]  # llama: no window to take away
+    if model.config.rope.rope_type != "default":  # llama3, yarn, linear: the plain rotary instead
+        plain = DecoderRotary(RopeParams("default", model.config.rope.theta, head_dim=model.config.head_dim))
+        rotary, model.rotary = model.rotary, plain
+        got = model(torch.tensor(PROMPT), ForwardBatch.whole_sequences([len(PROMPT)]))
+        assert (got - want).abs().max() > 1e-3
+        model.rotary = rotary
+    else:
+        assert name in ("mistral", "qwen2", "gemma2")
+    assert changes or name == "llama"
+    for change in changes:
+        for block, layer in zip(model.model.layers, model.spec.layers, strict=True):
+            block.self_attn.layer = replace(layer, **change)
+        got = model(torch.tensor(PROMPT), ForwardBatch.whole_sequences([len(PROMPT)]))
+        assert (got - want).abs().max() > 1e-3, change
 
 
 def test_prefill_logits_match_transformers(family):
