@@ -18,7 +18,7 @@ import click
 from .. import dtypes
 from ..log import get_logger
 from . import progress
-from .options import SEED, engine_step_kwargs, engine_step_options, finite, torch_device
+from .options import RANDOM_CHOICES, SEED, engine_step_kwargs, engine_step_options, finite, torch_device
 from .tp_option import check_tp, tensor_parallel_option
 
 log = get_logger(__name__)
@@ -78,7 +78,10 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
     help="Local HF checkpoint folder.",
 )
 @click.option(
-    "--random", "random_size", type=click.Choice(["tiny", "7b"]), help="Random weights of a named size."
+    "--random",
+    "random_size",
+    type=click.Choice(RANDOM_CHOICES),
+    help="Random weights of a named size (Phi-3-Small's or a family preset).",
 )
 @click.option("--prompt", multiple=True, help="Prompt text (repeatable).")
 @click.option("--prompt-ids", multiple=True, help="Prompt as comma-separated token ids (repeatable).")
@@ -135,7 +138,7 @@ def command(
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
-        raise click.UsageError("give exactly one of --model DIR or --random tiny|7b")
+        raise click.UsageError("give exactly one of --model DIR or --random NAME")
     _generate(**locals())  # sparsegen's errors become one line in cli.py (exit 2 or 1)
 
 

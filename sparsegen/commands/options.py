@@ -10,6 +10,10 @@ from ..errors import SpecError
 from ..presets import get_pattern
 from ..spec import ModelSpec
 
+# `--random` names: models.families.RANDOM_NAMES, spelled out so that the CLI imports no torch
+# to list them (tests/cli checks that the two agree)
+RANDOM_CHOICES = ("tiny", "7b", "mistral-7b", "llama3-8b", "qwen2-7b", "gemma2-9b", "gpt-oss-20b")
+
 
 def load_pattern(name_or_path: str) -> ModelSpec:
     try:

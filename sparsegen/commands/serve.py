@@ -18,7 +18,7 @@ import click
 
 from ..errors import MissingExtraError, SparsegenError
 from .exits import RuntimeFailure, first_line, is_usage_error
-from .options import engine_step_kwargs, engine_step_options, torch_device
+from .options import RANDOM_CHOICES, engine_step_kwargs, engine_step_options, torch_device
 from .tp_option import check_tp, tensor_parallel_option
 
 
@@ -40,7 +40,10 @@ def _log_to_stderr() -> None:
     help="HF checkpoint folder.",
 )
 @click.option(
-    "--random", "random_size", type=click.Choice(["tiny", "7b"]), help="Random weights of a named size."
+    "--random",
+    "random_size",
+    type=click.Choice(RANDOM_CHOICES),
+    help="Random weights of a named size (Phi-3-Small's or a family preset).",
 )
 @click.option(
     "--tokenizer", "tokenizer_path", type=click.Path(exists=True), help="A .tiktoken file (or folder)."
@@ -88,7 +91,7 @@ def command(
 ):  # fmt: skip
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
     if (model_dir is None) == (random_size is None):
-        raise click.UsageError("give exactly one of --model DIR or --random tiny|7b")
+        raise click.UsageError("give exactly one of --model DIR or --random NAME")
     try:
         from ..serve.server import serve
     except ImportError as exc:

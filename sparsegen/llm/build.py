@@ -9,6 +9,7 @@ import torch
 
 from ..engine import LLMEngine
 from ..errors import InputError
+from ..models.families import RANDOM_NAMES
 from ..parallel.source import ModelSource
 
 DTYPE_NAMES = {
@@ -21,7 +22,7 @@ DTYPE_NAMES = {
     "float32": torch.float32,
     "float": torch.float32,
 }
-RANDOM_SIZES = ("tiny", "7b")
+RANDOM_SIZES = RANDOM_NAMES  # Phi-3-Small's tiny and 7b, then the family presets (models.families)
 # the LLMEngine keywords that LLM passes through (LLM takes the model, tokenizer, device and
 # tensor_parallel_size itself)
 ENGINE_OPTIONS = tuple(
@@ -59,15 +60,17 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
 
 def build_tokenizer(model_dir, random, tokenizer_path):
     """The tokenizer for a checkpoint folder (None if it has none) or a named random size."""
-    from ..models import named_config
     from ..models.config import TINY_SPECIAL_TOKENS
+    from ..models.families import random_config
     from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
 
     if tokenizer_path is not None:
         return load_tokenizer(tokenizer_path)
     if model_dir is not None:
         return load_tokenizer(model_dir) if find_tiktoken_file(model_dir) is not None else None
-    config = named_config(random)
+    config = random_config(random)
+    if random not in ("tiny", "7b"):  # a family preset: bytes, no special tokens
+        return ByteTokenizer({}, config.vocab_size)
     if random == "tiny":
         return ByteTokenizer(TINY_SPECIAL_TOKENS, config.vocab_size)
     # bytes plus Phi-3-Small's named special tokens; every other id is masked out

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from .. import folders, jsonio
-from .config import CheckpointError, Phi3SmallConfig, named_config
-from .families import config_from_file, model_class
+from .config import CheckpointError, Phi3SmallConfig
+from .families import config_from_file, model_class, random_config
 from .memory import check_model_fits
 from .options import ModelOptions
 from .phi3small import Phi3SmallForCausalLM
@@ -48,7 +48,7 @@ def random_model(
     dominated by the current token and greedy decoding would only repeat it.
     """
     if isinstance(config, str):
-        config = named_config(config)
+        config = random_config(config)
     model = empty_model(config, options, **fields)
     gen = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():

@@ -39,7 +39,7 @@ class ModelSource:
             raise InputError(f"ModelSource.dtype must name a floating-point torch dtype, got {self.dtype!r}")
 
     def load_config(self):
-        from ..models import named_config
+        from ..models.families import random_config
 
         if self.model_dir is not None:
             from ..models.families import config_from_file
@@ -47,7 +47,7 @@ class ModelSource:
 
             folder = Path(self.model_dir)
             return config_from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
-        return named_config(self.random) if self.random is not None else self.config
+        return random_config(self.random) if self.random is not None else self.config
 
     def build_model(self, device: torch.device):
         """The whole model in this process, with the default options for `device`."""
