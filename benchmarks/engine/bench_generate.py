@@ -1,7 +1,8 @@
-"""End-to-end Phi-3-Small (random `7b` weights, bf16) through the engine: sparse vs every layer dense.
+"""End-to-end random weights of a named size (Phi-3-Small `7b` by default, bf16) through the engine:
+the model's own attention vs every layer dense.
 
     PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py [--out generate.json] [--quick] [--compile both]
-                                                         [--gemv both]
+                                                         [--gemv both] [--size mistral-7b] [--modes dense]
     PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py --smoke   # CPU, tiny model, short prompts
 
 In one run, with the same weights, for sparse attention and for every layer dense (and, with
@@ -15,6 +16,9 @@ the GEMV on a GPU since session 8):
   prompt. Only decode steps are timed (from the step after every sequence has its first
   token), after a few warm-up steps (kernel compiles and CUDA-graph captures happen before
   the timed window);
+- `--size` picks the model: `7b` or a family preset (mistral-7b, llama3-8b, qwen2-7b, gemma2-9b,
+  gpt-oss-20b; `models.families.PRESETS`); `--modes dense` alone forces every layer dense. A
+  model whose context is shorter than a prompt length measures it at its context less a margin;
 - the KV cache each engine allocated (pages, tokens, GiB) and the peak GPU memory of each
   measurement (torch.cuda.max_memory_allocated, weights included).
 """
@@ -31,6 +35,7 @@ import torch
 
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model
+from sparsegen.models.families import RANDOM_NAMES, random_config
 
 GIB = 2**30
 
@@ -134,7 +139,17 @@ def main() -> None:
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--compile", choices=["off", "on", "both"], default="off",
                     help="decode steps through torch.compile inside the graphs (both: measure each)")  # fmt: skip
-    ap.add_argument("--modes", default="sparse,dense", help="comma-separated: sparse, dense")
+    ap.add_argument(
+        "--modes",
+        default="sparse,dense",
+        help="comma-separated: sparse (the model's own attention), dense (every layer forced dense)",
+    )
+    ap.add_argument(
+        "--size",
+        default="7b",
+        choices=RANDOM_NAMES,
+        help="random weights of this named size (a family preset, or Phi-3-Small's 7b)",
+    )
     ap.add_argument("--gemv", choices=["default", "off", "on", "both"], default="default",
                     help="batch-1 linear layers through the Triton GEMV (ModelOptions.triton_gemv; "
                          "default: the model's own choice, on for a GPU)")  # fmt: skip
@@ -155,9 +170,15 @@ def main() -> None:
     if args.smoke:
         size, device, dtype = "tiny", "cpu", torch.float32
     elif torch.cuda.is_available():
-        size, device, dtype = "7b", "cuda", torch.bfloat16
+        size, device, dtype = args.size, "cuda", torch.bfloat16
     else:
         raise SystemExit("bench_generate needs a CUDA GPU (or --smoke)")
+    if args.smoke and args.size != "7b":
+        ap.error("--smoke runs the tiny model; --size needs a GPU")
+    context = random_config(size).max_position_embeddings - 2 * (steps + warm) - 64  # decode room
+    if long > context:
+        print(f"{size} holds {context + 2 * (steps + warm) + 64} positions: prompts capped at {context}")
+        short, long = min(short, context), context
     t0 = time.perf_counter()
     model = random_model(size, device=device, dtype=dtype, seed=0)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -50,7 +50,7 @@ class GatedMLP(nn.Module):
         super().__init__()
         h, f, b = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.act = config.act
-        self.gemv = options.gemv_on
+        self.gemv = options.triton_gemv is True  # the GEMV only when asked (see model.py)
         self.gate_proj = Linear(h, f, bias=b, **fk)
         self.up_proj = Linear(h, f, bias=b, **fk)
         self.down_proj = Linear(f, h, bias=b, **fk)
@@ -66,7 +66,7 @@ class DecoderAttention(nn.Module):
         super().__init__()
         self.layer = layer
         self.prefill_impl, self.decode_impl = options.attn_impls
-        self.gemv = options.gemv_on
+        self.gemv = options.triton_gemv is True  # the GEMV only when asked (see model.py)
         h, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
         self.scale = config.attention_scale

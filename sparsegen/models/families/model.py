@@ -55,7 +55,9 @@ class DecoderForCausalLM(nn.Module):
         windowed = [layer.heads[0].sliding_window > 0 for layer in decoder_spec(config).layers]
         self.local_layers = tuple(windowed) if self.local_rotary is not None else (False,) * len(windowed)
         self.fused = False  # no hand-fused kernels (rotary, add + norm) in these families yet
-        self.gemv = options.gemv_on
+        # The batch-1 Triton GEMV only when ModelOptions.triton_gemv is True: its tiles were tuned
+        # on Phi-3-Small's 7b shapes and not yet measured on these families'; cuBLAS otherwise.
+        self.gemv = options.triton_gemv is True
 
     def set_force_dense(self, force_dense: bool) -> None:
         self.spec = decoder_spec(self.config, force_dense)
