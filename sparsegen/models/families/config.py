@@ -131,7 +131,7 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
     if heads % kv_heads:
         raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of "
                               f"num_key_value_heads {kv_heads}")  # fmt: skip
-    if cfg.get("head_dim") is not None:
+    if val("head_dim") is not None:
         head_dim = num("head_dim", hi=1024)
     elif traits.head_dim_default is not None:
         head_dim = traits.head_dim_default

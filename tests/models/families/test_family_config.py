@@ -14,7 +14,15 @@ from sparsegen.models.families.rope import inv_freq
 
 transformers = require("transformers")
 
-CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+CLASSES = {
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "gemma2": "Gemma2Config",
+    "gemma3_text": "Gemma3TextConfig",
+    "gpt_oss": "GptOssConfig",
+}
 MINIMAL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=32)
 
 
@@ -35,7 +43,31 @@ def test_defaults_equal_transformers_config_class(model_type, extra):
     for key in ("vocab_size", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
                 "tie_word_embeddings", "bos_token_id", "eos_token_id"):  # fmt: skip
         assert getattr(ours, key) == getattr(theirs, key), key
-    assert ours.rope.theta == theirs.rope_parameters["rope_theta"]
+    rope = theirs.rope_parameters
+    if model_type == "gemma3_text":  # one rotary per layer type
+        assert (ours.rope.theta, ours.local_rope.theta) == (rope["full_attention"]["rope_theta"],
+                                                            rope["sliding_attention"]["rope_theta"])  # fmt: skip
+    else:
+        assert (ours.rope.theta, ours.rope.rope_type) == (rope["rope_theta"], rope["rope_type"])
+    if model_type in ("gemma2", "gemma3_text"):
+        assert ours.attention_scale == theirs.query_pre_attn_scalar**-0.5
+        assert ours.attn_softcap == (theirs.attn_logit_softcapping or 0.0)
+        assert ours.final_softcap == (theirs.final_logit_softcapping or 0.0)
+        assert (ours.act, ours.norm_offset, ours.embed_scale) == ("gelu_tanh", 1.0, theirs.hidden_size**0.5)
+    if model_type == "gpt_oss":
+        assert (ours.num_experts, ours.experts_per_tok) == (
+            theirs.num_local_experts,
+            theirs.num_experts_per_tok,
+        )
+        assert (ours.swiglu_limit, ours.swiglu_alpha) == (theirs.swiglu_limit, theirs.swiglu_alpha)
+        assert ours.rope.factor == rope["factor"] and ours.rope.truncate == rope["truncate"]
+
+
+def test_gemma3_old_style_rope_fields():
+    cfg = config_from_dict({"model_type": "gemma3_text", **MINIMAL, "rope_theta": 5e5, "rope_local_base_freq": 2e4,
+                            "rope_scaling": {"rope_type": "linear", "factor": 8.0}})  # fmt: skip
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.factor) == ("linear", 5e5, 8.0)
+    assert (cfg.local_rope.rope_type, cfg.local_rope.theta) == ("default", 2e4)
 
 
 @pytest.mark.parametrize("model_type", sorted(CLASSES))
@@ -47,8 +79,13 @@ def test_projection_biases_and_norms_match_transformers_modules(model_type):
     ours = config_from_dict({"model_type": model_type, **fields})
     assert ours.qkv_bias == (attn.q_proj.bias is not None)
     assert ours.o_bias == (attn.o_proj.bias is not None)
-    assert ours.mlp_bias == (hf.model.layers[0].mlp.up_proj.bias is not None)
+    mlp = hf.model.layers[0].mlp
+    assert (ours.num_experts > 0) == hasattr(mlp, "experts")
+    if not ours.num_experts:
+        assert ours.mlp_bias == (mlp.up_proj.bias is not None)
     assert ours.qk_norm == hasattr(attn, "q_norm")
+    assert ours.sinks == hasattr(attn, "sinks")
+    assert ours.sandwich == hasattr(hf.model.layers[0], "pre_feedforward_layernorm")
 
 
 ROPES = [
