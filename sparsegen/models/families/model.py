@@ -54,6 +54,8 @@ class DecoderForCausalLM(nn.Module):
         self.local_rotary = DecoderRotary(config.local_rope, options.device) if config.local_rope else None
         windowed = [layer.heads[0].sliding_window > 0 for layer in decoder_spec(config).layers]
         self.local_layers = tuple(windowed) if self.local_rotary is not None else (False,) * len(windowed)
+        # Gemma's sqrt(hidden), rounded to the model's dtype as transformers rounds it
+        self.embed_scale = float(torch.tensor(config.embed_scale, dtype=options.dtype))
         self.fused = False  # no hand-fused kernels (rotary, add + norm) in these families yet
         # The batch-1 Triton GEMV only when ModelOptions.triton_gemv is True: its tiles were tuned
         # on Phi-3-Small's 7b shapes and not yet measured on these families'; cuBLAS otherwise.
@@ -96,7 +98,7 @@ class DecoderForCausalLM(nn.Module):
         cfg = self.config
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         if cfg.embed_scale != 1.0:
-            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+            x = x * self.embed_scale
         rope = {False: self.rotary.cos_sin(batch.positions)}  # [T, D] cos and sin
         if self.local_rotary is not None:
             rope[True] = self.local_rotary.cos_sin(batch.positions)

@@ -2,7 +2,8 @@
 softmaxes their logits into weights; each expert is a clamped SwiGLU over interleaved gate / up
 columns (gate clamped above at `limit`, up to [-limit, limit], out = (up + 1) * gate *
 sigmoid(alpha * gate)). Plain loops over the experts a batch hits (correct first, no grouped
-GEMM yet). Tensor names are the checkpoint's (`mlp.router.*`, `mlp.experts.*`)."""
+GEMM yet); inside a CUDA-graph capture or torch.compile, which cannot read the routing on the
+host, over every expert with zero weights where it was not picked. Tensor names are the checkpoint's (`mlp.router.*`, `mlp.experts.*`)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,14 @@ class MixtureOfExperts(nn.Module):
         top, idx = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
         weights = torch.softmax(top, dim=-1)  # [T, k]
         out = torch.zeros_like(x)
-        for e in torch.unique(idx).tolist():
+        if x.is_cuda and torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
+            # no host read inside a CUDA graph or a traced graph: every expert runs on every
+            # token, weighted 0 where the router did not pick it
+            for e in range(self.experts.gate_up_proj.shape[0]):
+                w = (weights * (idx == e)).sum(-1, keepdim=True)  # [T, 1]
+                out += self.experts.expert(e, x) * w
+            return out
+        for e in torch.unique(idx).tolist():  # the experts this batch routes to
             tok, slot = torch.where(idx == e)  # the tokens routed to expert e, and at which rank
             out.index_add_(0, tok, self.experts.expert(e, x[tok]) * weights[tok, slot, None])
         return out

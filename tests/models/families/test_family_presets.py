@@ -68,3 +68,15 @@ def test_random_weights_of_a_family_are_finite_and_drawn(model_type):
         assert torch.isfinite(p).all() and p.abs().sum() > 0, name
     logits = model(torch.arange(12), ForwardBatch.whole_sequences([12]))
     assert logits.shape == (12, 64) and torch.isfinite(logits).all()
+
+
+def test_experts_without_host_reads_equal_the_routed_loop(monkeypatch):
+    """The every-expert path (CUDA-graph capture, torch.compile) gives the routed loop's output."""
+    cfg = config_from_dict(dict(model_type="gpt_oss", vocab_size=64, hidden_size=64, intermediate_size=32,
+                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                num_local_experts=4, num_experts_per_tok=2, swiglu_limit=0.5))  # fmt: skip
+    moe = random_model(cfg, seed=2).model.layers[0].mlp
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(0))
+    routed = moe(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    torch.testing.assert_close(moe(x), routed, rtol=1e-5, atol=1e-6)
