@@ -52,7 +52,7 @@ class Executor(Protocol):
 class ModelFacts:
     """What the engine checks its arguments against before any weight is read or rank started."""
 
-    config: Phi3SmallConfig
+    config: Phi3SmallConfig | DecoderConfig
     device: torch.device
     attn_impl: str | None
 

@@ -5,6 +5,7 @@ naming the file and the field. The attention pattern per layer comes from `spars
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +37,7 @@ class DecoderConfig:
     qk_norm: bool
     bos_token_id: int | None
     eos_token_id: int | None
-    hf: tuple[tuple[str, Any], ...]  # the file's fields (with head_dim), for `attention_spec`
+    hf_json: str  # the file's fields (head_dim and num_key_value_heads filled in), for `attention_spec`
     act: str = "silu"  # the MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
     norm_offset: float = 0.0  # RMSNorm weight offset (Gemma: 1)
     embed_scale: float = 1.0  # embeddings multiplier (Gemma: sqrt(hidden_size))
@@ -68,7 +69,7 @@ class DecoderConfig:
         return (self.query_scalar if self.query_scalar is not None else self.head_dim) ** -0.5
 
     def hf_dict(self) -> dict[str, Any]:
-        return dict(self.hf)
+        return json.loads(self.hf_json)
 
     def parameter_count(self) -> int:
         """Parameters of the model (lm_head counted: random models untie it)."""
@@ -190,5 +191,5 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
         qk_norm=traits.qk_norm,
         bos_token_id=_token(cfg, "bos_token_id", d.get("bos_token_id"), vocab, source),
         eos_token_id=_token(cfg, "eos_token_id", d.get("eos_token_id"), vocab, source),
-        hf=tuple(sorted({**cfg, "head_dim": head_dim, "num_key_value_heads": kv_heads}.items())),
+        hf_json=json.dumps({**cfg, "head_dim": head_dim, "num_key_value_heads": kv_heads}, sort_keys=True),
     )
