@@ -1,0 +1,51 @@
+"""Each decoder family on the GPU in bf16 against transformers in bf16 (the same tiny random
+checkpoint): prefill logits within bf16 tolerance through the compiled kernels. A layer that
+needs an attention feature or head_dim the kernels do not declare yet is refused with the typed
+error naming it, before anything runs (and the reference attention, on the GPU, still matches)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.extras import require
+from helpers.hf_families import FAMILY_CASES, hf_logits, write_family_checkpoint
+
+from sparsegen.errors import ImplUnavailableError
+from sparsegen.kernels.families.decode import CudaDecode
+from sparsegen.kernels.families.prefill_tl import TritonPrefill
+from sparsegen.models import ForwardBatch, load_checkpoint
+
+pytestmark = pytest.mark.gpu
+PROMPT = [(7 * i + 3) % 90 + 1 for i in range(40)]
+
+
+def missing_features(spec) -> set[str]:
+    """What the spec's layers use that the prefill or decode kernels do not declare."""
+    out = set()
+    for fam in (TritonPrefill, CudaDecode):
+        for layer in spec.layers:
+            out |= set(layer.features) - set(fam.features)
+            if layer.head_dim not in fam.head_dims:
+                out.add("head_dim")
+    return out
+
+
+def close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= 0.05 * want.float().abs().max().item() + 0.05, err
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CASES))
+def test_family_prefill_logits_on_the_gpu_match_transformers_bf16(tmp_path, family):
+    require("transformers")
+    folder, hf = write_family_checkpoint(tmp_path / "ckpt", family)
+    want = hf_logits(hf.to("cuda", torch.bfloat16), PROMPT)  # [T, vocab]
+    ids = torch.tensor(PROMPT, device="cuda")
+    batch = ForwardBatch.whole_sequences([len(PROMPT)], device="cuda")
+    model = load_checkpoint(folder, device="cuda", dtype=torch.bfloat16)
+    missing = missing_features(model.spec)
+    if missing:
+        with pytest.raises(ImplUnavailableError, match="|".join(sorted(missing))):
+            model(ids, batch)
+        model = load_checkpoint(folder, device="cuda", dtype=torch.bfloat16, attn_impl="reference")
+    close_in_bf16(model(ids, batch), want)
