@@ -153,8 +153,8 @@ def test_bad_long_rope_fields_are_named(tmp_path, rope, match):
 @pytest.mark.parametrize(
     "changes, match",
     [
-        ({"hidden_size": 320, "num_attention_heads": 4}, "head_dim must be one of .* got 80"),
-        ({"hidden_size": 1024, "num_attention_heads": 4}, "head_dim must be one of .* got 256"),
+        ({"hidden_size": 288, "num_attention_heads": 4}, "head_dim must be a multiple of 16 .* got 72"),
+        ({"hidden_size": 1088, "num_attention_heads": 4}, "head_dim must be a multiple of 16 .* got 272"),
         ({"blocksparse_block_size": 48}, "block_size"),
         ({"blocksparse_vert_stride": 2**20}, "vert_stride"),
         ({"blocksparse_num_local_blocks": 0, "blocksparse_vert_stride": 0}, "cannot see its own position"),

@@ -16,7 +16,6 @@ import torch
 from helpers import extras
 from helpers.adversarial import accepted, either, refused
 from helpers.hf_configs import (
-    GEMMA2_9B,
     GEMMA2_27B,
     GPT_OSS_20B,
     MISTRAL_7B_V01,
