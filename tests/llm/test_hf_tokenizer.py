@@ -7,13 +7,15 @@ import json
 import shutil
 
 import pytest
+from helpers import extras
 from helpers.hf_tokenizers import CHAT_TEMPLATE, write_hf_tokenizer
 
 from sparsegen.errors import InputError, TokenizerError
 from sparsegen.llm.checkpoint_text import load_checkpoint_text, load_folder_tokenizer
 from sparsegen.llm.hf_tokenizer import byte_level_table
 
-transformers = pytest.importorskip("transformers")
+extras.require("tokenizers")
+transformers = extras.require("transformers")  # the oracle, and what saves the tiny tokenizers
 
 KINDS = ("byte_level", "spm")
 TEXTS = [

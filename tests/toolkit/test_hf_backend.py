@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import extras
 
-transformers = pytest.importorskip("transformers")
-hf = pytest.importorskip("sparsegen.hf")
+from sparsegen.errors import InputError
 
-from sparsegen.errors import InputError  # noqa: E402
+transformers = extras.require("transformers")
+from sparsegen import hf  # noqa: E402 - needs transformers, the [hf] extra
 
 PROMPT = 20  # longer than every window below
 SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
