@@ -5,7 +5,8 @@ extra, imported on first use), with a vocabulary of bytes like every sparsegen t
   through GPT-2's byte <-> printable-character table.
 - SentencePiece-style (Llama-2, Mistral, Gemma): `▁` is a space and a byte-fallback token
   `<0xNN>` is the byte NN.
-- Added tokens (special or not) are their content's UTF-8.
+- Added tokens (special or not) are their content's UTF-8; `special_tokens` holds those marked
+  special (what `skip_special_tokens` hides).
 
 `decode` and `stream_decoder` join those bytes and decode UTF-8, so a character split across
 tokens comes out whole once its last byte arrives. `encode(text)` adds no special tokens (a
@@ -104,7 +105,8 @@ class HFTokenizer(_BytesVocabTokenizer):
             raise TokenizerError(f"vocab_size must be an int in 1..{MAX_TOKEN_ID}, got {vocab_size!r:.40}")
         vocab = self._tok.get_vocab(with_added_tokens=True)
         size = max([*vocab.values(), (vocab_size or 0) - 1]) + 1
-        added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+        decoder = self._tok.get_added_tokens_decoder()
+        added = {t.content: i for i, t in decoder.items()}
         table = byte_level_table()
         self._vocab = [b""] * size
         for piece, i in vocab.items():
@@ -112,7 +114,8 @@ class HFTokenizer(_BytesVocabTokenizer):
                 self._vocab[i] = piece.encode()
             else:
                 self._vocab[i] = token_bytes_of(piece, byte_level, byte_fallback, table)
-        self.special_tokens = added
+        # the tokens `skip_special_tokens` hides: the added tokens marked special
+        self.special_tokens = {t.content: i for i, t in decoder.items() if t.special}
         self.path = path
         if eos_token is not None and eos_token not in vocab:
             raise TokenizerError(f"{path}: the eos token {eos_token!r:.60} is not in the vocabulary")

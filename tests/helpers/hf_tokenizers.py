@@ -71,6 +71,7 @@ def write_hf_tokenizer(folder: Path, kind: str = "byte_level", chat_template: st
         bos_id = tok.token_to_id("<s>")
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos_id)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.add_tokens(["<think>"])  # an added token that is not special (shown by skip_special_tokens)
     if chat_template is not None:
         fast.chat_template = chat_template
     folder.mkdir(parents=True, exist_ok=True)

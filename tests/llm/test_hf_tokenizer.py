@@ -24,6 +24,7 @@ TEXTS = [
     "  leading and trailing spaces  ",
     "tabs\tand\nnewlines\n\n",
     "<|user|>special tokens inside</s> text<s>",
+    "<think>an added token</think>",
     "unseen: ζψω 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ا",
     "",
 ]
@@ -62,12 +63,39 @@ def test_vocab_is_bytes_that_spell_the_text(folders, kind):
     assert all(isinstance(b, bytes) for b in vocab) and len(vocab) == tok.vocab_size
     sorted(vocab)  # bytes throughout: a vocabulary that sorts
     prefix = b" " if kind == "spm" else b""  # Metaspace's prepend_scheme="first"
-    for text in TEXTS[:2] + TEXTS[5:6]:
+    for text in [*TEXTS[:2], TEXTS[-2]]:
         ids = tok.encode(text)
         assert b"".join(vocab[i] for i in ids) == prefix + text.encode(), text
     if kind == "spm":  # byte fallback: <0xF0> is the byte 0xF0
         assert vocab[tok._tok.token_to_id("<0xF0>")] == b"\xf0"
     assert vocab[tok.special_tokens["</s>"]] == b"</s>"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_special_tokens_are_the_added_tokens_marked_special(folders, kind):
+    hf = transformers.AutoTokenizer.from_pretrained(str(folders[kind]))
+    tok = load_folder_tokenizer(folders[kind])
+    assert set(tok.special_tokens) == {"<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"}
+    think = hf.convert_tokens_to_ids("<think>")
+    assert tok.encode("<think>") == [think] and tok.vocab()[think] == b"<think>"
+    assert tok.eos_token_id == hf.eos_token_id
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_engine_streams_split_characters_whole(folders, kind):
+    from sparsegen.engine.outputs import Detokenizer
+    from sparsegen.request.sampling_params import SamplingParams
+
+    tok = load_folder_tokenizer(folders[kind])
+    text = "日本語 🙂 <think>ζψω</think>"
+    ids = tok.encode(text)
+    for skip in (True, False):
+        tracker = Detokenizer(tok, frozenset({tok.eos_token_id})).completion(
+            0, SamplingParams(max_tokens=100, skip_special_tokens=skip)
+        )
+        shown = [tracker.add(i, None).text for i in ids]
+        assert all("\ufffd" not in s for s in shown)
+        assert "".join(shown).lstrip() == text  # <think> is not special: shown either way
 
 
 def test_byte_level_table_is_a_bijection():
