@@ -100,8 +100,12 @@ class ChatTemplate:
         folder = Path(folder)
         config = _inside(folder, "tokenizer_config.json")
         data = _read_json(config) if config is not None else {}
-        bos = _token_text(data.get("bos_token"), config, "bos_token") or "<|endoftext|>"
-        eos = _token_text(data.get("eos_token"), config, "eos_token") or "<|endoftext|>"
+        # A tokenizer.json checkpoint without a BOS (Qwen) renders `bos_token` as "", as in
+        # transformers; a .tiktoken one (Phi-3-Small) falls back to its <|endoftext|>.
+        hf = (folder / "tokenizer.json").exists()
+        default = "" if hf else "<|endoftext|>"
+        bos = _token_text(data.get("bos_token"), config, "bos_token") or default
+        eos = _token_text(data.get("eos_token"), config, "eos_token") or default
         jinja_file = _inside(folder, "chat_template.jinja")
         if jinja_file is not None:  # as in transformers, the file wins over the config's field
             try:

@@ -9,7 +9,8 @@ extra, imported on first use), with a vocabulary of bytes like every sparsegen t
   special (what `skip_special_tokens` hides).
 
 `decode` and `stream_decoder` join those bytes and decode UTF-8, so a character split across
-tokens comes out whole once its last byte arrives. `encode(text)` adds no special tokens (a
+tokens comes out whole once its last byte arrives; `decode` also drops the leading space a
+Llama-2-style `Strip` decoder removes (a stream keeps it: it is the text between tokens). `encode(text)` adds no special tokens (a
 chat template writes its own BOS); `encode(text, add_special_tokens=True)` runs the tokenizer's
 post-processor (a BOS for Llama), as `AutoTokenizer(text)` does.
 """
@@ -61,6 +62,16 @@ def _kinds(node) -> set[str]:
     if isinstance(node, list):
         return set().union(*map(_kinds, node)) if node else set()
     return set()
+
+
+def _nodes(node, kind: str) -> list[dict]:
+    """The components of type `kind` in a tokenizer.json component (nested Sequences included)."""
+    if isinstance(node, dict):
+        own = [node] if node.get("type") == kind else []
+        return own + [n for value in node.values() for n in _nodes(value, kind)]
+    if isinstance(node, list):
+        return [n for value in node for n in _nodes(value, kind)]
+    return []
 
 
 def token_bytes_of(piece: str, byte_level: bool, byte_fallback: bool, table: dict[str, int]) -> bytes:
@@ -120,6 +131,10 @@ class HFTokenizer(_BytesVocabTokenizer):
         if eos_token is not None and eos_token not in vocab:
             raise TokenizerError(f"{path}: the eos token {eos_token!r:.60} is not in the vocabulary")
         self._eos = vocab[eos_token] if eos_token is not None else None
+        # Llama-2-style decoders end with Strip(" ", start=1): decode drops that leading space
+        self._strip = sum(
+            int(d.get("start", 0)) for d in _nodes(data.get("decoder"), "Strip") if d.get("content") == " "
+        )
 
     @property
     def eos_token_id(self) -> int:
@@ -130,6 +145,12 @@ class HFTokenizer(_BytesVocabTokenizer):
     @property
     def dummy_token_indices(self) -> tuple[int, ...]:
         return ()
+
+    def decode(self, ids: list[int]) -> str:
+        """The tokens' bytes as UTF-8, less the leading spaces a `Strip` decoder removes."""
+        text = super().decode(ids)
+        n = len(text) - len(text.lstrip(" "))
+        return text[min(n, self._strip) :]
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         _check_text(text)

@@ -190,6 +190,22 @@ def test_eos_ids_from_generation_config_then_config_then_tokenizer(tmp_path, fol
             load_checkpoint_text(folder, 1000)
 
 
+def test_a_tokenizer_without_bos_renders_it_empty_as_transformers_does(tmp_path, folders):
+    folder = tmp_path / "nobos"
+    shutil.copytree(folders["byte_level"], folder)
+    cfg = _config(folder)
+    cfg["bos_token"] = None
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (folder / "chat_template.jinja").write_text(
+        "[{{ bos_token }}]{{ messages[0]['content'] }}{{ eos_token }}"
+    )
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    want = hf.apply_chat_template(CONVERSATIONS[0], tokenize=False)
+    assert (
+        load_checkpoint_text(folder, 1000).chat_template.render(CONVERSATIONS[0]) == want == "[]hi there</s>"
+    )
+
+
 def test_a_folder_without_tokenizer_gives_none(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     text = load_checkpoint_text(tmp_path, 100)
