@@ -225,3 +225,21 @@ def eos_token_ids(folder: str | Path | None, vocab_size: int) -> tuple[int, ...]
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
             raise InputError(f"{path}: eos_token_id holds {t!r}, not a token id in 0..{vocab_size - 1}")
     return tuple(ids)
+
+
+def config_eos_token_ids(folder: Path, vocab_size: int) -> tuple[int, ...]:
+    """`config.json`'s eos_token_id (or its text_config's) as a tuple; () when it has none."""
+    path = _inside(folder, "config.json")
+    if path is None:
+        return ()
+    data = _read_json(path)
+    value = data.get("eos_token_id")
+    if value is None and isinstance(data.get("text_config"), dict):
+        value = data["text_config"].get("eos_token_id")
+    if value is None:
+        return ()
+    ids = value if isinstance(value, list) else [value]
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise InputError(f"{path}: eos_token_id holds {t!r:.40}, not a token id in 0..{vocab_size - 1}")
+    return tuple(ids)

@@ -5,9 +5,9 @@
   `*.tiktoken` file, else None (the checkpoint takes token ids only);
 - the chat template (`chat.ChatTemplate.from_folder`: `chat_template.jinja`, else
   `tokenizer_config.json`'s `chat_template`, else Phi-3-Small's turn format);
-- the EOS ids: `generation_config.json`'s `eos_token_id` (an int or a list), then
-  `config.json`'s, then the tokenizer's `eos_token`, in that order without repeats. Every one
-  of them stops generation.
+- the EOS ids: `generation_config.json`'s `eos_token_id` (an int or a list), else
+  `config.json`'s (transformers' `generate` takes them so), else the tokenizer's `eos_token`.
+  Every one of them stops generation.
 Every file is read inside the folder only (`folders.contained_file`).
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError, TokenizerError
+from ..errors import TokenizerError
 from ..tokenizer import find_tiktoken_file, load_tokenizer
-from .chat import ChatTemplate, _inside, _read_json, eos_token_ids
+from .chat import ChatTemplate, config_eos_token_ids, eos_token_ids
 from .hf_tokenizer import load_hf_tokenizer
 
 
@@ -41,31 +41,14 @@ def load_folder_tokenizer(folder: str | Path, vocab_size: int | None = None):
     return None
 
 
-def _config_eos(folder: Path, vocab_size: int) -> tuple[int, ...]:
-    path = _inside(folder, "config.json")
-    if path is None:
-        return ()
-    data = _read_json(path)
-    value = data.get("eos_token_id")
-    if value is None and isinstance(data.get("text_config"), dict):
-        value = data["text_config"].get("eos_token_id")
-    if value is None:
-        return ()
-    ids = value if isinstance(value, list) else [value]
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            raise InputError(f"{path}: eos_token_id holds {t!r:.40}, not a token id in 0..{vocab_size - 1}")
-    return tuple(ids)
-
-
 def load_checkpoint_text(folder: str | Path, vocab_size: int) -> CheckpointText:
     """The folder's tokenizer, chat template and EOS ids (see the module docstring).
     `vocab_size`: the model's (its embedding rows); every EOS id must be below it."""
     folder = Path(folder)
     tokenizer = load_folder_tokenizer(folder, vocab_size)
     template = ChatTemplate.from_folder(folder)
-    ids = [*(eos_token_ids(folder, vocab_size) or ()), *_config_eos(folder, vocab_size)]
-    if tokenizer is not None:
+    ids = list(eos_token_ids(folder, vocab_size) or config_eos_token_ids(folder, vocab_size))
+    if not ids and tokenizer is not None:
         try:
             ids.append(tokenizer.eos_token_id)
         except (TokenizerError, KeyError):  # a tokenizer that names no EOS

@@ -173,17 +173,19 @@ def test_template_variables_transformers_passes(tmp_path, folders):
         load_checkpoint_text(folder, 1000).chat_template.render(CONVERSATIONS[0], tools=[1])
 
 
-def test_eos_ids_from_generation_config_then_config_then_tokenizer(tmp_path, folders):
+def test_eos_ids_from_generation_config_else_config_else_tokenizer(tmp_path, folders):
     folder = tmp_path / "eos"
     shutil.copytree(folders["byte_level"], folder)
     tok = load_folder_tokenizer(folder)
     end = tok.special_tokens["<|end|>"]
     assert load_checkpoint_text(folder, 1000).eos_token_ids == (tok.special_tokens["</s>"],)
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": [7, 1]}))
+    assert load_checkpoint_text(folder, 1000).eos_token_ids == (7, 1)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [end, 1]}))
-    (folder / "config.json").write_text(json.dumps({"eos_token_id": 7}))
-    assert load_checkpoint_text(folder, 1000).eos_token_ids == (end, 1, 7)
+    assert load_checkpoint_text(folder, 1000).eos_token_ids == (end, 1)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 3}))
-    assert load_checkpoint_text(folder, 1000).eos_token_ids == (3, 7, 1)
+    assert load_checkpoint_text(folder, 1000).eos_token_ids == (3,)
+    (folder / "generation_config.json").unlink()
     for bad in (1000, -1, True, "1", [2, 5000]):
         (folder / "config.json").write_text(json.dumps({"eos_token_id": bad}))
         with pytest.raises(InputError, match="eos_token_id"):
