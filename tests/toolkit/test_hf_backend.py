@@ -6,54 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import extras
+from helpers.hf_models import SMALL, write_tiny_checkpoints
 
 from sparsegen.errors import InputError
 
 transformers = extras.require("transformers")
 from sparsegen import hf  # noqa: E402 - needs transformers, the [hf] extra
 
-PROMPT = 20  # longer than every window below
-SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-             head_dim=32, max_position_embeddings=256)  # fmt: skip
-
-
-def _configs():
-    t = transformers
-    return {
-        "mistral": t.MistralConfig(**SMALL, num_hidden_layers=2, sliding_window=8),
-        "qwen2": t.Qwen2Config(
-            **SMALL, num_hidden_layers=3, use_sliding_window=True, sliding_window=6, max_window_layers=1
-        ),  # fmt: skip
-        "llama": t.LlamaConfig(**SMALL, num_hidden_layers=2),
-        "gemma2": t.Gemma2Config(
-            **SMALL,
-            num_hidden_layers=2,
-            sliding_window=8,
-            attn_logit_softcapping=5.0,
-            final_logit_softcapping=30.0,
-            query_pre_attn_scalar=24,
-        ),  # fmt: skip
-        "gpt_oss": t.GptOssConfig(
-            **SMALL, num_hidden_layers=2, sliding_window=8, num_local_experts=4, num_experts_per_tok=2
-        ),  # fmt: skip
-    }
+PROMPT = 20  # longer than every window of the tiny checkpoints
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one intra-op thread
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf-backend")
-    out = {}
-    for name, cfg in _configs().items():
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-        for mname, module in model.named_modules():
-            if hasattr(module, "sinks"):  # gpt-oss starts its sinks at 0; random ones matter more
-                torch.nn.init.normal_(module.sinks, std=1.0)
-            if mname.endswith(("q_proj", "k_proj")):  # scores large enough that Gemma-2's cap bites
-                torch.nn.init.normal_(module.weight, std=0.3)
-        model.save_pretrained(str(root / name))
-        out[name] = root / name
-    return out
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("hf-backend"))
 
 
 def _pair(path):
