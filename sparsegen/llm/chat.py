@@ -1,7 +1,8 @@
 """Chat templates and stop tokens read from a checkpoint folder.
 
-- `tokenizer_config.json`'s `chat_template` (a string, or a list of `{"name", "template"}`
-  from which "default" is taken), else a `chat_template.jinja` file, else Phi-3-Small's
+- a `chat_template.jinja` file (it wins, as in transformers), else `tokenizer_config.json`'s
+  `chat_template` (a string, or a list of `{"name", "template"}` from which "default" is
+  taken), else Phi-3-Small's
   published turn format: `<|endoftext|><|user|>\\n...<|end|>\\n<|assistant|>\\n`.
 - Templates are rendered in jinja2's immutable sandbox, so a checkpoint's template cannot
   reach Python internals or change what it is given, within bounds on what it builds, how
@@ -15,6 +16,8 @@
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from pathlib import Path
 
 import jinja2
@@ -76,8 +79,12 @@ class ChatTemplate:
         check_utf8(source, f"{origin}: chat_template", InputError)
         self.source, self.origin = source, origin
         self.bos_token, self.eos_token = bos_token, eos_token
-        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+        env = BoundedSandbox(
+            trim_blocks=True, lstrip_blocks=True, autoescape=False, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
@@ -93,8 +100,23 @@ class ChatTemplate:
         folder = Path(folder)
         config = _inside(folder, "tokenizer_config.json")
         data = _read_json(config) if config is not None else {}
-        bos = _token_text(data.get("bos_token"), config, "bos_token") or "<|endoftext|>"
-        eos = _token_text(data.get("eos_token"), config, "eos_token") or "<|endoftext|>"
+        # A tokenizer.json checkpoint without a BOS (Qwen) renders `bos_token` as "", as in
+        # transformers; a .tiktoken one (Phi-3-Small) falls back to its <|endoftext|>.
+        hf = (folder / "tokenizer.json").exists()
+        default = "" if hf else "<|endoftext|>"
+        bos = _token_text(data.get("bos_token"), config, "bos_token") or default
+        eos = _token_text(data.get("eos_token"), config, "eos_token") or default
+        jinja_file = _inside(folder, "chat_template.jinja")
+        if jinja_file is not None:  # as in transformers, the file wins over the config's field
+            try:
+                if jinja_file.stat().st_size > MAX_TEMPLATE_BYTES:
+                    raise InputError(
+                        f"{jinja_file} is over {MAX_TEMPLATE_BYTES} bytes; a chat template is far smaller"
+                    )
+                text = jinja_file.read_bytes().decode("utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InputError(f"cannot read {jinja_file}: {exc}") from None
+            return cls(text, bos, eos, origin=str(jinja_file))
         source = data.get("chat_template")
         if isinstance(source, list):
             named = {
@@ -105,27 +127,22 @@ class ChatTemplate:
                 raise InputError(f"{config}: chat_template is a list without a usable template")
         if source is not None:
             return cls(source, bos, eos, origin=str(config))
-        jinja_file = _inside(folder, "chat_template.jinja")
-        if jinja_file is not None:
-            try:
-                if jinja_file.stat().st_size > MAX_TEMPLATE_BYTES:
-                    raise InputError(
-                        f"{jinja_file} is over {MAX_TEMPLATE_BYTES} bytes; a chat template is far smaller"
-                    )
-                text = jinja_file.read_bytes().decode("utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise InputError(f"cannot read {jinja_file}: {exc}") from None
-            return cls(text, bos, eos, origin=str(jinja_file))
         return cls(PHI3SMALL_CHAT_TEMPLATE, bos, eos, origin="Phi-3-Small's chat format")
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools=None, documents=None,
+               **extra) -> str:  # fmt: skip
+        """The template's text for `messages`, with the variables transformers'
+        `apply_chat_template` passes (`tools`, `documents` and any `extra` keyword too)."""
         msgs = check_messages(messages)
         return render_bounded(
             self._template,
             self.origin,
             InputError,
+            **extra,
             messages=msgs,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            documents=documents,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
         )
@@ -133,6 +150,19 @@ class ChatTemplate:
 
 def _raise(message):
     raise jinja2.TemplateError(str(message))
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(str(fmt))
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' `tojson`: plain `json.dumps` (jinja's own escapes `<`, `>`, `&` and `'`)."""
+    if indent is not None and not (isinstance(indent, int) and 0 <= indent <= 64):
+        raise InputError(f"tojson takes an indent of 0..64, got {indent!r:.40}")
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def message_text(content, where: str) -> str:
@@ -194,4 +224,22 @@ def eos_token_ids(folder: str | Path | None, vocab_size: int) -> tuple[int, ...]
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
             raise InputError(f"{path}: eos_token_id holds {t!r}, not a token id in 0..{vocab_size - 1}")
+    return tuple(ids)
+
+
+def config_eos_token_ids(folder: Path, vocab_size: int) -> tuple[int, ...]:
+    """`config.json`'s eos_token_id (or its text_config's) as a tuple; () when it has none."""
+    path = _inside(folder, "config.json")
+    if path is None:
+        return ()
+    data = _read_json(path)
+    value = data.get("eos_token_id")
+    if value is None and isinstance(data.get("text_config"), dict):
+        value = data["text_config"].get("eos_token_id")
+    if value is None:
+        return ()
+    ids = value if isinstance(value, list) else [value]
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise InputError(f"{path}: eos_token_id holds {t!r:.40}, not a token id in 0..{vocab_size - 1}")
     return tuple(ids)
