@@ -43,8 +43,8 @@ from ..runner.model_runner import ModelRunner
 from .checks import check_params, check_prompt, expand_params
 from .executor import model_facts, open_executor
 from .output_processor import run_prompts, track_prompts
-from .prefix_cache import cache_salt
 from .outputs import RequestOutput
+from .prefix_cache import cache_salt
 from .scheduler import Plan, Scheduler
 
 

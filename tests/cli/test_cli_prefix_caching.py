@@ -25,7 +25,18 @@ def test_generate_passes_the_flag_to_the_engine(monkeypatch, flags, want):
         return llm
 
     monkeypatch.setattr(sparsegen.llm, "LLM", recording)
-    args = ["generate", "--random", "tiny", "--prompt", "hello", "--max-tokens", "3", "--json", "--device", "cpu"]
+    args = [
+        "generate",
+        "--random",
+        "tiny",
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "3",
+        "--json",
+        "--device",
+        "cpu",
+    ]
     res = CliRunner().invoke(cli, [*args, "--no-warmup", *flags], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert seen == [want]
