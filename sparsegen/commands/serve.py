@@ -88,6 +88,7 @@ def _log_to_stderr() -> None:
 def command(
     model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
     max_model_len, chunk_size, page_size, no_cuda_graphs, compile_model, no_warmup, drain_timeout, tp,
+    enable_prefix_caching,
 ):  # fmt: skip
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
     if (model_dir is None) == (random_size is None):
@@ -104,7 +105,7 @@ def command(
     from ..llm import LLM
 
     try:
-        steps = engine_step_kwargs(chunk_size, page_size, no_cuda_graphs)
+        steps = engine_step_kwargs(chunk_size, page_size, no_cuda_graphs, enable_prefix_caching)
         llm = LLM(model=model_dir, random=random_size, tokenizer=tokenizer_path, dtype=dtype, device=device,
                   tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                   compile_model=compile_model, **steps)  # fmt: skip

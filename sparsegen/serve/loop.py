@@ -68,6 +68,14 @@ class RequestStream:
         seen = {id(p): len(p) for p in self.prompt_ids}
         return sum(seen.values())
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens found in the prefix cache: per distinct prompt, its first choice's."""
+        seen: dict[int, int] = {}
+        for p, t in zip(self.prompt_ids, self.trackers, strict=True):
+            seen.setdefault(id(p), t.num_cached_tokens or 0)
+        return sum(seen.values())
+
     async def updates(self):
         """Async iterator over Updates; raises the engine's error if the request failed."""
         while True:
