@@ -14,7 +14,8 @@
 Extreme valid values never turn a row into NaN: penalised logits are capped at float32's
 largest finite value, each row's maximum is subtracted before the temperature divides it (so
 the best token stays at 0 and nothing overflows upward), top-p always keeps the most likely
-token, and a row whose `min_tokens` would ban every token is left unmasked.
+token, and a row whose `min_tokens` would ban every token (or every allowed token) is left
+unmasked.
 
 Every step is a batched tensor operation; Python loops only build index lists. A row with a
 `seed` draws its noise from a counter-based hash of (seed, number of tokens it has generated,
@@ -302,11 +303,13 @@ def sample_on_device(
             banned = set(p.stop_token_ids)
             if eos_token_id is not None and not p.ignore_eos:
                 banned.add(eos_token_id)
-            banned = [t for t in banned if t < v]
+            banned = {t for t in banned if t < v}
             if len(banned) >= v:  # every token would be banned: min_tokens cannot hold, so no mask
                 continue
+            if p.allowed_token_ids is not None and banned.issuperset(p.allowed_token_ids):
+                continue  # the same when every allowed token would be banned
             rows += [r] * len(banned)
-            cols += banned
+            cols += sorted(banned)
     if rows:
         x = x.index_put((on_device(dev, rows), on_device(dev, cols)), torch.full((), -math.inf, device=dev))
 

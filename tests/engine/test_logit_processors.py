@@ -117,3 +117,20 @@ def test_logprobs_stay_the_raw_models():
     raw = torch.log_softmax(x[0], dim=-1)
     assert res.token_ids == [5]
     assert res.logprobs[0].logprob == pytest.approx(raw[5].item(), abs=1e-6)
+
+
+def test_min_tokens_that_would_ban_every_allowed_token_leaves_the_row_unmasked():
+    """allowed_token_ids == the stop tokens, min_tokens unmet: no token would be left, so (as when
+    min_tokens would ban the whole vocabulary) the row samples from its allowed set unmasked."""
+    x = _rows(5, 2, 30)
+    params = [
+        SamplingParams(
+            temperature=1.0, seed=1, min_tokens=3, stop_token_ids=[4, 9], allowed_token_ids=[4, 9]
+        ),
+        SamplingParams(min_tokens=3, stop_token_ids=[4], allowed_token_ids=[4, 9]),  # 9 survives
+    ]
+    res = sample(x, params, [[], []], eos_token_id=9)
+    assert res.token_ids[0] in (4, 9)
+    params[1] = SamplingParams(min_tokens=3, stop_token_ids=[4], allowed_token_ids=[4, 8])
+    res = sample(x, params, [[], []], eos_token_id=9)
+    assert res.token_ids[1] == 8  # 4 is banned until min_tokens; 8 is the only token left
