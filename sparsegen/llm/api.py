@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..engine.checks import check_prompt
+from ..engine.checks import check_processor_ids, check_prompt
 from ..engine.output_processor import OutputProcessor, RequestState
 from ..engine.outputs import Detokenizer, RequestOutput, Update
 from ..engine.stats import EngineStats, engine_stats
@@ -140,6 +140,7 @@ class LLM:
             raise InputError(
                 f"{where}.stop_token_ids holds {bad[0]}, outside the vocabulary 0..{self.vocab_size - 1}"
             )
+        check_processor_ids(params, self.vocab_size, where)
         return params
 
     def request(

@@ -6,8 +6,10 @@ ignored. Every number is bounded as `SamplingParams` bounds it (what one batched
 so a value the engine could not represent is a 400 naming its field, never a failed step.
 Besides OpenAI's fields, vLLM's extras are accepted (`top_k`, `min_p`, `repetition_penalty`,
 `min_tokens`, `stop_token_ids`, `ignore_eos`), as the openai client sends them through
-`extra_body`. Features the server does not have (`echo`, `suffix`,
-`logit_bias`, tools, response formats other than text) are refused by name.
+`extra_body`, and `allowed_token_ids`. `logit_bias` takes OpenAI's shape (token id as a
+string -> bias in [-100, 100]); its ids are checked against the model's vocabulary when the
+engine takes the request. Features the server does not have (`echo`, `suffix`, tools,
+response formats other than text) are refused by name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import RequestError
 from ..request.sampling_params import (
     FLOAT32_MAX,
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
     MAX_TOKEN_COUNT,
@@ -56,7 +61,13 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
+            Field(max_length=MAX_LOGIT_BIAS_ENTRIES),
+        ]
+        | None
+    ) = None
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1, le=MAX_TOKEN_COUNT)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
@@ -64,13 +75,26 @@ class _SamplingFields(_Strict):
     min_tokens: int = Field(0, ge=0, le=MAX_TOKEN_COUNT)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     ignore_eos: bool = False
+    allowed_token_ids: (
+        Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
+    ) = None
     return_token_ids: bool = False  # sparsegen (and recent vLLM): each choice also lists its token ids
 
     def _refuse_unsupported(self) -> None:
-        if self.logit_bias:
-            raise RequestError("logit_bias is not supported", "logit_bias")
+        self._bias_pairs()
         if self.stream_options is not None and not self.stream:
             raise RequestError("stream_options is only allowed with stream: true", "stream_options")
+
+    def _bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias's keys as token ids (decimal strings, as OpenAI sends them)."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) <= MAX_TOKEN_COUNT):
+                raise RequestError(f"logit_bias key {key!r:.40} is not a token id", "logit_bias")
+            pairs.append((int(key), bias))
+        if len({t for t, _ in pairs}) != len(pairs):
+            raise RequestError("logit_bias names one token id twice", "logit_bias")
+        return tuple(sorted(pairs))
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         if self.min_tokens > max_tokens:
@@ -93,6 +117,8 @@ class _SamplingFields(_Strict):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             seed=self.seed,
+            logit_bias=self._bias_pairs(),
+            allowed_token_ids=None if self.allowed_token_ids is None else tuple(self.allowed_token_ids),
         )
 
 
