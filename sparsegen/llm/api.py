@@ -125,6 +125,11 @@ class LLM:
             )
         return ids
 
+    def use_chat_template(self, template: str, origin: str = "chat_template") -> None:
+        """Render chats with `template` (Jinja, in the same sandbox) instead of the checkpoint's."""
+        old = self.chat_template
+        self.chat_template = ChatTemplate(template, old.bos_token, old.eos_token, origin=origin)
+
     def render_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise InputError("chat needs a tokenizer, and this checkpoint has none")

@@ -63,7 +63,7 @@ def test_registry_lists_every_variable_the_code_reads():
     missing = seen - set(env.FLAGS)
     assert not missing, f"SPARSEGEN_* variables read but not in env.FLAGS: {sorted(missing)}"
     for spec in env.FLAGS.values():
-        assert spec.meaning and spec.default and spec.kind in ("bool", "path", "level")
+        assert spec.meaning and spec.default and spec.kind in ("bool", "path", "level", "secret")
 
 
 def test_cache_dir_resolution(monkeypatch, tmp_path):
