@@ -108,7 +108,9 @@ def command(
     /detokenize, /health, /metrics)."""
     model_dir = pick_model(model_arg, model_dir)
     if (model_dir is None) == (random_size is None):
-        raise click.UsageError("give exactly one of --model DIR or --random tiny|7b (the folder may be given as MODEL)")
+        raise click.UsageError(
+            "give exactly one of --model DIR or --random tiny|7b (the folder may be given as MODEL)"
+        )
     tp, dtype = pick_tp(tp, tp_alias), dtype_of(dtype)
     api_key, template = check_api_key(api_key), chat_template_text(chat_template)
     try:
