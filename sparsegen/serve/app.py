@@ -57,11 +57,11 @@ def create_app(
     api_key: str | None = None,
     strict: bool = False,
 ) -> FastAPI:
-    metrics = Metrics()
+    name = model_name or llm.model_name
+    metrics = Metrics(name)
     fields = UnknownFields(strict)
     engine = AsyncEngine(llm, max_queue=max_queue, metrics=metrics)
     metrics.bind(engine)
-    name = model_name or llm.model_name
     created = int(time.time())
 
     @asynccontextmanager

@@ -203,3 +203,36 @@ def test_bad_tokenize_bodies(http, path, body, status):
 def test_tokenize_needs_json_content_type(http):
     r = http.post("/tokenize", content=b'{"prompt": "a"}', headers={"content-type": "text/plain"})
     assert r.status_code == 415
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+def test_vllm_metric_names_with_model_name(client, server):
+    client.completions.create(
+        model=MODEL, prompt="hi", max_tokens=4, temperature=0.0, extra_body={"ignore_eos": True}
+    )
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        text = c.get("/metrics").text
+    lab = f'model_name="{MODEL}"'
+    for series in (
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ):
+        lines = [ln for ln in text.splitlines() if ln.startswith(series + "{") and lab in ln]
+        assert len(lines) == 1, (series, lines)
+    values = {
+        ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:")
+    }
+    assert (
+        values["vllm:generation_tokens_total"] >= 4 and values["vllm:inter_token_latency_seconds_count"] >= 3
+    )
+    assert 0.0 <= values["vllm:kv_cache_usage_perc"] <= 1.0
+    assert values["vllm:prefix_cache_hits_total"] == 0.0  # no prefix cache in this engine yet
+    assert f'vllm:request_success_total{{finished_reason="length",{lab}}}' in text
