@@ -28,7 +28,8 @@ from ..folders import contained_file
 from ..utf8 import check_utf8
 from .template_sandbox import BoundedSandbox, render_bounded
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system turn, as vLLM maps it
 
 # Phi-3-Small's turn format, written out as a template: every message is `<|role|>\n` + its
 # content + `<|end|>\n`, after one `<|endoftext|>` (the BOS); a generation prompt opens the
@@ -184,7 +185,10 @@ def message_text(content, where: str) -> str:
 
 
 def check_messages(messages) -> list[dict]:
-    """A non-empty list of {"role": system|user|assistant, "content": text}; returns plain copies."""
+    """A non-empty list of {"role": system|developer|user|assistant|tool, "content": text}; returns
+    plain copies with `developer` as `system`. A `tool` message carries its `tool_call_id`; an
+    `assistant` message may carry `tool_calls` (a list of objects) and then no content; both reach
+    the chat template as given."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InputError(
             f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.80}"
@@ -194,10 +198,11 @@ def check_messages(messages) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise InputError(f"{where} must be a dict with 'role' and 'content', got {type(m).__name__}")
-        role = m.get("role")
+        role = ROLE_ALIASES.get(m.get("role"), m.get("role"))
         if role not in ROLES:
-            raise InputError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r:.40}")
-        extra = set(m) - {"role", "content", "name"}
+            roles = ", ".join(ROLES + tuple(ROLE_ALIASES))
+            raise InputError(f"{where}.role must be one of {roles}, got {m.get('role')!r:.40}")
+        extra = set(m) - {"role", "content", "name", "tool_call_id", "tool_calls"}
         if extra:
             raise InputError(f"{where} has unsupported keys {sorted(map(str, extra))}")
         name = m.get("name")
@@ -205,9 +210,33 @@ def check_messages(messages) -> list[dict]:
             raise InputError(f"{where}.name must be a string, got {type(name).__name__}")
         if name is not None:
             check_utf8(name, f"{where}.name", InputError)
-        content = check_utf8(message_text(m.get("content"), where), f"{where}.content", InputError)
-        out.append({"role": role, "content": content})
+        msg = {"role": role}
+        _tool_fields(m, role, where, msg)
+        raw = m.get("content")
+        if raw is None and "tool_calls" in msg:
+            raw = ""
+        msg["content"] = check_utf8(message_text(raw, where), f"{where}.content", InputError)
+        out.append(msg)
     return out
+
+
+def _tool_fields(m: dict, role: str, where: str, msg: dict) -> None:
+    """`tool_call_id` (tool messages, required there) and `tool_calls` (assistant messages) into msg."""
+    call_id = m.get("tool_call_id")
+    if role == "tool":
+        if not isinstance(call_id, str) or not call_id:
+            raise InputError(f"{where}.tool_call_id must be a non-empty string on a tool message")
+        msg["tool_call_id"] = check_utf8(call_id, f"{where}.tool_call_id", InputError)
+    elif call_id is not None:
+        raise InputError(f"{where}.tool_call_id belongs to tool messages only")
+    calls = m.get("tool_calls")
+    if calls is None:
+        return
+    if role != "assistant":
+        raise InputError(f"{where}.tool_calls belongs to assistant messages only")
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise InputError(f"{where}.tool_calls must be a list of objects")
+    msg["tool_calls"] = [dict(c) for c in calls]
 
 
 def eos_token_ids(folder: str | Path | None, vocab_size: int) -> tuple[int, ...] | None:

@@ -1,9 +1,12 @@
 """The OpenAI request bodies the server takes, checked strictly, and their SamplingParams.
 
 Bodies are parsed with pydantic in strict mode (no "0.5" for a number, no 1.0 for an int, no
-NaN) and unknown fields are refused, so a typo is a 400 naming the field instead of being
-ignored. Every number is bounded as `SamplingParams` bounds it (what one batched step holds),
+NaN) and the models refuse unknown fields; the app then accepts them (logged once per name)
+unless it runs with --strict, where a typo is a 400 naming the field. Every number is bounded as `SamplingParams` bounds it (what one batched step holds),
 so a value the engine could not represent is a 400 naming its field, never a failed step.
+OpenAI fields that change nothing here (`metadata`, `store`, `service_tier`,
+`reasoning_effort`, `user`, `parallel_tool_calls`) are accepted as vLLM accepts them; other
+unknown fields are the app's to accept or refuse (`unknown_fields.py`).
 Besides OpenAI's fields, vLLM's extras are accepted (`top_k`, `min_p`, `repetition_penalty`,
 `min_tokens`, `stop_token_ids`, `ignore_eos`), as the openai client sends them through
 `extra_body`, and `allowed_token_ids`. `logit_bias` takes OpenAI's shape (token id as a
@@ -47,6 +50,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage on every chunk (with include_usage)
 
 
 class _SamplingFields(_Strict):
@@ -79,6 +83,11 @@ class _SamplingFields(_Strict):
         Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
     ) = None
     return_token_ids: bool = False  # sparsegen (and recent vLLM): each choice also lists its token ids
+    # OpenAI fields vLLM accepts and that change nothing here
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
 
     def _refuse_unsupported(self) -> None:
         self._bias_pairs()
@@ -164,12 +173,25 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None
     name: str | None = None
+    tool_call_id: str | None = None  # a tool message's answer to this call
+    tool_calls: list[dict] | None = None  # an assistant message's calls
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def as_dict(self) -> dict:
+        """The message as `llm.chat` takes it (`chat.check_messages` maps developer to system)."""
+        out = {"role": self.role, "content": self.text() if self.content is not None else None}
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls is not None:
+            out["tool_calls"] = self.tool_calls
+        return out
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -199,7 +221,7 @@ class ChatCompletionRequest(_SamplingFields):
                 raise RequestError("max_tokens and max_completion_tokens disagree", "max_completion_tokens")
 
     def conversation(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return [m.as_dict() for m in self.messages]
 
     @property
     def requested_max_tokens(self) -> int | None:
