@@ -69,7 +69,15 @@ def cuda_paged_decode(
 ) -> torch.Tensor:
     """Validate, fetch the compiled kernel, launch on the current stream. Returns [B, H, D]."""
     check_decode_inputs(
-        q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check, kernel=True,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        layer,
+        allow_cpu=False,
+        check_pages=check,
+        kernel=True,
         sinks=sinks,
     )
     return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, layer_scale(scale, layer),

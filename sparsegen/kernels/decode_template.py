@@ -161,7 +161,9 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "tail16": bool(layer.head_dim % 32),
         "softcap": bool(layer.logit_softcap),
         "softcap_bits": _f32_bits(layer.logit_softcap * math.log2(math.e)) if layer.logit_softcap else 0,
-        "softcap_inv_bits": _f32_bits(1.0 / (layer.logit_softcap * math.log2(math.e))) if layer.logit_softcap else 0,
+        "softcap_inv_bits": _f32_bits(1.0 / (layer.logit_softcap * math.log2(math.e)))
+        if layer.logit_softcap
+        else 0,
         "learned_sinks": bool(layer.learned_sinks),
         "kernel_fn": KERNEL,
         "reduce_fn": REDUCE,

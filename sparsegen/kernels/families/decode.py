@@ -92,7 +92,17 @@ class DecodeKernel(Kernel):
         return mod
 
     def __call__(
-        self, q, k_cache, v_cache, block_tables, seq_lens, layer=None, scale=None, *, check=None, pdl=False,
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        layer=None,
+        scale=None,
+        *,
+        check=None,
+        pdl=False,
         sinks=None,
     ):
         """Validate (`check`: seq_lens and page ids too, on the host), launch on the current
@@ -107,7 +117,16 @@ class DecodeKernel(Kernel):
         return launch_matching(self, q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks)
 
     def launch(
-        self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, splits=None, merge=None, pdl=False,
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        scale: float,
+        splits=None,
+        merge=None,
+        pdl=False,
         sinks=None,
     ) -> torch.Tensor:
         """Launch on the current stream; inputs already validated. `splits` overrides the heuristic
@@ -115,7 +134,9 @@ class DecodeKernel(Kernel):
         `pdl` (sm_90+; ignored before): programmatic dependent launch, see `sparsegen.paged_decode`.
         `sinks` ([H] float32): exactly when the layer has learned sinks (the last kernel argument)."""
         if (sinks is None) == self.layer.learned_sinks:
-            raise InputError(f"kernel {self.name}: sinks= is required exactly when the layer has learned_sinks")
+            raise InputError(
+                f"kernel {self.name}: sinks= is required exactly when the layer has learned_sinks"
+            )
         batch, num_heads, head_dim = q.shape  # q: [B, H, D]
         num_pages, page_size = k_cache.shape[:2]  # caches: [pages, page_size, Hkv, D]
         max_pages = block_tables.shape[1]  # block_tables: [B, max_pages]
