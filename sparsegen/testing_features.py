@@ -88,14 +88,18 @@ class FeatureProblem:
 
 
 @st.composite
-def feature_problems(draw, layers, max_batch: int = 2, max_len: int = 200, dtype=torch.float16) -> FeatureProblem:
+def feature_problems(
+    draw, layers, max_batch: int = 2, max_len: int = 200, dtype=torch.float16
+) -> FeatureProblem:
     """A FeatureProblem on `layers`: random lengths (a cached prefix now and then) and sinks."""
     layer = draw(layers)
     batch = draw(st.integers(1, max_batch))
     k_lens = [draw(st.integers(1, max_len)) for _ in range(batch)]
     q_lens = [draw(st.sampled_from((k, k, max(1, k // 3)))) for k in k_lens]
     seed = draw(st.integers(0, 2**16))
-    return FeatureProblem(PrefillProblem(layer, q_lens, k_lens, seed=seed, dtype=dtype), random_sinks(layer, seed))
+    return FeatureProblem(
+        PrefillProblem(layer, q_lens, k_lens, seed=seed, dtype=dtype), random_sinks(layer, seed)
+    )
 
 
 __all__ = ["ALL_FEATURES", "FEATURE_HEAD_DIMS", "FeatureProblem", "feature_layers",

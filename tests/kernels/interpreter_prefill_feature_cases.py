@@ -31,14 +31,20 @@ def _check(fp: FeatureProblem) -> None:
 
 
 def _problem(layer, q_lens, k_lens, seed, dtype=torch.float16) -> FeatureProblem:
-    return FeatureProblem(PrefillProblem(layer, q_lens, k_lens, seed=seed, dtype=dtype), random_sinks(layer, seed))
+    return FeatureProblem(
+        PrefillProblem(layer, q_lens, k_lens, seed=seed, dtype=dtype), random_sinks(layer, seed)
+    )
 
 
 TL = TritonPrefill()
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(feature_problems(feature_layers(family=TL, head_dims=(32, 48, 80, 256), block_sizes=(16, 32)), max_len=160))
+@given(
+    feature_problems(
+        feature_layers(family=TL, head_dims=(32, 48, 80, 256), block_sizes=(16, 32)), max_len=160
+    )
+)
 def test_fuzzed_feature_specs_match_reference(fp):
     _check(fp)
 

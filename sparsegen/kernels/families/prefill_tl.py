@@ -51,7 +51,9 @@ class PrefillKernel(Kernel):
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, sinks=sinks)  # fmt: skip
         self.check_target(q)
         scale = layer_scale(scale, self.layer)
-        launch = self.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, sinks=sinks)
+        launch = self.prepare(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, sinks=sinks
+        )
         if check:  # the device sync last (see prepare)
             check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
@@ -71,7 +73,9 @@ class PrefillKernel(Kernel):
     def launch(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None,
                sinks=None) -> torch.Tensor:  # fmt: skip
         """Launch on the current stream; inputs already validated (validate.check_prefill_inputs)."""
-        return self.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, sinks=sinks)()
+        return self.prepare(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, sinks=sinks
+        )()
 
     def prepare(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None,
                 sinks=None) -> Launch:  # fmt: skip
