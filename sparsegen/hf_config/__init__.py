@@ -36,8 +36,8 @@ from typing import Any
 
 from ..errors import SpecError
 from ..spec import HeadSpec, LayerSpec, ModelSpec
-from .features import default_head_dim, layer_features
 from .families import FAMILIES, check_blocksparse_alone, check_causal, layer_kinds  # noqa: F401 - re-exported
+from .features import default_head_dim, layer_features
 from .fields import _value, get_bool, get_float, get_int  # noqa: F401 - re-exported
 
 

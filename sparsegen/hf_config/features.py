@@ -46,7 +46,9 @@ def layer_features(cfg: dict[str, Any], source: str) -> LayerFeatures:
     """Soft-cap, learned sinks and the softmax scale every attention layer of `cfg` uses."""
     for key in UNHONOURED:
         if _value(cfg, key, None) is not None:
-            raise SpecError(f"{source}: field {key!r} = {cfg[key]!r:.40} (chunked attention) cannot be honoured")
+            raise SpecError(
+                f"{source}: field {key!r} = {cfg[key]!r:.40} (chunked attention) cannot be honoured"
+            )
     model_type = _value(cfg, "model_type", None)
     model_type = model_type if isinstance(model_type, str) else None
     kw = {"source": source, "error": SpecError}
@@ -56,5 +58,7 @@ def layer_features(cfg: dict[str, Any], source: str) -> LayerFeatures:
     scalar = _value(cfg, "query_pre_attn_scalar", 256 if model_type in GEMMA_TYPES else None)
     scale = None
     if scalar is not None:
-        scale = get_float({"query_pre_attn_scalar": scalar}, "query_pre_attn_scalar", positive=True, **kw) ** -0.5
+        scale = (
+            get_float({"query_pre_attn_scalar": scalar}, "query_pre_attn_scalar", positive=True, **kw) ** -0.5
+        )
     return LayerFeatures(logit_softcap=softcap, learned_sinks=model_type == "gpt_oss", scale=scale)
