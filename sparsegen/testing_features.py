@@ -78,10 +78,13 @@ class FeatureProblem:
     def kwargs(self) -> dict:
         return {} if self.sinks is None else {"sinks": self.sinks}
 
-    def reference(self) -> torch.Tensor:
-        """float64 math on the CPU (sinks stay float32, as the contract takes them)."""
-        sinks = None if self.sinks is None else self.sinks.float().cpu()
-        return reference.prefill(*_oracle_args(self.args(), True), sinks=sinks)
+    def reference(self, *, exact: bool = True) -> torch.Tensor:
+        """float64 math on the CPU, or (exact=False) float32 where the tensors are; sinks stay
+        float32, as the contract takes them."""
+        sinks = None if self.sinks is None else self.sinks.float()
+        if sinks is not None and exact:
+            sinks = sinks.cpu()
+        return reference.prefill(*_oracle_args(self.args(), exact), sinks=sinks)
 
     def repro(self) -> str:
         return f"{self.problem.repro()} sinks={None if self.sinks is None else self.sinks.tolist()}"
@@ -89,7 +92,7 @@ class FeatureProblem:
 
 @st.composite
 def feature_problems(
-    draw, layers, max_batch: int = 2, max_len: int = 200, dtype=torch.float16
+    draw, layers, max_batch: int = 2, max_len: int = 200, dtype=torch.float16, device="cpu"
 ) -> FeatureProblem:
     """A FeatureProblem on `layers`: random lengths (a cached prefix now and then) and sinks."""
     layer = draw(layers)
@@ -98,9 +101,31 @@ def feature_problems(
     q_lens = [draw(st.sampled_from((k, k, max(1, k // 3)))) for k in k_lens]
     seed = draw(st.integers(0, 2**16))
     return FeatureProblem(
-        PrefillProblem(layer, q_lens, k_lens, seed=seed, dtype=dtype), random_sinks(layer, seed)
+        PrefillProblem(layer, q_lens, k_lens, seed=seed, dtype=dtype, device=device),
+        random_sinks(layer, seed, device=device),
     )
 
 
-__all__ = ["ALL_FEATURES", "FEATURE_HEAD_DIMS", "FeatureProblem", "feature_layers",
+def sample_feature_layers(seed: int, count: int, on_gpu: bool) -> list[LayerSpec]:
+    """`count` layers drawn by `feature_layers` for the tl prefill kernel, reproducibly from
+    `seed` (`sparsegen fuzz --features`); the interpreter gets small heads (32, 48, 80)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+
+    from .kernels.families.prefill_tl import TritonPrefill
+
+    dims = None if on_gpu else (32, 48, 80)
+    out: list[LayerSpec] = []
+
+    @hseed(seed)
+    @settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(feature_layers(family=TritonPrefill(), head_dims=dims, max_kv_heads=4 if on_gpu else 2))
+    def draw(layer):
+        out.append(layer)
+
+    draw()
+    return list(dict.fromkeys(out))[:count]
+
+
+__all__ = ["ALL_FEATURES", "FEATURE_HEAD_DIMS", "FeatureProblem", "feature_layers", "sample_feature_layers",
            "feature_problems", "random_sinks"]  # fmt: skip
