@@ -48,11 +48,11 @@ class PrefillKernel(Kernel):
             raise InputError("layer differs from the spec this kernel was compiled for")
         check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, self.layer,
                              allow_cpu=self.arch == INTERPRETER_ARCH, kernel=True, check_values=False,
-                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, sinks=sinks)  # fmt: skip
+                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **_sinks(sinks))  # fmt: skip
         self.check_target(q)
         scale = layer_scale(scale, self.layer)
         launch = self.prepare(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, sinks=sinks
+            q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, **_sinks(sinks)
         )
         if check:  # the device sync last (see prepare)
             check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
@@ -74,7 +74,7 @@ class PrefillKernel(Kernel):
                sinks=None) -> torch.Tensor:  # fmt: skip
         """Launch on the current stream; inputs already validated (validate.check_prefill_inputs)."""
         return self.prepare(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, sinks=sinks
+            q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, **_sinks(sinks)
         )()
 
     def prepare(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None,
@@ -111,6 +111,11 @@ class PrefillKernel(Kernel):
                 f"kernel {self.key} was compiled ahead of time for {self.arch}; it runs only on a GPU of that arch"
             )
         return self._entry
+
+
+def _sinks(sinks) -> dict:
+    """sinks= for `prepare` only when given: a subclass without learned sinks (Gluon) takes none."""
+    return {} if sinks is None else {"sinks": sinks}
 
 
 class Launch:
