@@ -22,7 +22,15 @@ import torch
 from .errors import InputError
 from .spec import MAX_SEQ_LEN, LayerSpec
 
-_FIELDS = ("block_size", "local_blocks", "vert_stride", "vert_offset", "sliding_window", "dense")
+_FIELDS = (
+    "block_size",
+    "local_blocks",
+    "vert_stride",
+    "vert_offset",
+    "sliding_window",
+    "dense",
+    "sink_tokens",
+)
 
 
 def _check(layer: object, n_q: object, n_k: object) -> tuple[int, int]:
@@ -90,6 +98,9 @@ def mask_mod(layer: LayerSpec, n_q: int, n_k: int | None = None, *, device=None)
             seen = seen | ((stride[h] > 0) & hit)
         elif stride:
             seen = seen | ((j // bs + field("vert_offset", h) + 1) % stride == 0)
+        sinks = table["sink_tokens"]
+        if isinstance(sinks, torch.Tensor) or sinks:  # keys 0..n-1 (StreamingLLM's sink tokens)
+            seen = seen | (j < field("sink_tokens", h))
         if isinstance(dense, torch.Tensor):
             seen = seen | (dense[h] > 0)
         return causal & seen
@@ -128,3 +139,32 @@ def block_mask(
     return create_block_mask(  # B=None: one mask broadcast over the batch
         mod, None, layer.num_heads, n_q, n_k, device=device, BLOCK_SIZE=sizes, _compile=compile
     )
+
+
+def score_mod(layer: LayerSpec) -> Callable | None:
+    """FlexAttention's `score_mod(score, b, h, q_idx, kv_idx)` for the layer's soft-cap: the
+    scaled score s becomes c * tanh(s / c). None when the layer has no soft-cap."""
+    if not isinstance(layer, LayerSpec):
+        raise InputError(f"layer must be a LayerSpec, got {type(layer).__name__}")
+    cap = float(layer.logit_softcap)
+    if not cap:
+        return None
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    return mod
+
+
+def apply_learned_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Learned sinks after FlexAttention, which has no sink argument: with `return_lse=True` it
+    gives out = sum_j e^{s_j} v_j / Z and lse = log Z per (batch, head, query); a sink logit adds
+    e^{sink[h]} to Z alone, so the answer is out * Z / (Z + e^{sink}) = out * sigmoid(lse - sink).
+    out: [B, H, n, D], lse: [B, H, n] (natural log), sinks: [H] float32 -> [B, H, n, D]."""
+    if out.dim() != 4 or lse.shape != out.shape[:3] or sinks.shape != (out.shape[1],):
+        raise InputError(
+            f"want out [B, H, n, D], lse [B, H, n] and sinks [H]; got {list(out.shape)}, {list(lse.shape)}, "
+            f"{list(sinks.shape)}"
+        )
+    weight = torch.sigmoid(lse.float() - sinks.float().view(1, -1, 1))  # [B, H, n]
+    return (out.float() * weight.unsqueeze(-1)).to(out.dtype)

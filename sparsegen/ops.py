@@ -134,7 +134,8 @@ def _prefill(q, k, v, cu_q, cu_k, layer: LayerSpec, scale: float, impl, check, m
 
     kernel = get_prefill_kernel(layer, dtype=q.dtype)
     kernel.check_target(q)
-    launch = kernel.prepare(q, k, v, cu_q, cu_k, scale, max_seqlen_k=max_k)
+    features = {} if sinks is None else {"sinks": sinks}  # only a kernel of a learned-sinks layer takes it
+    launch = kernel.prepare(q, k, v, cu_q, cu_k, scale, max_seqlen_k=max_k, **features)
     if check:  # the one device sync, last, so the GPU idles only for the launch after it
         check_cu_seqlens_values(cu_q, cu_k, q.shape[0], k.shape[0], max_seqlen_q=max_q, max_seqlen_k=max_k)
     return launch()

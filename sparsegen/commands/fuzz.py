@@ -51,7 +51,8 @@ def _run(
     def check(problem):
         stats["cases"] += 1
         try:
-            err = rel_err(launch(*problem.args(), impl=impl), problem.reference(exact=exact))
+            kwargs = problem.kwargs() if hasattr(problem, "kwargs") else {}  # sinks= of a feature problem
+            err = rel_err(launch(*problem.args(), impl=impl, **kwargs), problem.reference(exact=exact))
             stats["worst"] = max(stats["worst"], err)
             reason = None if err < tol else f"rel err {err:.3g}"
         except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
@@ -126,10 +127,20 @@ def _precompile(specs: list, kernels: list[str], page_sizes: list[int]) -> None:
     "--max-len", type=click.IntRange(1), default=None, help="Longest sequence (default 2048 GPU, 200 CPU)."
 )
 @click.option("--seed", type=SEED, default=None, help="Seed for the specs and shapes (default: a fresh one).")
-def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
+@click.option(
+    "--features",
+    is_flag=True,
+    help="With --random --kernel prefill: draw sink tokens, soft-cap, learned sinks, a layer scale and "
+    "head dims 32-256, as far as the tl prefill kernel declares them.",
+)
+def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed, features=False):
     """Fuzz the generated kernels against the reference on this device."""
     if bool(pattern) == random_specs:
         raise click.UsageError("give exactly one of --pattern P or --random")
+    if features and (not random_specs or kernel != "prefill"):
+        raise click.UsageError(
+            "--features needs --random and --kernel prefill (the decode kernels take none yet)"
+        )
     on_gpu = env.gpu_capable()
     if kernel == "decode" and not on_gpu:
         raise ImplUnavailableError("the CUDA paged-decode kernel needs an sm_80+ GPU; this machine has none")
@@ -138,10 +149,10 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed):
     # TRITON_INTERPRET is read when the kernel is fetched; outputs are NaN-poisoned.
     overrides = {"SPARSEGEN_POISON_OUTPUT": "1", **({} if on_gpu else {"TRITON_INTERPRET": "1"})}
     with mock.patch.dict(os.environ, overrides), progress.quiet_cache_log():  # the bar shows progress
-        _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu)
+        _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu, features)
 
 
-def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu) -> None:
+def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu, features=False) -> None:
     from ..testing import PAGE_SIZES, decode_problems, prefill_problems  # MissingExtraError without [fuzz]
 
     from hypothesis import strategies as st  # isort: skip
@@ -151,6 +162,10 @@ def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu) 
     tol = 2e-2 if on_gpu else 5e-3
     max_len = max_len or (2048 if on_gpu else 200)
     specs = _specs(pattern, num_specs, seed, on_gpu)
+    if features:
+        from ..testing_features import sample_feature_layers
+
+        specs = sample_feature_layers(seed, num_specs, on_gpu)
     where = "GPU, bf16" if on_gpu else "CPU interpreter, fp16"
     skipped = " (decode needs a GPU: not run)" if kernel == "all" and not on_gpu else ""
     log.info(
@@ -167,7 +182,13 @@ def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu) 
     for name in kernels:
         cases, worst, failures = 0, 0.0, []
         for i, layer in enumerate(specs):
-            if name == "prefill":
+            if name == "prefill" and features:
+                from ..testing_features import feature_problems
+
+                strategy = feature_problems(
+                    st.just(layer), max_batch=3, max_len=max_len, dtype=dtype, device=device
+                )
+            elif name == "prefill":
                 strategy = prefill_problems(
                     st.just(layer), max_batch=3, max_len=max_len, dtype=dtype, device=device
                 )

@@ -74,7 +74,8 @@ def command(
     dens = density(spec, seq_len).tolist()
     if as_json:
         heads = [{"head": h, "kv_head": spec.kv_head(h), "density": d} for h, d in enumerate(dens)]
-        click.echo(json.dumps({"pattern": model.name, "layer": index, "seq_len": seq_len, "heads": heads}))
+        click.echo(json.dumps({"pattern": model.name, "layer": index, "seq_len": seq_len, "heads": heads,
+                               **_features(spec)}))  # fmt: skip
     else:
         click.echo(
             f"{model.name}: layer {index} of {len(model.layers)}, seq_len {seq_len}, "
@@ -92,6 +93,14 @@ def command(
             "(rows: query blocks, columns: key blocks; '#' visible, '.' causal but skipped)"
         )
         click.echo(ascii_block_mask(mask))
+        info = _features(spec)
+        sinks = ", ".join(f"{h}: {n}" for h, n in enumerate(info["sink_tokens"]) if n) or "none"
+        click.echo(
+            f"\nsoft-cap {info['logit_softcap'] or 'off'}, learned sinks {'on' if info['learned_sinks'] else 'off'}, "
+            f"scale {info['scale']:.6g} ({'the layer' if spec.scale is not None else '1/sqrt(head_dim)'}), "
+            f"sink tokens per head: {sinks}"
+        )
+        click.echo(f"prefill kernel on sm_90: {info['prefill_sm90']}")
     if png is not None:
         from ..figure import draw
 
@@ -114,3 +123,19 @@ def _check_png(path: str) -> str:
             param_hint="'--png'",
         )
     return path
+
+
+def _features(spec) -> dict:
+    """The layer's attention features and which prefill kernel variant it gets on sm_90 (the
+    Gluon kernel when it covers the layer, else the tl kernel, with the reason)."""
+    from ..kernels import prefill_gluon_template
+
+    why = prefill_gluon_template.covers(spec, "bf16")
+    variant = "gluon" if why is None else f"tl (Gluon does not cover {why})"
+    return {
+        "logit_softcap": spec.logit_softcap,
+        "learned_sinks": spec.learned_sinks,
+        "scale": spec.default_scale,
+        "sink_tokens": [h.sink_tokens for h in spec.heads],
+        "prefill_sm90": variant,
+    }

@@ -23,9 +23,10 @@ Per-layer mapping (`model_spec_from_hf`), read as transformers' config class for
    `sliding_window_pattern`, else `sliding_window` on every layer (absent or null: dense).
 `use_bidirectional_attention` true is refused: every spec is causal.
 An HF window of W keys is `HeadSpec(sliding_window=W)`: query i sees key j iff i - j < W, as in
-HF's masks. Only visibility is mapped: logit soft-capping (Gemma-2) or attention sinks (gpt-oss)
-are not part of a spec. The head_dim must be one the kernels serve (64, 96, 128); others are a
-`SpecError` naming head_dim, the honest answer until kernels for them exist.
+HF's masks. Every layer also carries the model's soft-cap, learned sinks and softmax scale
+(`features.layer_features`: Gemma-2/3's `attn_logit_softcapping` and `query_pre_attn_scalar`,
+gpt-oss's sinks); a field that cannot be honoured is a SpecError naming it. The head_dim is
+the file's, else the config class's default (Gemma: 256), else hidden_size / heads.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from ..errors import SpecError
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .families import FAMILIES, check_blocksparse_alone, check_causal, layer_kinds  # noqa: F401 - re-exported
+from .features import default_head_dim, layer_features
 from .fields import _value, get_bool, get_float, get_int  # noqa: F401 - re-exported
 
 
@@ -127,6 +129,8 @@ def attention_shape(cfg: dict[str, Any], source: str, error: type[Exception]) ->
         )
     if _value(cfg, "head_dim", None) is not None:
         head_dim = get_int(cfg, "head_dim", minimum=1, **kw)
+    elif default_head_dim(cfg) is not None:
+        head_dim = default_head_dim(cfg)
     else:
         hidden = get_int(cfg, "hidden_size", minimum=1, **kw)
         if hidden % num_heads:
@@ -169,6 +173,8 @@ def _model_spec(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
         every = fields.dense_every
         layers = [dense if every and (i + 1) % every == 0 else sparse for i in range(shape.num_layers)]
         return ModelSpec(name, tuple(layers))
+    extra = layer_features(cfg, source).kwargs()
+    dense = LayerSpec(h, hkv, d, (HeadSpec(dense=True),) * h, **extra)
     windows: dict[int, LayerSpec] = {}
     layers = []
     for w in layer_kinds(cfg, shape.num_layers, source):
@@ -176,6 +182,6 @@ def _model_spec(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
             layers.append(dense)
         else:
             if w not in windows:
-                windows[w] = LayerSpec(h, hkv, d, (HeadSpec(sliding_window=w),) * h)
+                windows[w] = LayerSpec(h, hkv, d, (HeadSpec(sliding_window=w),) * h, **extra)
             layers.append(windows[w])
     return ModelSpec(name, tuple(layers))

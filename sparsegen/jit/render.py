@@ -25,6 +25,8 @@ ALLOWED_WORDS = frozenset(
         "half", "__half", "__nv_bfloat16", "float",
         "dense", "local", "vert", "window",
         "local+vert", "local+window", "vert+window", "local+vert+window",
+        "local+sink", "local+vert+sink", "window+sink", "local+window+sink", "vert+window+sink",
+        "local+vert+window+sink",
         "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_120",
         "sparsegen_paged_decode", "sparsegen_paged_decode_reduce",  # fixed kernel names from Python
     }

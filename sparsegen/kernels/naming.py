@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..spec import HeadSpec, LayerSpec
 
-FIELDS = (("l", "local_blocks"), ("v", "vert_stride"), ("w", "sliding_window"))
+FIELDS = (("l", "local_blocks"), ("v", "vert_stride"), ("w", "sliding_window"), ("s", "sink_tokens"))
 MAX_PATTERN_CHARS = 120  # the cache allows 200 characters per name; the rest is dtype and shapes
 
 

@@ -90,6 +90,8 @@ def covers(layer: LayerSpec, dtype: str) -> str | None:
         return f"dtype {dtype} (the Gluon kernel is bf16/fp16)"
     if layer.head_dim not in HEAD_DIMS:
         return f"head_dim {layer.head_dim} (the Gluon kernel covers {HEAD_DIMS})"
+    if layer.features:  # sink tokens, soft-cap, learned sinks: the tl kernel implements them
+        return f"{', '.join(layer.features)} (the Gluon kernel implements none of these)"
     n_paths = len({_path_key(head) for head in layer.heads})
     if n_paths > MAX_PATHS:
         return f"{n_paths} distinct head patterns (the Gluon kernel takes up to {MAX_PATHS})"

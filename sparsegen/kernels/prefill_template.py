@@ -37,7 +37,17 @@ ARG_NAMES = ("Q", "K", "V", "O", "cu_seqlens_q", "cu_seqlens_k", "qk_scale", *ST
 # Arguments compiled as divisible by 16 (pointers: 16-byte aligned; strides: multiples of 16
 # elements); `validate.check_alignment` enforces exactly this before every launch.
 ALIGNED_ARGS = ("Q", "K", "V", "O", *STRIDES)
-PER_HEAD = ("local_blocks", "vert_stride", "sliding_window")  # per-head numbers besides vert_offset
+PER_HEAD = ("local_blocks", "vert_stride", "sliding_window", "sink_tokens")  # besides vert_offset
+LOG2E = 1.4426950408889634
+FEATURES = frozenset({"sink_tokens", "logit_softcap", "learned_sinks"})  # what the template implements
+HEAD_DIMS = tuple(range(32, 257, 16))  # padded to a power of two in the tile width
+
+
+def arg_names(layer: LayerSpec) -> tuple[str, ...]:
+    """prefill_kernel's arguments for `layer`: a learned-sinks layer adds `Sinks` after O."""
+    if not layer.learned_sinks:
+        return ARG_NAMES
+    return (*ARG_NAMES[:4], "Sinks", *ARG_NAMES[4:])
 
 
 def pick_config(dtype: str, head_dim: int, arch: str) -> dict[str, int]:
@@ -45,17 +55,23 @@ def pick_config(dtype: str, head_dim: int, arch: str) -> dict[str, int]:
     if arch == INTERPRETER_ARCH:  # small tiles keep the interpreter quick
         return {"block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 1}
     cc = parse_arch(arch)
+    if head_dim > 128:  # 256-wide tiles: a [64, 256] fp32 accumulator, K/V tiles of 32 keys, 2 stages
+        return {"block_m": 64, "block_n": 32, "num_warps": 8 if cc >= 80 else 4, "num_stages": 2}
     if cc >= 90 or cc == 80:
         return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3 if cc >= 90 else 2}
     return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}  # sm_86/89: ~100 KB smem
 
 
-def signature(dtype: str) -> dict[str, str]:
-    """Triton's argument types of prefill_kernel for `dtype` ('fp16' / 'bf16' / 'fp32')."""
+def signature(dtype: str, learned_sinks: bool = False) -> dict[str, str]:
+    """Triton's argument types of prefill_kernel for `dtype` ('fp16' / 'bf16' / 'fp32'); with
+    `learned_sinks` the `Sinks` pointer (float32 [H]) follows O."""
     from ..dtypes import resolve
 
     ptr = resolve(dtype).triton_pointer
-    types = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
+    types = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr}
+    if learned_sinks:
+        types["Sinks"] = "*fp32"
+    types.update({"cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"})
     types["qk_scale"] = "fp32"
     types.update({s: "i32" for s in STRIDES})
     types["n_tiles"] = "i32"
@@ -105,6 +121,7 @@ def _path(pid: int, layer: LayerSpec, heads: list[int], block_n: int) -> dict[st
         "has_local": bool(spec.local_blocks) and not spec.dense,
         "has_vert": bool(spec.vert_stride) and not spec.dense,
         "has_window": bool(spec.sliding_window) and not spec.dense,
+        "has_sink": bool(spec.sink_tokens) and not spec.dense,
         "block_size": spec.block_size,
         "vert_block_n": min(spec.block_size, block_n),  # keys per step over a vertical block
         "ranges": _ranges(heads),
@@ -137,6 +154,10 @@ def template_constants(layer: LayerSpec, config: dict[str, int]) -> dict[str, An
         "block_m": config["block_m"],
         "block_n": config["block_n"],
         "paths": paths,
+        "softcap": bool(layer.logit_softcap),
+        # the cap as an exact ratio of ints (templates take typed constants only, no floats)
+        "softcap_ratio": list(float(layer.logit_softcap).as_integer_ratio()),
+        "learned_sinks": layer.learned_sinks,
     }
 
 
@@ -148,4 +169,16 @@ def kernel_name(layer: LayerSpec, dtype: str, variant: str = "tl") -> str:
     """Readable half of the key, e.g. prefill_bf16_hd128_h32kv8_bs64_l16_v8 (the default "tl"
     variant is not spelled; another one is: prefill_gluon_bf16_...)."""
     kind = "prefill" if variant == "tl" else f"prefill_{variant}"
-    return f"{kind}_{dtype}_hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}_{pattern_name(layer)}"
+    name = f"{kind}_{dtype}_hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}_{pattern_name(layer)}"
+    return name + feature_suffix(layer)
+
+
+def feature_suffix(layer: LayerSpec) -> str:
+    """The layer-wide features in a kernel name: _cap50 (soft-cap 50; 30.5 -> cap30p5), _lsink
+    (learned sinks); empty for a layer without them. Sink tokens are in the pattern (_s4)."""
+    out = ""
+    if layer.logit_softcap:
+        out += "_cap" + f"{layer.logit_softcap:g}".replace(".", "p").replace("-", "m").replace("+", "")
+    if layer.learned_sinks:
+        out += "_lsink"
+    return out

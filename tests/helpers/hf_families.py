@@ -111,4 +111,4 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
 
 def hf_logits(model, prompt: list[int]) -> torch.Tensor:  # [len(prompt), vocab] float32
     with torch.no_grad():
-        return model(torch.tensor([prompt])).logits[0].float()
+        return model(torch.tensor([prompt], device=model.device)).logits[0].float()

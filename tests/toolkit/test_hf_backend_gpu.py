@@ -22,16 +22,20 @@ def checkpoints(tmp_path_factory):
 
 @pytest.mark.parametrize("name", WINDOW_MODELS)
 def test_bf16_logits_agree_with_eager_float32(checkpoints, name):
+    """sparsegen's bf16 attention is no further from float32 eager than transformers' own bf16
+    eager attention is (the same bf16 weights and activations around it)."""
     load = transformers.AutoModelForCausalLM.from_pretrained
     eager = load(str(checkpoints[name]), attn_implementation="eager", dtype=torch.float32).cuda().eval()
+    eager16 = load(str(checkpoints[name]), attn_implementation="eager", dtype=torch.bfloat16).cuda().eval()
     ours = load(str(checkpoints[name]), attn_implementation="sparsegen", dtype=torch.bfloat16).cuda().eval()
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, SMALL["vocab_size"], (2, 300), generator=gen).cuda()
     with torch.no_grad():
-        want, got = eager(ids).logits, ours(ids).logits.float()
+        want, got, base = eager(ids).logits, ours(ids).logits.float(), eager16(ids).logits.float()
     assert torch.isfinite(got).all()
     err = (got - want).abs().max() / want.abs().max()
-    assert err < 3e-2, f"{name}: relative error {err:.3g}"
+    floor = (base - want).abs().max() / want.abs().max()  # what bf16 itself costs here
+    assert err < 1.5 * floor + 5e-3, f"{name}: relative error {err:.3g}, transformers' bf16 eager {floor:.3g}"
     out = ours.generate(ids[:1, :40], attention_mask=torch.ones_like(ids[:1, :40]), max_new_tokens=8,
                         do_sample=False)  # fmt: skip
     assert out.shape == (1, 48)  # decode through transformers' cache runs the kernel with q_len < k_len

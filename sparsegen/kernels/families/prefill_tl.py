@@ -41,16 +41,19 @@ class PrefillKernel(Kernel):
         return dtypes.resolve(self.request.dtype).torch
 
     def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, layer=None, scale=None, *, check=True,
-                 max_seqlen_q=None, max_seqlen_k=None):  # fmt: skip
-        """q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]; validates, then launches."""
+                 max_seqlen_q=None, max_seqlen_k=None, sinks=None):  # fmt: skip
+        """q: [Tq, H, D], k/v: [Tk, Hkv, D] -> [Tq, H, D]; validates, then launches. `sinks`
+        ([H] float32) exactly when the layer has learned sinks."""
         if layer is not None and layer is not self.layer and layer != self.layer:
             raise InputError("layer differs from the spec this kernel was compiled for")
         check_prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, self.layer,
                              allow_cpu=self.arch == INTERPRETER_ARCH, kernel=True, check_values=False,
-                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
+                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **_sinks(sinks))  # fmt: skip
         self.check_target(q)
         scale = layer_scale(scale, self.layer)
-        launch = self.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k)
+        launch = self.prepare(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, **_sinks(sinks)
+        )
         if check:  # the device sync last (see prepare)
             check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
@@ -67,14 +70,22 @@ class PrefillKernel(Kernel):
             if here != self.arch:
                 raise InputError(f"q is on an {here} GPU, but this kernel was compiled for {self.arch}")
 
-    def launch(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None) -> torch.Tensor:
+    def launch(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None,
+               sinks=None) -> torch.Tensor:  # fmt: skip
         """Launch on the current stream; inputs already validated (validate.check_prefill_inputs)."""
-        return self.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k)()
+        return self.prepare(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, scale, max_seqlen_k=max_seqlen_k, **_sinks(sinks)
+        )()
 
-    def prepare(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None) -> Launch:
+    def prepare(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None,
+                sinks=None) -> Launch:  # fmt: skip
         """Every host-side step of a launch but the launch itself: the output, grid and arguments.
         `sparsegen.prefill` reads cu_seqlens on the host (a device sync) between this and the call,
-        so that the GPU waits only for the launch after the sync."""
+        so that the GPU waits only for the launch after the sync. `sinks`: [H] float32, checked
+        (validate.check_features), present exactly when the layer has learned sinks."""
+        if (sinks is not None) != self.layer.learned_sinks:
+            raise InputError(f"sinks= must be given exactly when the layer has learned_sinks "
+                             f"(learned_sinks={self.layer.learned_sinks})")  # fmt: skip
         poison = env.flag("SPARSEGEN_POISON_OUTPUT")  # NaN-filled outputs show unwritten rows
         out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)  # [Tq, H, D]
         # Tk (or max_seqlen_k) bounds every sequence's k_len: no device sync; extra tiles exit at once.
@@ -83,8 +94,9 @@ class PrefillKernel(Kernel):
         if q.shape[0] == 0 or n_tiles == 0:
             return Launch(out)
         grid = ((cu_seqlens_q.shape[0] - 1) * self.layer.num_heads, n_tiles, 1)
+        feature_args = (sinks,) if self.layer.learned_sinks else ()
         args = (
-            q, k, v, out, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
+            q, k, v, out, *feature_args, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), n_tiles,
         )  # fmt: skip
@@ -99,6 +111,11 @@ class PrefillKernel(Kernel):
                 f"kernel {self.key} was compiled ahead of time for {self.arch}; it runs only on a GPU of that arch"
             )
         return self._entry
+
+
+def _sinks(sinks) -> dict:
+    """sinks= for `prepare` only when given: a subclass without learned sinks (Gluon) takes none."""
+    return {} if sinks is None else {"sinks": sinks}
 
 
 class Launch:
@@ -133,6 +150,8 @@ class TritonPrefill(Family):
     kind = "prefill"
     variant = "tl"
     source_file = tpl.SOURCE_FILE
+    features = tpl.FEATURES
+    head_dims = tpl.HEAD_DIMS
 
     def check(self, request: Request) -> None:
         super().check(request)  # the tl kernel takes no knobs
@@ -163,7 +182,7 @@ class TritonPrefill(Family):
         if "maxnreg" in config:  # a register cap lets more programs share a multiprocessor
             options["maxnreg"] = config["maxnreg"]
         return triton_build.aot_compile(
-            source, fn_name=tpl.KERNEL_FN, signature=tpl.signature(request.dtype), aligned=tpl.ALIGNED_ARGS,
+            source, fn_name=tpl.KERNEL_FN, signature=tpl.signature(request.dtype, request.layer.learned_sinks), aligned=tpl.ALIGNED_ARGS,
             arch=request.arch, options=options, module_name=module_name, source_file=tpl.SOURCE_FILE,
         )  # fmt: skip
 
@@ -180,7 +199,8 @@ class TritonPrefill(Family):
         elif env.current_arch() != request.arch:
             entry = dict(files)  # compiled ahead of time for another arch: keep the files only
         else:
-            entry = triton_build.load_compiled(files, tpl.signature(request.dtype), tpl.SOURCE_FILE)
+            entry = triton_build.load_compiled(files, tpl.signature(request.dtype, request.layer.learned_sinks),
+                                              tpl.SOURCE_FILE)  # fmt: skip
         return PrefillKernel(request, key, self.name(request), path, source, self.config(request), entry)
 
 

@@ -1,0 +1,136 @@
+"""The attention features on an H200: the tl prefill kernel on the gpt-oss and Gemma-2 layers and
+on head_dim 256 dense causal, against SDPA, FlexAttention with the same score_mod / sinks, FA4
+(when `flash_attn.cute` imports) and the bf16 matmul ceiling, all in one process; plus each
+feature's cost against the same layer without it.
+
+    PYTHONPATH=$PWD python benchmarks/prefill/bench_features.py [--lens 8192,32768] [--json OUT.json]
+
+Cases (batch 1, bf16):
+  gpt_oss   64 q / 8 KV heads, hd 64, window 128, learned sinks
+  gemma2    16 q / 8 KV heads, hd 256, window 4096, soft-cap 50, scale 256**-0.5
+  dense256  16 q / 8 KV heads, hd 256, dense causal
+"Without" rows time the same layer with the feature off (the cost of sinks or the soft-cap).
+Learned sinks in FlexAttention (no sink argument in torch 2.11): flex runs with
+return_lse=True and the output is rescaled by sigmoid(lse - sink) (`sparsegen.flex.apply_learned_sinks`),
+so its time includes that elementwise pass. SDPA takes the window as a boolean mask and has no
+soft-cap or sinks: it is timed on the layer without them ("sdpa(no features)"). Useful FLOPs =
+4 * D * visible pairs; "% ceiling" is against the matmul rate measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import torch
+
+import sparsegen
+from sparsegen import HeadSpec, LayerSpec, flex
+from sparsegen.commands.bench.common import measure_ceilings, median_ms
+from sparsegen.commands.bench.prefill import inputs, visible_pairs
+from sparsegen.kernels.prefill import get_prefill_kernel
+
+CASES = {
+    "gpt_oss": LayerSpec(64, 8, 64, (HeadSpec(block_size=64, sliding_window=128),) * 64, learned_sinks=True),
+    "gemma2": LayerSpec(
+        16, 8, 256, (HeadSpec(block_size=64, sliding_window=4096),) * 16, logit_softcap=50.0, scale=256**-0.5
+    ),  # fmt: skip
+    "dense256": LayerSpec(16, 8, 256, (HeadSpec(dense=True),) * 16),
+}
+
+
+def plain(layer: LayerSpec) -> LayerSpec:
+    return dataclasses.replace(layer, logit_softcap=0.0, learned_sinks=False)
+
+
+def time_tl(layer, q, k, v, cu, sinks):
+    kernel = get_prefill_kernel(layer, dtype=torch.bfloat16)
+    scale = layer.default_scale
+    return median_ms(lambda: kernel.launch(q, k, v, cu, cu, scale, sinks=sinks))
+
+
+def time_flex(layer, q, k, v, sinks, n):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fa = torch.compile(flex_attention, dynamic=False)
+    bm = flex.block_mask(layer, n, n, device="cuda", compile=True)
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, n, D]
+    mod = flex.score_mod(layer)
+
+    def run():
+        out, lse = fa(qt, kt, vt, score_mod=mod, block_mask=bm, scale=layer.default_scale, enable_gqa=True,
+                      return_lse=True)  # fmt: skip
+        return out if sinks is None else flex.apply_learned_sinks(out, lse, sinks)
+
+    run()
+    return median_ms(run)
+
+
+def time_sdpa(layer, q, k, v, n):
+    import torch.nn.functional as F
+
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    if all(h.dense for h in layer.heads):
+        return median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True))
+    one = LayerSpec(1, 1, layer.head_dim, layer.heads[:1])  # every head of these cases alike
+    mask = sparsegen.visible_mask(one, n, n).cuda()  # [1, n, n] bool, broadcast over heads
+    return median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True))
+
+
+def time_fa4(layer, q, k, v, sinks):
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as exc:  # noqa: BLE001 - FA4 is optional: say why it is absent
+        return f"n/a ({type(exc).__name__})"
+    w = layer.heads[0].sliding_window
+    kw = {"causal": True, "softmax_scale": layer.default_scale}
+    if w:
+        kw["window_size"] = (w - 1, 0)
+    if layer.logit_softcap:
+        kw["softcap"] = layer.logit_softcap
+    if sinks is not None:
+        kw["learnable_sink"] = sinks
+    qb, kb, vb = (x.unsqueeze(0) for x in (q, k, v))  # [1, n, H, D]
+    try:
+        flash_attn_func(qb, kb, vb, **kw)
+        return median_ms(lambda: flash_attn_func(qb, kb, vb, **kw))
+    except Exception as exc:  # noqa: BLE001 - an FA4 build without one of these arguments
+        return f"n/a ({type(exc).__name__}: {str(exc)[:60]})"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lens", default="8192,32768")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    ceil = measure_ceilings()
+    rows = []
+    for name, layer in CASES.items():
+        for n in (int(x) for x in args.lens.split(",")):
+            q, k, v, cu = inputs(layer, n)
+            sinks = torch.randn(layer.num_heads, device="cuda") if layer.learned_sinks else None
+            flops = 4 * layer.head_dim * visible_pairs(layer, n)
+            row = {"case": name, "seq_len": n, "tl": time_tl(layer, q, k, v, cu, sinks)}
+            if layer.features:
+                row["tl(no features)"] = time_tl(plain(layer), q, k, v, cu, None)
+                row["feature cost"] = row["tl"] / row["tl(no features)"]
+            row["flex"] = time_flex(layer, q, k, v, sinks, n)
+            row["sdpa(no features)"] = time_sdpa(layer, q, k, v, n)
+            row["fa4"] = time_fa4(layer, q, k, v, sinks)
+            row["% ceiling (tl)"] = 100 * flops / (row["tl"] * 1e-3) / 1e12 / ceil.matmul_tflop_s
+            for other in ("flex", "sdpa(no features)", "fa4"):
+                if isinstance(row[other], float):
+                    row[f"tl / {other}"] = row["tl"] / row[other]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"matmul ceiling {ceil.matmul_tflop_s:.0f} TFLOP/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ceiling_tflop_s": ceil.matmul_tflop_s, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
