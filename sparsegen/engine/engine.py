@@ -94,6 +94,7 @@ class LLMEngine:
         compile_model: bool = False,
         async_decode: bool = True,
         kv_layout: str = "head",
+        kv_cache_dtype: str = "auto",
         tensor_parallel_size: int = 1,
         collective_timeout_s: float | None = None,
     ):
@@ -108,6 +109,7 @@ class LLMEngine:
             compile_model=compile_model,
             async_decode=async_decode,
             kv_layout=kv_layout,
+            kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
             collective_timeout_s=collective_timeout_s,
         )
