@@ -18,8 +18,15 @@ import click
 from .. import dtypes
 from ..log import get_logger
 from . import progress
-from .options import (RANDOM_CHOICES, SEED, engine_step_kwargs, engine_step_options, finite,
-                      kv_cache_dtype_option, torch_device)  # fmt: skip
+from .options import (
+    RANDOM_CHOICES,
+    SEED,
+    engine_step_kwargs,
+    engine_step_options,
+    finite,
+    kv_cache_dtype_option,
+    torch_device,
+)
 from .tp_option import check_tp, tensor_parallel_option
 
 log = get_logger(__name__)

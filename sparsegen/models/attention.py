@@ -160,8 +160,9 @@ class Attention(nn.Module):
             out = self._decode(q, kv_cache, batch.block_tables, batch.seq_lens)
         else:
             if batch.kv_gather is not None:
-                ks, vs = cache_scales(kv_cache)  # fp8: dequantised to q's dtype in the gather
-                k_all = read_kv(kv_cache[0], batch.kv_gather, ks, q.dtype)  # [Tk, Hkv, D]: cached prefix + new
+                # [Tk, Hkv, D]: cached prefix + new (fp8: dequantised to q's dtype in the gather)
+                ks, vs = cache_scales(kv_cache)
+                k_all = read_kv(kv_cache[0], batch.kv_gather, ks, q.dtype)
                 v_all = read_kv(kv_cache[1], batch.kv_gather, vs, q.dtype)
             else:
                 k_all, v_all = k, v

@@ -150,7 +150,9 @@ class KVCache(CachePages):
         return torch.from_numpy(self.slot_array(pages, start, stop))
 
 
-def set_checkpoint_scales(cache: KVCache, scales: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+def set_checkpoint_scales(
+    cache: KVCache, scales: dict[int, tuple[torch.Tensor, torch.Tensor]] | None
+) -> None:
     """A checkpoint's K/V scales (layer index -> (k_scale, v_scale), each [] or [Hkv], from
     `…self_attn.k_scale` / `v_scale`) into an fp8 cache; a bf16/fp16 cache ignores them (it
     stores the values unscaled). Layers the checkpoint has no scales for calibrate on their
@@ -159,5 +161,7 @@ def set_checkpoint_scales(cache: KVCache, scales: dict[int, tuple[torch.Tensor, 
         return
     for i, (k_scale, v_scale) in scales.items():
         if not 0 <= i < len(cache.scales):
-            raise EngineError(f"checkpoint K/V scales for layer {i}, but the model has {len(cache.scales)} layers")
+            raise EngineError(
+                f"checkpoint K/V scales for layer {i}, but the model has {len(cache.scales)} layers"
+            )
         cache.scales[i].set(k_scale.to(cache.scales[i].k.device), v_scale.to(cache.scales[i].v.device))

@@ -121,7 +121,9 @@ class ModelRunner:
         page_size = config.page_size
         tokens = max_step_tokens(config, max_model_len)
         kv_dtype = config.cache_dtype(model.dtype)
-        pages = config.num_pages or default_num_pages(model, page_size, config.kv_cache_bytes, tokens, kv_dtype)
+        pages = config.num_pages or default_num_pages(
+            model, page_size, config.kv_cache_bytes, tokens, kv_dtype
+        )
         need = pages * kv_bytes_per_page(model, page_size, kv_dtype)
         check_fits(
             need + step_activation_bytes(model, tokens),
