@@ -15,13 +15,14 @@ would otherwise get a zero scale), once, and later prompts keep them.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import torch
 
 from ..dtypes import FP8_DTYPES
 
-MIN_SCALE = 1e-6  # the smallest scale the amax calibration gives (keeps 1/scale finite)
+MIN_SCALE = 1e-12  # the smallest scale the amax calibration gives (an all-zero head; 1/scale stays finite)
 
 
 def fp8_max(dtype: torch.dtype) -> float:
@@ -90,3 +91,44 @@ def calibrate_once(scales: KVScales | None, k: torch.Tensor, v: torch.Tensor, ba
     them from its fresh k, v [T, Hkv, D]; decode steps (CUDA-graph captures included) never do."""
     if scales is not None and not scales.ready and not batch.is_decode and k.shape[0] > 0:
         scales.calibrate(k, v)
+
+
+# vLLM's names for an fp8 checkpoint's K/V scales: `model.layers.N.self_attn.k_scale` / `v_scale`
+_SCALE_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.([kv])_scale$")
+
+
+def scale_name(name: str) -> tuple[int, str] | None:
+    """(layer, "k" | "v") for a checkpoint's K/V scale tensor name, else None."""
+    m = _SCALE_NAME.search(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def checked_scales(found: dict[tuple[int, str], torch.Tensor], num_layers: int, num_kv_heads: int,
+                   where: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """A checkpoint's scale tensors by (layer, "k"/"v") -> layer -> (k_scale, v_scale), float32 of
+    shape [] or [Hkv]; a layer with one of the two, a layer index beyond the model, a shape other
+    than [], [1] or [Hkv], or a value not finite and > 0 is a CheckpointError."""
+    from .config import CheckpointError
+
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for layer in sorted({i for i, _ in found}):
+        if layer >= num_layers:
+            raise CheckpointError(f"{where} has K/V scales for layer {layer}, but the model has {num_layers}")
+        pair = []
+        for kind in ("k", "v"):
+            name = f"model.layers.{layer}.self_attn.{kind}_scale"
+            t = found.get((layer, kind))
+            if t is None:
+                other = "v" if kind == "k" else "k"
+                raise CheckpointError(f"{where} has {other}_scale for layer {layer} but not {name!r}")
+            if not t.is_floating_point() or tuple(t.shape) not in ((), (1,), (num_kv_heads,)):
+                raise CheckpointError(
+                    f"{where}: {name!r} must be a float scalar, [1] or [{num_kv_heads}] (one per KV head), "
+                    f"got {t.dtype} of shape {list(t.shape)}"
+                )
+            t = t.float().reshape(()) if t.numel() == 1 else t.float()  # [] or [Hkv]
+            if not bool(((t > 0) & torch.isfinite(t)).all()):
+                raise CheckpointError(f"{where}: {name!r} must be finite and > 0")
+            pair.append(t)
+        out[layer] = (pair[0], pair[1])
+    return out
