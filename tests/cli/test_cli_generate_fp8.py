@@ -1,4 +1,4 @@
-"""`sparsegen generate --kv-cache-dtype`: fp8 on the CPU path, and bad values refused by click."""
+"""`sparsegen generate` and `serve` `--kv-cache-dtype`: fp8 on the CPU path, bad values refused by click."""
 
 from __future__ import annotations
 
@@ -39,3 +39,27 @@ def test_bad_kv_cache_dtype_is_a_usage_error(value):
                                    "--kv-cache-dtype", value])  # fmt: skip
     assert res.exit_code == 2
     assert "--kv-cache-dtype" in res.output
+
+
+def test_serve_passes_kv_cache_dtype_to_the_llm(monkeypatch):
+    pytest.importorskip("fastapi")
+    import sparsegen.llm
+    from sparsegen.errors import InputError
+
+    seen = {}
+
+    def fake_llm(**kw):
+        seen.update(kw)
+        raise InputError("stopped before the model is built")
+
+    monkeypatch.setattr(sparsegen.llm, "LLM", fake_llm)
+    res = CliRunner().invoke(
+        cli, ["serve", "--random", "tiny", "--device", "cpu", "--kv-cache-dtype", "fp8_e5m2"]
+    )
+    assert res.exit_code == 2 and "stopped before the model is built" in res.output
+    assert seen["kv_cache_dtype"] == "fp8_e5m2"
+
+
+def test_serve_refuses_a_bad_kv_cache_dtype():
+    res = CliRunner().invoke(cli, ["serve", "--random", "tiny", "--kv-cache-dtype", "bf16"])
+    assert res.exit_code == 2 and "--kv-cache-dtype" in res.output
