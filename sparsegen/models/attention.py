@@ -17,14 +17,15 @@ from ..kernels.linear import gemm_rows as rows_kernel
 from ..spec import LayerSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
-from .kv_scales import KVLayer, cache_scales, calibrate_once
+from .kv_scales import KVLayer, cache_scales, calibrate_once, layer_scales
 from .kv_write import read_kv, write_kv
 from .layers import Linear, fast_kernels, linear, rows_gemm
 from .options import ModelOptions
 from .rope import RopeWrite, Rotary
 
-# k_cache, v_cache: [num_pages, page_size, Hkv, D], and an fp8 cache's scales (kv_scales.KVLayer)
-KVCacheLayer = KVLayer
+# (k_cache, v_cache): [num_pages, page_size, Hkv, D] each; an fp8 cache's is a kv_scales.KVLayer
+# (k_cache, v_cache, scales)
+KVCacheLayer = tuple[torch.Tensor, torch.Tensor] | KVLayer
 
 GEMV_ROPE = True  # the batch-1 QKV GEMV also rotates and writes the cache (Attention.rope_fusable)
 DECODE_PDL_MAX_ROWS = 1  # decode steps up to this batch launch paged decode with PDL (_decode_pdl)
@@ -138,7 +139,7 @@ class Attention(nn.Module):
         if rows is not None and (write is None or batch.sampled_block_tables is None):
             raise InputError("attention from the sampled rows only needs a KV cache written by this batch "
                              "and batch.sampled_block_tables / sampled_seq_lens")  # fmt: skip
-        scales = write.scales if write is not None else None  # an fp8 cache's: the torch write path
+        scales = layer_scales(write)  # an fp8 cache's: the torch write path quantises
         if (
             self.fused and scales is None and fast_kernels(qkv) and rotary_kernel.supports_rotary(qkv)
         ):  # one kernel: rotary, split, cache write (bf16/fp16 caches only)

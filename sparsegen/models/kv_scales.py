@@ -79,10 +79,14 @@ def is_fp8_cache(cache: torch.Tensor) -> bool:
     return cache.dtype in FP8_DTYPES
 
 
+def layer_scales(kv_cache) -> KVScales | None:
+    """A layer's cache scales: KVScales for an fp8 `KVLayer`, None for a (k, v) pair or no cache."""
+    return kv_cache[2] if kv_cache is not None and len(kv_cache) > 2 else None
+
+
 def cache_scales(kv_cache) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(k_scale, v_scale) [Hkv] float32 of a layer's fp8 cache; (None, None) for bf16/fp16 (or a
-    plain (k, v) pair)."""
-    scales = kv_cache[2] if len(kv_cache) > 2 else None
+    """(k_scale, v_scale) [Hkv] float32 of a layer's fp8 cache; (None, None) for a (k, v) pair."""
+    scales = layer_scales(kv_cache)
     return (None, None) if scales is None else (scales.k, scales.v)
 
 

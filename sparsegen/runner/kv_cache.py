@@ -124,8 +124,11 @@ class KVCache(CachePages):
         )
 
     @property
-    def layers(self) -> list[KVLayer]:
-        """Per layer (k, v, scales): what the model's attention takes."""
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor] | KVLayer]:
+        """What the model's attention takes per layer: (k, v) for a bf16/fp16/fp32 cache, and
+        `KVLayer(k, v, scales)` for an fp8 cache."""
+        if self.scales[0] is None:
+            return list(zip(self.k, self.v, strict=True))
         return [KVLayer(k, v, s) for k, v, s in zip(self.k, self.v, self.scales, strict=True)]
 
     def slot_array(self, pages: list[int], start: int, stop: int) -> np.ndarray:

@@ -147,7 +147,7 @@ class ModelRunner:
         if model.device.type == "cuda" and model.fused and not fp8:  # the model's fused rotary: build it now
             from ..kernels.fused import rotary
 
-            k0, v0 = self.cache.layers[0]
+            k0, v0 = self.cache.k[0], self.cache.v[0]
             rotary.warm_up_rotary(k0, v0, self.cache.scratch_page * page_size, cfg.group_size)
         usable = self.cache.allocator.capacity
         log.info(

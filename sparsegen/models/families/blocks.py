@@ -16,7 +16,7 @@ from ... import ops
 from ...errors import InputError
 from ...spec import LayerSpec
 from ..batch import ForwardBatch
-from ..kv_scales import cache_scales, calibrate_once
+from ..kv_scales import calibrate_once, layer_scales
 from ..kv_write import read_kv, write_kv
 from ..layers import Linear, linear
 from ..options import ModelOptions
@@ -98,9 +98,9 @@ class DecoderAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
-        ks, vs = cache_scales(kv_cache) if kv_cache is not None else (None, None)  # fp8 cache: [Hkv] each
+        scales = layer_scales(kv_cache)  # an fp8 cache's (None for bf16/fp16)
+        ks, vs = (scales.k, scales.v) if scales is not None else (None, None)  # [Hkv] float32 each
         if kv_cache is not None and batch.slot_mapping is not None:
-            scales = kv_cache[2] if ks is not None else None
             calibrate_once(scales, k, v, batch)
             write_kv(kv_cache[0], kv_cache[1], batch.slot_mapping, k, v, scales)
         sinks = self.sinks.float() if self.layer.learned_sinks else None  # [H] float32
