@@ -237,3 +237,14 @@ def test_a_decoder_family_runs_on_an_fp8_cache(family, extra, chunk):
     assert 0 < kl < FAMILY_KL_BOUND, (kl, steps)
     wrong = Run(fam, prompt, "fp8", chunk=chunk, tweak=quarter_after_calibration)  # the negative control
     assert same_context_kl(ref, wrong)[0] > FAMILY_KL_BOUND
+
+
+@pytest.mark.slow  # dynamo traces the decode step (aot_eager: no codegen), several seconds
+def test_compiled_decode_on_an_fp8_cache_equals_eager(monkeypatch, model, prompt):
+    from sparsegen.runner import model_runner
+
+    monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "aot_eager")
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    eager = LLMEngine(model, kv_cache_bytes=1 << 22, kv_cache_dtype="fp8").generate([prompt], params)
+    compiled = LLMEngine(model, kv_cache_bytes=1 << 22, kv_cache_dtype="fp8", compile_model=True)
+    assert compiled.generate([prompt], params)[0].token_ids == eager[0].token_ids
