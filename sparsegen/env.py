@@ -31,7 +31,7 @@ class Flag:
     """One environment variable: its name, what kind of value it holds, default and meaning."""
 
     name: str
-    kind: str  # "bool" | "path" | "level"
+    kind: str  # "bool" | "path" | "level" | "secret" (never shown by `sparsegen env`)
     default: str
     meaning: str
 
@@ -54,6 +54,8 @@ FLAGS: dict[str, Flag] = {
         Flag("SPARSEGEN_QUIET", "bool", "0", "only errors on stderr: no 'compiling ...' lines, no progress bars"),
         Flag("SPARSEGEN_PREFILL_TL", "bool", "0",
              "prefill on sm_90 uses the tl Triton kernel instead of the Gluon (FA3-style) one"),
+        Flag("SPARSEGEN_API_KEY", "secret", "(none)",
+             "the key `sparsegen serve` asks for on /v1/* (Authorization: Bearer KEY); --api-key wins"),
         Flag("SPARSEGEN_NO_PDL", "bool", "0",
              "the model's fused add + LayerNorm kernel launches without programmatic dependent launch (sm_90)"),
     )
@@ -93,6 +95,12 @@ def path(name: str) -> Path | None:
     _registered(name, "path")
     raw = os.environ.get(name)
     return Path(raw).expanduser() if raw else None
+
+
+def secret(name: str) -> str | None:
+    """The secret variable `name` (one of FLAGS); None when unset or empty."""
+    _registered(name, "secret")
+    return os.environ.get(name) or None
 
 
 def log_level() -> str:

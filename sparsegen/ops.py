@@ -188,7 +188,7 @@ def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec,
     _no_fp8_kernel("decode", k_cache)
     from .kernels.decode import launch_checked
 
-    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, pdl=pdl)
+    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, pdl=pdl, sinks=sinks)
 
 
 def _no_fp8_kernel(kind: str, k: torch.Tensor) -> None:

@@ -195,6 +195,21 @@ def layer_specs(
     return LayerSpec(num_heads=num_heads, num_kv_heads=num_kv, head_dim=head_dim, heads=heads)
 
 
+WIDE_BLOCK_SIZES = (*BLOCK_SIZES, 256)
+
+
+def wide_layer_specs(head_dims: tuple[int, ...] = SUPPORTED_HEAD_DIMS, hybrid: bool = True):
+    """`layer_specs` over the wider region: block size 256 too, 1..8 KV heads and group sizes
+    1..8 (so up to 64 query heads)."""
+    return layer_specs(
+        head_dims=head_dims,
+        max_kv_heads=8,
+        gqa_ratios=tuple(range(1, 9)),
+        hybrid=hybrid,
+        block_sizes=WIDE_BLOCK_SIZES,
+    )
+
+
 def _randn(shape, gen: torch.Generator, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype=dtype, device=device)
 
@@ -267,15 +282,24 @@ def prefill_problems(
     max_len: int = 300,
     dtype: torch.dtype = torch.float16,
     device: str = "cpu",
+    empty: bool = False,
+    large_logits: bool = False,
 ) -> PrefillProblem:
     """A varlen batch: each sequence has k_len keys and its last q_len positions as queries
-    (q_len < k_len models a cached prefix or a later chunk)."""
+    (q_len < k_len models a cached prefix or a later chunk). `empty` also draws sequences with
+    q_len 0 or k_len 0 among non-empty ones; `large_logits` draws softmax scales of 1..3, so that
+    with unit-normal q and k the scores reach about +-50..100 before the softmax."""
     layer = draw(layers if layers is not None else layer_specs())
     batch = draw(st.integers(1, max_batch))
     k_lens = [draw(st.integers(1, max_len)) for _ in range(batch)]
     q_lens = [draw(st.one_of(st.just(n), st.integers(1, n))) for n in k_lens]
+    if empty and batch > 1:  # empty sequences inside a varlen batch (the kernels allow them)
+        for b in draw(st.sets(st.integers(0, batch - 1), max_size=batch - 1)):
+            k_lens[b] = draw(st.sampled_from((0, k_lens[b])))
+            q_lens[b] = 0 if k_lens[b] == 0 else draw(st.sampled_from((0, q_lens[b])))
     seed = draw(st.integers(0, 2**31 - 1))
-    scale = draw(st.one_of(st.none(), st.floats(0.01, 0.2)))
+    scales = st.floats(1.0, 3.0) if large_logits else st.floats(0.01, 0.2)
+    scale = draw(scales if large_logits else st.one_of(st.none(), scales))
     return PrefillProblem(layer, q_lens, k_lens, seed, dtype, device, scale)
 
 

@@ -4,18 +4,31 @@ fixtures many test folders use (the tiny model, one torch thread, a fresh cache,
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+# Every profile names derandomize: a profile inherits what it leaves out from the one loaded
+# when it is registered, and under CI=true hypothesis has loaded its own derandomized "ci" profile.
 settings.register_profile(
-    "default", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
+    "default",
+    deadline=None,
+    max_examples=25,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.too_slow],
 )
-# CI draws fresh examples each run (a failure prints its @reproduce_failure blob to replay it);
+# CI draws fresh examples each run from one seed chosen per run (printed at the end of the run;
+# --hypothesis-seed=N repeats it, and a failure also prints its @reproduce_failure blob);
 # "ci-derandomized" is the fixed-examples run.
 settings.register_profile(
-    "ci", deadline=None, max_examples=25, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+    "ci",
+    deadline=None,
+    max_examples=25,
+    derandomize=False,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
     "ci-derandomized",
@@ -26,7 +39,11 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
-    "gpu", deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
+    "gpu",
+    deadline=None,
+    max_examples=150,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
 
@@ -43,8 +60,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_HYPOTHESIS_SEED = pytest.StashKey[object]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """Outside a derandomized profile, every run draws hypothesis examples from one fresh seed
+    (unless --hypothesis-seed gave one), so that the seed can be printed and a failure repeated."""
+    from hypothesis import core
+
+    if core.global_force_seed is None and not settings.default.derandomize:
+        core.global_force_seed = random.SystemRandom().randrange(2**32)
+    config.stash[_HYPOTHESIS_SEED] = core.global_force_seed
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    """The random order's seed, even under -q (pytest-randomly prints it only in the header)."""
+    """The random order's and hypothesis' seeds, even under -q (pytest-randomly prints its own only
+    in the header)."""
+    hseed = config.stash.get(_HYPOTHESIS_SEED, None)
+    if hseed is not None:
+        terminalreporter.write_line(f"hypothesis examples: --hypothesis-seed={hseed} repeats them")
     seed = getattr(config.option, "randomly_seed", None)
     if seed is not None and config.pluginmanager.has_plugin("randomly"):
         terminalreporter.write_line(

@@ -116,11 +116,17 @@ def _cuda_include() -> str | None:
         return None
 
 
+def _shown(flag) -> str | None:
+    """A variable's value for the report; a secret's only as "(set)", so a pasted report leaks no key."""
+    raw = os.environ.get(flag.name)
+    return "(set)" if flag.kind == "secret" and raw else raw
+
+
 def _variables() -> list[dict]:
     from .. import env
 
     return [
-        {"name": f.name, "value": os.environ.get(f.name), "default": f.default, "meaning": f.meaning}
+        {"name": f.name, "value": _shown(f), "default": f.default, "meaning": f.meaning}
         for f in env.FLAGS.values()
     ]
 

@@ -143,7 +143,7 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, kv_cache_dtype, no_warmup, chat, stop, stop_token_ids, tp,
+    no_cuda_graphs, kv_cache_dtype, no_warmup, chat, stop, stop_token_ids, tp, enable_prefix_caching,
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
@@ -161,7 +161,7 @@ def cli_finish_reason(out, eos_token_id: int, ignore_eos: bool) -> str:
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, kv_cache_dtype, no_warmup, chat, stop, stop_token_ids, tp,
+    no_cuda_graphs, kv_cache_dtype, no_warmup, chat, stop, stop_token_ids, tp, enable_prefix_caching,
 ):  # fmt: skip
     import torch
 
@@ -174,7 +174,7 @@ def _generate(
         raise click.BadParameter(f"checkpoint folder {model_dir} does not exist", param_hint="'--model'")
     llm = LLM(model=model_dir, random=random_size, tokenizer=tokenizer_path, dtype=dtype, device=device,
               force_dense=force_dense, tensor_parallel_size=tp, max_num_seqs=max_batch, kv_cache_dtype=kv_cache_dtype,
-              **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs))  # fmt: skip
+              **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs, enable_prefix_caching))  # fmt: skip
     try:
         _run(llm, prompt, prompt_ids, prompts_file, max_tokens, temperature, top_p, top_k, seed, ignore_eos,
              stream, as_json, no_warmup, chat, stop, stop_token_ids, random_size is not None)  # fmt: skip

@@ -88,10 +88,17 @@ def torch_device(value: str | None) -> str:
 
 
 def engine_step_options(command):
-    """--chunk-size, --page-size and --no-cuda-graphs: how the engine steps, for generate and serve.
+    """--chunk-size, --page-size, --no-cuda-graphs and --[no-]enable-prefix-caching: how the engine
+    steps, for generate and serve.
     The defaults are EngineConfig's, written out so that `--help` needs no torch import
     (tests/cli/test_cli_conventions.py holds them equal)."""
     command = click.option("--no-cuda-graphs", is_flag=True, help="Run decode steps eagerly on GPU.")(command)
+    command = click.option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        default=True,
+        show_default=True,
+        help="Keep full KV pages for later requests with the same prefix.",
+    )(command)
     command = click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True)(command)
     return click.option(
         "--chunk-size",
@@ -117,10 +124,13 @@ def kv_cache_dtype_option(command):
     )(command)
 
 
-def engine_step_kwargs(chunk_size: int, page_size: int, no_cuda_graphs: bool) -> dict:
-    """`engine_step_options`' three values as the LLMEngine keywords they stand for."""
+def engine_step_kwargs(
+    chunk_size: int, page_size: int, no_cuda_graphs: bool, enable_prefix_caching: bool = True
+) -> dict:
+    """`engine_step_options`' values as the LLMEngine keywords they stand for."""
     return {
         "max_num_batched_tokens": chunk_size,
         "page_size": page_size,
         "use_cuda_graphs": not no_cuda_graphs,
+        "enable_prefix_caching": enable_prefix_caching,
     }

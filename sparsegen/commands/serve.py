@@ -4,6 +4,9 @@
     curl localhost:8000/v1/completions -H 'content-type: application/json' \\
          -d '{"model": "random-tiny", "prompt": "Hello", "max_tokens": 8}'
 
+vLLM's spellings work too (`vllm_options.py`): `sparsegen serve DIR --dtype bfloat16
+--tensor-parallel-size 2 --enforce-eager --api-key KEY`.
+
 `--port 0` takes a free port; the log line "serving ... on http://HOST:PORT" names it. `--tp N`
 runs the model over N tensor-parallel processes (one GPU each; gloo ranks with --device cpu).
 """
@@ -26,6 +29,15 @@ from .options import (
     torch_device,
 )
 from .tp_option import check_tp, tensor_parallel_option
+from .vllm_options import (
+    DTYPES,
+    chat_template_text,
+    check_api_key,
+    dtype_of,
+    pick_model,
+    pick_tp,
+    vllm_options,
+)
 
 
 def _log_to_stderr() -> None:
@@ -39,6 +51,10 @@ def _log_to_stderr() -> None:
 
 
 @click.command("serve")
+@click.argument(
+    "model_arg", metavar="[MODEL]", required=False,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+)  # fmt: skip
 @click.option(
     "--model",
     "model_dir",
@@ -71,9 +87,9 @@ def _log_to_stderr() -> None:
 @click.option("--device", default=None, help="cuda or cpu (default: cuda when available).")
 @click.option(
     "--dtype",
-    type=click.Choice(["bf16", "fp16", "fp32"]),
+    type=click.Choice(DTYPES),
     default=None,
-    help="Default: bf16 on GPU, fp32 on CPU.",
+    help="auto (the default): bf16 on GPU, fp32 on CPU.",
 )
 @click.option(
     "--max-num-seqs", type=click.IntRange(min=1), default=32, show_default=True, help="Sequences at once."
@@ -92,14 +108,21 @@ def _log_to_stderr() -> None:
     help="On SIGTERM, seconds running requests may take to finish.",
 )  # fmt: skip
 @tensor_parallel_option
+@vllm_options
 def command(
-    model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
-    max_model_len, chunk_size, page_size, no_cuda_graphs, kv_cache_dtype, compile_model, no_warmup, drain_timeout,
-    tp,
+    model_arg, model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
+    max_model_len, chunk_size, page_size, no_cuda_graphs, kv_cache_dtype, compile_model, no_warmup, drain_timeout, tp,
+    enable_prefix_caching, tp_alias, enforce_eager, seed, chat_template, api_key, strict,
 ):  # fmt: skip
-    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
+    /detokenize, /health, /metrics)."""
+    model_dir = pick_model(model_arg, model_dir)
     if (model_dir is None) == (random_size is None):
-        raise click.UsageError("give exactly one of --model DIR or --random NAME")
+        raise click.UsageError(
+            "give exactly one of --model DIR or --random NAME (the folder may be given as MODEL)"
+        )
+    tp, dtype = pick_tp(tp, tp_alias), dtype_of(dtype)
+    api_key, template = check_api_key(api_key), chat_template_text(chat_template)
     try:
         from ..serve.server import serve
     except ImportError as exc:
@@ -112,10 +135,14 @@ def command(
     from ..llm import LLM
 
     try:
-        steps = engine_step_kwargs(chunk_size, page_size, no_cuda_graphs)
+        steps = engine_step_kwargs(
+            chunk_size, page_size, no_cuda_graphs or enforce_eager, enable_prefix_caching
+        )
         llm = LLM(model=model_dir, random=random_size, tokenizer=tokenizer_path, dtype=dtype, device=device,
-                  tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                  seed=seed, tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                   compile_model=compile_model, kv_cache_dtype=kv_cache_dtype, **steps)  # fmt: skip
+        if template is not None:
+            llm.use_chat_template(*template)
         if not no_warmup:
             seconds = llm.engine.warmup()
             logging.getLogger("sparsegen").info(
@@ -126,7 +153,8 @@ def command(
             raise click.UsageError(first_line(exc)) from None
         raise RuntimeFailure(first_line(exc)) from None
     try:
-        serve(llm, host, port, max_queue=max_queue, drain_timeout=drain_timeout, model_name=served_model_name)
+        serve(llm, host, port, max_queue=max_queue, drain_timeout=drain_timeout, model_name=served_model_name,
+              api_key=api_key, strict=strict)  # fmt: skip
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
     finally:

@@ -59,11 +59,25 @@ def check_params(params: object, vocab_size: int, where: str = "params") -> Samp
             raise InputError(
                 f"SamplingParams.stop_token_ids holds {tok!r}, not a token id in 0..{vocab_size - 1}"
             )
+    check_processor_ids(params, vocab_size)
     if params.logprobs is not None and params.logprobs > vocab_size:
         raise InputError(
             f"SamplingParams.logprobs is {params.logprobs}, more than the vocabulary's {vocab_size} tokens"
         )
     return params
+
+
+def check_processor_ids(params: SamplingParams, vocab_size: int, where: str = "SamplingParams") -> None:
+    """`logit_bias` and `allowed_token_ids` name token ids of the vocabulary 0..vocab_size-1."""
+    if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:  # pairs are sorted by id
+        raise InputError(
+            f"{where}.logit_bias holds token {params.logit_bias[-1][0]}, not a token id in 0..{vocab_size - 1}"
+        )
+    if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab_size:
+        raise InputError(
+            f"{where}.allowed_token_ids holds {max(params.allowed_token_ids)}, not a token id in "
+            f"0..{vocab_size - 1}"
+        )
 
 
 def expand_params(params: object, n: int) -> list[object]:

@@ -44,6 +44,7 @@ from .checks import check_params, check_prompt, expand_params
 from .executor import model_facts, open_executor
 from .output_processor import run_prompts, track_prompts
 from .outputs import RequestOutput
+from .prefix_cache import cache_salt
 from .scheduler import Plan, Scheduler
 
 
@@ -59,6 +60,7 @@ class TokenEvent:
     logprobs: TokenLogprobs | None = None  # when the request's SamplingParams.logprobs is set
     request_id: int = -1  # the Sequence's seq_id: what `LLMEngine.abort` takes
     error: RequestFailedError | None = None  # why the request failed (finish_reason "error")
+    num_cached_tokens: int = 0  # prompt tokens the request found in the prefix cache
 
 
 class LLMEngine:
@@ -97,6 +99,7 @@ class LLMEngine:
         kv_cache_dtype: str = "auto",
         tensor_parallel_size: int = 1,
         collective_timeout_s: float | None = None,
+        enable_prefix_caching: bool = True,
     ):
         config = EngineConfig(
             page_size=page_size,
@@ -112,6 +115,7 @@ class LLMEngine:
             kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
             collective_timeout_s=collective_timeout_s,
+            enable_prefix_caching=enable_prefix_caching,
         )
         facts = model_facts(model, config, device)  # reads nothing but a config.json
         cfg = self.model_config = facts.config
@@ -140,11 +144,28 @@ class LLMEngine:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=self.max_model_len,
             eos_token_id=tokenizer.eos_token_id if tokenizer is not None else cfg.eos_token_id,
+            prefix_caching=config.enable_prefix_caching,
+            cache_salt=self._cache_salt(model),
+            long_rope_after=cfg.rope_scaling.original_max_position_embeddings if cfg.rope_scaling else None,
         )
         self._index: dict[int, int] = {}  # seq_id -> request index
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ids = itertools.count()
         self._inflight: InFlight | None = None  # a launched step not yet booked (async_decode)
+
+    def _cache_salt(self, model) -> bytes:
+        """What, besides the tokens, decides a KV page's content: the cache's dtype (fp8 pages
+        never hit bf16 ones) and the page size."""
+        pools = getattr(self.cache, "k", None)
+        kv_dtype = pools[0].dtype if pools else getattr(model, "dtype", None)
+        facts = {"kv_dtype": kv_dtype, "page_size": self.cache.page_size}
+        facts["kv_cache_dtype"] = getattr(self.config, "kv_cache_dtype", None)
+        return cache_salt(**facts)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (pages held by running sequences keep theirs); returns how
+        many cached pages were dropped."""
+        return self.cache.allocator.reset_prefix_cache()
 
     @property
     def eos_token_id(self) -> int | None:
@@ -259,7 +280,12 @@ class LLMEngine:
         for seq, token, i, reason in zip(sampled, tokens, keep, reasons, strict=True):
             events.append(
                 TokenEvent(
-                    self._index[seq.seq_id], token, reason, logprobs=out.logprobs[i], request_id=seq.seq_id
+                    self._index[seq.seq_id],
+                    token,
+                    reason,
+                    logprobs=out.logprobs[i],
+                    request_id=seq.seq_id,
+                    num_cached_tokens=seq.num_cached_tokens or 0,
                 )
             )
             if reason is not None:

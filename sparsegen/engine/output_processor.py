@@ -47,6 +47,7 @@ class RequestState:
             prompt=self.prompt,
             prompt_token_ids=list(self.prompt_ids[0]),
             outputs=[c.output() for c in self.completions],
+            num_cached_tokens=self.completions[0].num_cached_tokens,
         )
 
 
@@ -83,6 +84,8 @@ class OutputProcessor:
         if entry is None:
             return None
         request, c = entry
+        if c.num_cached_tokens is None:
+            c.num_cached_tokens = getattr(event, "num_cached_tokens", 0)
         update = c.add(event.token_id, event.finish_reason, event.logprobs, now)
         if c.finished:
             del self._live[event.request_id]

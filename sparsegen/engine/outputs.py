@@ -51,6 +51,7 @@ class RequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (None: not run)
 
     @property
     def text(self) -> str | None:
@@ -120,6 +121,7 @@ class CompletionTracker:
         self.t_submit: float | None = None  # set when the engine queued it
         self.t_first: float | None = None
         self.t_last: float | None = None
+        self.num_cached_tokens: int | None = None  # from the engine's first event for it
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""
         self._sent = 0  # characters of _text already handed out

@@ -8,6 +8,13 @@ Each step is either a prefill step or a decode step:
   `q_len < k_len` over the prefix already in the cache.
 - Otherwise every running sequence decodes one token.
 
+With prefix caching, admission first looks up the sequence's full pages by their chained
+hashes (`engine.prefix_cache`): the longest run found becomes its first pages (shared, by
+reference count) and its cached length starts after them, leaving at least one token to
+compute so that the last row is sampled. A page is registered under its hash once it is full
+and its K/V are booked (`postprocess`); a released registered page stays cached until the
+allocator evicts it for lack of empty pages (`runner.page_pool`).
+
 A decode that needs a new page when none is free preempts the most recently admitted other
 sequence (its pages are freed and it is recomputed later). A request that cannot fit in the
 whole cache is refused when it is added, so the loop never waits for pages that cannot come.
@@ -23,6 +30,7 @@ from collections import deque
 from ..errors import InputError
 from ..request.sequence import Chunk, Plan, Sequence
 from ..runner.kv_cache import CacheOutOfMemory, KVCache, pages_for
+from .prefix_cache import PrefixCounters, extend_page_hashes, root_digest
 
 __all__ = ["Chunk", "Plan", "Scheduler", "Sequence"]
 
@@ -36,6 +44,9 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         eos_token_id: int | None = None,
+        prefix_caching: bool = False,
+        cache_salt: bytes = b"",
+        long_rope_after: int | None = None,
     ):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise InputError(
@@ -48,6 +59,10 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.prefix_caching = prefix_caching
+        self.long_rope_after = long_rope_after  # prompts longer than this use LongRoPE's long factors
+        self._roots = {flag: root_digest(cache_salt, flag) for flag in (False, True)}
+        self.prefix_counters = PrefixCounters()
 
     def check(self, prompt_len: int, max_tokens: int, where: str = "prompt") -> None:
         """Raise if a request of this size could never run (too long, or the whole cache is too small)."""
@@ -77,26 +92,60 @@ class Scheduler:
         else:
             return False
         self.cache.allocator.free(seq.pages)
-        seq.pages, seq.finish_reason = [], "abort"
+        seq.pages, seq.finish_reason, seq.num_registered = [], "abort", 0
         return True
 
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    def _hashes(self, seq: Sequence, num_pages: int) -> list[bytes]:
+        limit = self.long_rope_after
+        root = self._roots[limit is not None and len(seq.prompt_ids) > limit]
+        return extend_page_hashes(seq, num_pages, self.cache.page_size, root)
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The registered pages that hold `seq`'s longest cached run of full pages, short of its
+        last token (which is always computed, so that its logits exist)."""
+        if not self.prefix_caching:
+            return []
+        most = (len(seq) - 1) // self.cache.page_size
+        return self.cache.allocator.lookup(self._hashes(seq, most)[:most]) if most else []
+
     def _admit(self) -> None:
         alloc, ps = self.cache.allocator, self.cache.page_size
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            need = pages_for(len(seq), ps) - len(seq.pages)
-            if need + len(self.running) > alloc.num_free and self.running:
+            hit = self._cached_prefix(seq)
+            need = pages_for(len(seq), ps) - len(hit)
+            revived = sum(alloc.refcount(p) == 0 for p in hit)  # cached pages leave the free count
+            if need + revived + len(self.running) > alloc.num_free and self.running:
                 break
+            alloc.share(hit)  # before allocate, which could otherwise evict them
+            seq.pages += hit
             seq.pages += alloc.allocate(need)  # alone, it fits: add() checked the whole cache
+            seq.num_cached = seq.num_registered = len(hit)
+            seq.num_cached *= ps
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = seq.num_cached
+            if self.prefix_caching:
+                self.prefix_counters.queries += len(seq)
+                self.prefix_counters.hits += seq.num_cached
             self.running.append(self.waiting.popleft())
+
+    def _register(self, seq: Sequence) -> None:
+        """Register `seq`'s pages that became full with booked K/V."""
+        full = seq.num_cached // self.cache.page_size
+        if not self.prefix_caching or full <= seq.num_registered:
+            return
+        hashes = self._hashes(seq, full)
+        for i in range(seq.num_registered, full):
+            self.cache.allocator.register(seq.pages[i], hashes[i])
+        seq.num_registered = full
 
     def _preempt(self, seq: Sequence) -> None:
         self.cache.allocator.free(seq.pages)
-        seq.pages, seq.num_cached = [], 0
+        seq.pages, seq.num_cached, seq.num_registered = [], 0, 0
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
@@ -190,6 +239,7 @@ class Scheduler:
         finish free their pages. Returns the finish reason (or None) per sampled sequence."""
         for c in plan.chunks:
             c.seq.num_cached = c.stop
+            self._register(c.seq)
         reasons = []
         for seq, token in zip(plan.sampled, tokens, strict=True):
             seq.output_ids.append(token)
@@ -205,5 +255,5 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
         self.cache.allocator.free(seq.pages)
-        seq.pages = []
+        seq.pages, seq.num_registered = [], 0
         self.running.remove(seq)

@@ -17,6 +17,12 @@ class EngineStats:
     running: int  # sequences in the running batch
     kv_pages_used: int  # KV-cache pages held by sequences
     kv_pages_total: int  # usable KV-cache pages
+    # prefix caching: pages no sequence holds whose K/V are kept for a later hit (free to evict),
+    # and since the engine started, the tokens of sequences looked up at admission and the
+    # tokens of those found in the cache (vLLM's prefix_cache_queries / prefix_cache_hits)
+    kv_pages_cached: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 def engine_stats(engine) -> EngineStats:
@@ -28,4 +34,7 @@ def engine_stats(engine) -> EngineStats:
         running=len(scheduler.running),
         kv_pages_used=alloc.capacity - alloc.num_free,
         kv_pages_total=alloc.capacity,
+        kv_pages_cached=alloc.num_cached,
+        prefix_cache_queries=scheduler.prefix_counters.queries,
+        prefix_cache_hits=scheduler.prefix_counters.hits,
     )

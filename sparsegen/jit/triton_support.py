@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 
 TESTED = ("3.6.0", "3.7.1", "3.8.0", "3.9.0")  # oldest first
-REQUIREMENT = "triton>=3.6,!=3.7.0,<3.10"  # pyproject.toml's (kept equal by a test); 3.7.0 is published but untested
+REQUIREMENT = (
+    "triton>=3.6,!=3.7.0,<3.10"  # pyproject.toml's (kept equal by a test); 3.7.0 is published but untested
+)
 
 
 def release(version: str) -> tuple[int, ...]:

@@ -42,15 +42,15 @@ def get_decode_kernel(
 
 
 def launch_checked(
-    q, k_cache, v_cache, block_tables, seq_lens, layer, scale: float, *, kernel=None, pdl=False
+    q, k_cache, v_cache, block_tables, seq_lens, layer, scale: float, *, kernel=None, pdl=False, sinks=None
 ):
     """Inputs already passed validate.check_decode_inputs(kernel=True): this kernel's own limits,
     fetch the kernel, launch on the current stream. Returns [B, H, D]."""
     check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     if kernel is None:
         kernel = get_decode_kernel(layer, dtype=q.dtype, page_size=k_cache.shape[1])
-        return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl)
-    return launch_matching(kernel, q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl)
+        return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks)
+    return launch_matching(kernel, q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks)
 
 
 def cuda_paged_decode(
@@ -65,13 +65,23 @@ def cuda_paged_decode(
     check: bool = False,
     kernel=None,
     pdl=False,
+    sinks=None,
 ) -> torch.Tensor:
     """Validate, fetch the compiled kernel, launch on the current stream. Returns [B, H, D]."""
     check_decode_inputs(
-        q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check, kernel=True
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        layer,
+        allow_cpu=False,
+        check_pages=check,
+        kernel=True,
+        sinks=sinks,
     )
     return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, layer_scale(scale, layer),
-                          kernel=kernel, pdl=pdl)  # fmt: skip
+                          kernel=kernel, pdl=pdl, sinks=sinks)  # fmt: skip
 
 
 __all__ = [

@@ -8,6 +8,7 @@ is an int, a bool or an allowed word (sparsegen.jit.render checks), never a free
 from __future__ import annotations
 
 import math
+import struct
 
 from .. import dtypes
 from ..errors import InputError
@@ -24,6 +25,8 @@ MAX_SPLITS = 256  # most splits of one sequence (the reduce kernel's bound, rend
 REDUCE_WARPS = 16  # most warps of a reduce-kernel block (the launcher uses min(this, splits))
 MAX_HEADS_PER_BLOCK = 8
 PAGE_SIZES = range(8, 129)  # tokens per KV-cache page the kernel supports
+HEAD_DIMS = tuple(range(32, 257, 16))  # every multiple of 16 from 32 to 256
+FEATURES = frozenset({"sink_tokens", "logit_softcap", "learned_sinks"})  # LayerSpec.features it implements
 # Template knobs (ints): PIPE issues the next warp tile's K/V loads before this tile's math;
 # MIN_BLOCKS is __launch_bounds__'s blocks-per-SM hint (a register cap); Q_SMEM keeps q's mma
 # fragments in shared memory instead of 32 registers. The default (no pipelining, q in registers,
@@ -48,6 +51,15 @@ DEFAULT_KNOBS = {
 }
 
 
+def default_knobs(head_dim: int) -> dict:
+    """DEFAULT_KNOBS, with the register cap of head dims above 128: q, one tile's K and V and the
+    fp32 output accumulators take about head_dim * 5 / 8 registers per lane, past the 128 that 4
+    blocks per SM allow (ptxas: tests/kernels/test_decode_features_aot.py checks no spills)."""
+    if head_dim <= 128:
+        return dict(DEFAULT_KNOBS)
+    return {**DEFAULT_KNOBS, "min_blocks": 3 if head_dim <= 192 else 2}
+
+
 def heads_per_block(layer: LayerSpec) -> int:
     """The query heads one block serves: the whole GQA group, or its largest divisor <= 8."""
     g = layer.group_size
@@ -62,7 +74,13 @@ def _head_constants(head: HeadSpec) -> dict:
         "stride": head.vert_stride,
         "offset": head.vert_offset,
         "window": head.sliding_window,
+        "sinks": head.sink_tokens,
     }
+
+
+def _f32_bits(x: float) -> int:
+    """The float32 bit pattern of x, as an int (the template spells it __int_as_float(bits))."""
+    return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
 FAR_SCALE = 16  # a chunk's weight when every token of it is needed (the near range)
@@ -108,7 +126,7 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
     unknown = set(knobs) - set(DEFAULT_KNOBS)
     if unknown:
         raise InputError(f"unknown decode template knobs {sorted(unknown)}")
-    knobs = {**DEFAULT_KNOBS, **knobs}
+    knobs = {**default_knobs(layer.head_dim), **knobs}
     ctype = dtypes.resolve(dtype_name, kernel=True).ctype
     hpb = heads_per_block(layer)
     classes: list[tuple[HeadSpec, ...]] = []
@@ -140,6 +158,13 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         "tile": TILE,
         "max_splits": MAX_SPLITS,
         "reduce_warps": REDUCE_WARPS,
+        "tail16": bool(layer.head_dim % 32),
+        "softcap": bool(layer.logit_softcap),
+        "softcap_bits": _f32_bits(layer.logit_softcap * math.log2(math.e)) if layer.logit_softcap else 0,
+        "softcap_inv_bits": _f32_bits(1.0 / (layer.logit_softcap * math.log2(math.e)))
+        if layer.logit_softcap
+        else 0,
+        "learned_sinks": bool(layer.learned_sinks),
         "kernel_fn": KERNEL,
         "reduce_fn": REDUCE,
     }

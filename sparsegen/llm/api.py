@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..engine.checks import check_prompt
+from ..engine.checks import check_processor_ids, check_prompt
 from ..engine.output_processor import OutputProcessor, RequestState
 from ..engine.outputs import Detokenizer, RequestOutput, Update
 from ..engine.stats import EngineStats, engine_stats
@@ -30,6 +30,7 @@ from ..utf8 import check_utf8
 from .build import ENGINE_OPTIONS, RANDOM_SIZES, build_engine, resolve_device, resolve_dtype
 from .chat import ChatTemplate
 from .requests import child_params, turn_end_ids
+from .vllm_inputs import missing_folder, normalize_prompts, pick_params
 
 
 class LLM:
@@ -60,7 +61,7 @@ class LLM:
         if model is not None and not isinstance(model, (str, Path)):
             raise InputError(f"model must be a checkpoint folder path, got {type(model).__name__}")
         if model is not None and not Path(model).is_dir():
-            raise InputError(f"model={str(model)!r} is not a folder")
+            raise missing_folder(model)
         unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
         if unknown:
             raise InputError(
@@ -125,6 +126,11 @@ class LLM:
             )
         return ids
 
+    def use_chat_template(self, template: str, origin: str = "chat_template") -> None:
+        """Render chats with `template` (Jinja, in the same sandbox) instead of the checkpoint's."""
+        old = self.chat_template
+        self.chat_template = ChatTemplate(template, old.bos_token, old.eos_token, origin=origin)
+
     def render_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise InputError("chat needs a tokenizer, and this checkpoint has none")
@@ -140,6 +146,7 @@ class LLM:
             raise InputError(
                 f"{where}.stop_token_ids holds {bad[0]}, outside the vocabulary 0..{self.vocab_size - 1}"
             )
+        check_processor_ids(params, self.vocab_size, where)
         return params
 
     def request(
@@ -159,20 +166,20 @@ class LLM:
     # -- offline API ---------------------------------------------------------------------------
     def generate(
         self,
-        prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        prompts,
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         on_update: Callable[[RequestState, Update], None] | None = None,
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. Everything is checked before anything runs.
+        Prompts take vLLM's forms (`vllm_inputs.py`): str, token-id lists, `{"prompt": ...}`,
+        `{"prompt_token_ids": [...]}`, or a list of them; `sampling_params=` is `params`.
         `on_update(request, update)` sees each new token's `Update` as it comes (the text it
         shows, held back near a possible stop string), for callers that print as they go."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise InputError("prompts must be a str, a non-empty list of str, or a list of token-id lists")
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
-            raise InputError("prompts is a flat list of ints: pass token ids as a list of lists, [[1, 2, 3]]")
+        params = pick_params(params, sampling_params)
+        prompts = normalize_prompts(prompts)
         ids = [self.encode(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
         texts = [p if isinstance(p, str) else None for p in prompts]
         return self._run(ids, texts, params, use_tqdm, on_update)
@@ -184,14 +191,28 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         on_update: Callable[[RequestState, Update], None] | None = None,
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
         """`messages` is one conversation (a list of {"role", "content"}) or a list of them;
-        `on_update` as in `generate`."""
+        `on_update` as in `generate`; `sampling_params=` is `params`; `chat_template` (Jinja
+        text) renders these conversations instead of the checkpoint's template."""
+        params = pick_params(params, sampling_params)
+        if chat_template is not None:
+            if not isinstance(chat_template, str):
+                raise InputError(f"chat_template must be a str, got {type(chat_template).__name__}")
+            old = self.chat_template
+            template = ChatTemplate(chat_template, old.bos_token, old.eos_token, origin="chat_template")
+        else:
+            template = self.chat_template
         if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict):
             messages = [messages]
         if not isinstance(messages, (list, tuple)) or not messages:
             raise InputError("messages must be a conversation (a list of dicts) or a list of conversations")
-        ids = [self.render_chat(m, add_generation_prompt) for m in messages]
+        if self.tokenizer is None:
+            raise InputError("chat needs a tokenizer, and this checkpoint has none")
+        ids = [self.encode(template.render(m, add_generation_prompt), "messages") for m in messages]
         texts = [self.tokenizer.decode(x) for x in ids]
         return self._run(ids, texts, params, use_tqdm, on_update)
 

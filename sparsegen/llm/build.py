@@ -62,12 +62,14 @@ def build_tokenizer(model_dir, random, tokenizer_path):
     """The tokenizer for a checkpoint folder (None if it has none) or a named random size."""
     from ..models.config import TINY_SPECIAL_TOKENS
     from ..models.families import random_config
-    from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, find_tiktoken_file, load_tokenizer
+    from ..tokenizer import PHI3SMALL_SPECIAL_TOKENS, ByteTokenizer, load_tokenizer
 
     if tokenizer_path is not None:
         return load_tokenizer(tokenizer_path)
-    if model_dir is not None:
-        return load_tokenizer(model_dir) if find_tiktoken_file(model_dir) is not None else None
+    if model_dir is not None:  # tokenizer.json first, else a .tiktoken file, else none
+        from .checkpoint_text import load_folder_tokenizer
+
+        return load_folder_tokenizer(model_dir)
     config = random_config(random)
     if random not in ("tiny", "7b"):  # a family preset: bytes, no special tokens
         return ByteTokenizer({}, config.vocab_size)

@@ -1,7 +1,8 @@
 """Chat templates and stop tokens read from a checkpoint folder.
 
-- `tokenizer_config.json`'s `chat_template` (a string, or a list of `{"name", "template"}`
-  from which "default" is taken), else a `chat_template.jinja` file, else Phi-3-Small's
+- a `chat_template.jinja` file (it wins, as in transformers), else `tokenizer_config.json`'s
+  `chat_template` (a string, or a list of `{"name", "template"}` from which "default" is
+  taken), else Phi-3-Small's
   published turn format: `<|endoftext|><|user|>\\n...<|end|>\\n<|assistant|>\\n`.
 - Templates are rendered in jinja2's immutable sandbox, so a checkpoint's template cannot
   reach Python internals or change what it is given, within bounds on what it builds, how
@@ -15,6 +16,8 @@
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from pathlib import Path
 
 import jinja2
@@ -25,7 +28,8 @@ from ..folders import contained_file
 from ..utf8 import check_utf8
 from .template_sandbox import BoundedSandbox, render_bounded
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system turn, as vLLM maps it
 
 # Phi-3-Small's turn format, written out as a template: every message is `<|role|>\n` + its
 # content + `<|end|>\n`, after one `<|endoftext|>` (the BOS); a generation prompt opens the
@@ -76,8 +80,12 @@ class ChatTemplate:
         check_utf8(source, f"{origin}: chat_template", InputError)
         self.source, self.origin = source, origin
         self.bos_token, self.eos_token = bos_token, eos_token
-        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+        env = BoundedSandbox(
+            trim_blocks=True, lstrip_blocks=True, autoescape=False, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
@@ -93,8 +101,23 @@ class ChatTemplate:
         folder = Path(folder)
         config = _inside(folder, "tokenizer_config.json")
         data = _read_json(config) if config is not None else {}
-        bos = _token_text(data.get("bos_token"), config, "bos_token") or "<|endoftext|>"
-        eos = _token_text(data.get("eos_token"), config, "eos_token") or "<|endoftext|>"
+        # A tokenizer.json checkpoint without a BOS (Qwen) renders `bos_token` as "", as in
+        # transformers; a .tiktoken one (Phi-3-Small) falls back to its <|endoftext|>.
+        hf = (folder / "tokenizer.json").exists()
+        default = "" if hf else "<|endoftext|>"
+        bos = _token_text(data.get("bos_token"), config, "bos_token") or default
+        eos = _token_text(data.get("eos_token"), config, "eos_token") or default
+        jinja_file = _inside(folder, "chat_template.jinja")
+        if jinja_file is not None:  # as in transformers, the file wins over the config's field
+            try:
+                if jinja_file.stat().st_size > MAX_TEMPLATE_BYTES:
+                    raise InputError(
+                        f"{jinja_file} is over {MAX_TEMPLATE_BYTES} bytes; a chat template is far smaller"
+                    )
+                text = jinja_file.read_bytes().decode("utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InputError(f"cannot read {jinja_file}: {exc}") from None
+            return cls(text, bos, eos, origin=str(jinja_file))
         source = data.get("chat_template")
         if isinstance(source, list):
             named = {
@@ -105,27 +128,22 @@ class ChatTemplate:
                 raise InputError(f"{config}: chat_template is a list without a usable template")
         if source is not None:
             return cls(source, bos, eos, origin=str(config))
-        jinja_file = _inside(folder, "chat_template.jinja")
-        if jinja_file is not None:
-            try:
-                if jinja_file.stat().st_size > MAX_TEMPLATE_BYTES:
-                    raise InputError(
-                        f"{jinja_file} is over {MAX_TEMPLATE_BYTES} bytes; a chat template is far smaller"
-                    )
-                text = jinja_file.read_bytes().decode("utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise InputError(f"cannot read {jinja_file}: {exc}") from None
-            return cls(text, bos, eos, origin=str(jinja_file))
         return cls(PHI3SMALL_CHAT_TEMPLATE, bos, eos, origin="Phi-3-Small's chat format")
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools=None, documents=None,
+               **extra) -> str:  # fmt: skip
+        """The template's text for `messages`, with the variables transformers'
+        `apply_chat_template` passes (`tools`, `documents` and any `extra` keyword too)."""
         msgs = check_messages(messages)
         return render_bounded(
             self._template,
             self.origin,
             InputError,
+            **extra,
             messages=msgs,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            documents=documents,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
         )
@@ -133,6 +151,19 @@ class ChatTemplate:
 
 def _raise(message):
     raise jinja2.TemplateError(str(message))
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(str(fmt))
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' `tojson`: plain `json.dumps` (jinja's own escapes `<`, `>`, `&` and `'`)."""
+    if indent is not None and not (isinstance(indent, int) and 0 <= indent <= 64):
+        raise InputError(f"tojson takes an indent of 0..64, got {indent!r:.40}")
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def message_text(content, where: str) -> str:
@@ -154,7 +185,10 @@ def message_text(content, where: str) -> str:
 
 
 def check_messages(messages) -> list[dict]:
-    """A non-empty list of {"role": system|user|assistant, "content": text}; returns plain copies."""
+    """A non-empty list of {"role": system|developer|user|assistant|tool, "content": text}; returns
+    plain copies with `developer` as `system`. A `tool` message carries its `tool_call_id`; an
+    `assistant` message may carry `tool_calls` (a list of objects) and then no content; both reach
+    the chat template as given."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InputError(
             f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.80}"
@@ -164,10 +198,11 @@ def check_messages(messages) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise InputError(f"{where} must be a dict with 'role' and 'content', got {type(m).__name__}")
-        role = m.get("role")
+        role = ROLE_ALIASES.get(m.get("role"), m.get("role"))
         if role not in ROLES:
-            raise InputError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r:.40}")
-        extra = set(m) - {"role", "content", "name"}
+            roles = ", ".join(ROLES + tuple(ROLE_ALIASES))
+            raise InputError(f"{where}.role must be one of {roles}, got {m.get('role')!r:.40}")
+        extra = set(m) - {"role", "content", "name", "tool_call_id", "tool_calls"}
         if extra:
             raise InputError(f"{where} has unsupported keys {sorted(map(str, extra))}")
         name = m.get("name")
@@ -175,9 +210,33 @@ def check_messages(messages) -> list[dict]:
             raise InputError(f"{where}.name must be a string, got {type(name).__name__}")
         if name is not None:
             check_utf8(name, f"{where}.name", InputError)
-        content = check_utf8(message_text(m.get("content"), where), f"{where}.content", InputError)
-        out.append({"role": role, "content": content})
+        msg = {"role": role}
+        _tool_fields(m, role, where, msg)
+        raw = m.get("content")
+        if raw is None and "tool_calls" in msg:
+            raw = ""
+        msg["content"] = check_utf8(message_text(raw, where), f"{where}.content", InputError)
+        out.append(msg)
     return out
+
+
+def _tool_fields(m: dict, role: str, where: str, msg: dict) -> None:
+    """`tool_call_id` (tool messages, required there) and `tool_calls` (assistant messages) into msg."""
+    call_id = m.get("tool_call_id")
+    if role == "tool":
+        if not isinstance(call_id, str) or not call_id:
+            raise InputError(f"{where}.tool_call_id must be a non-empty string on a tool message")
+        msg["tool_call_id"] = check_utf8(call_id, f"{where}.tool_call_id", InputError)
+    elif call_id is not None:
+        raise InputError(f"{where}.tool_call_id belongs to tool messages only")
+    calls = m.get("tool_calls")
+    if calls is None:
+        return
+    if role != "assistant":
+        raise InputError(f"{where}.tool_calls belongs to assistant messages only")
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise InputError(f"{where}.tool_calls must be a list of objects")
+    msg["tool_calls"] = [dict(c) for c in calls]
 
 
 def eos_token_ids(folder: str | Path | None, vocab_size: int) -> tuple[int, ...] | None:
@@ -194,4 +253,22 @@ def eos_token_ids(folder: str | Path | None, vocab_size: int) -> tuple[int, ...]
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
             raise InputError(f"{path}: eos_token_id holds {t!r}, not a token id in 0..{vocab_size - 1}")
+    return tuple(ids)
+
+
+def config_eos_token_ids(folder: Path, vocab_size: int) -> tuple[int, ...]:
+    """`config.json`'s eos_token_id (or its text_config's) as a tuple; () when it has none."""
+    path = _inside(folder, "config.json")
+    if path is None:
+        return ()
+    data = _read_json(path)
+    value = data.get("eos_token_id")
+    if value is None and isinstance(data.get("text_config"), dict):
+        value = data["text_config"].get("eos_token_id")
+    if value is None:
+        return ()
+    ids = value if isinstance(value, list) else [value]
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise InputError(f"{path}: eos_token_id holds {t!r:.40}, not a token id in 0..{vocab_size - 1}")
     return tuple(ids)

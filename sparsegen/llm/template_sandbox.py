@@ -4,7 +4,8 @@ jinja2's `ImmutableSandboxedEnvironment` keeps a template from reaching Python i
 changing what it is given, but not from exhausting the process. `BoundedSandbox` also bounds:
 - what a template builds: `*`, `+` and `~` refuse results over `MAX_CHARS` characters (a list
   counts its items and the characters of its strings) before computing them; `**` refuses
-  numbers of more than 4096 bits; `replace` refuses results over MAX_CHARS;
+  numbers of more than 4096 bits; `replace`, and `join` (the filter and the str method), refuse
+  results over MAX_CHARS before building them;
 - calls (str methods, `range`, filters): int arguments, and the widths of `%` and `format`
   strings, are at most `MAX_INT_ARG` (`'x'.center(10**10)`, `range(10**9)`, `'%9999999999d'`);
   `lipsum` is gone;
@@ -78,6 +79,31 @@ def bounded_join(parts) -> str:
     return "".join(out)
 
 
+def _joinable(items, sep, what: str) -> list:
+    """`items` as a list, refused (TemplateLimitError) as soon as joining them with `sep` would
+    pass MAX_CHARS characters: the check runs before any joined text is built."""
+    out, total, step = [], 0, len(str(sep))
+    for x in items:
+        total += len(x) if isinstance(x, str) else len(str(x))
+        total += step if out else 0
+        _check_size(max(total, len(out) + 1), what)
+        out.append(x)
+    return out
+
+
+def _bounded_join_filter(join: Callable) -> Callable:
+    """jinja's `join` filter on items whose joined size was checked first."""
+    from jinja2.filters import make_attrgetter
+
+    def bounded(eval_ctx, value, d="", attribute=None):
+        if attribute is not None:
+            value = map(make_attrgetter(eval_ctx.environment, attribute), value)
+        return join(eval_ctx, _joinable(value, d, "the filter 'join'"), d)
+
+    bounded.jinja_pass_arg = join.jinja_pass_arg
+    return bounded
+
+
 class _BoundedCodeGenerator(CodeGenerator):
     def visit_Concat(self, node, frame) -> None:  # `a ~ b` through bounded_join, not str_join
         self.write("environment.bounded_join((")
@@ -129,6 +155,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         super().__init__(**options)
         self.globals.pop("lipsum", None)  # builds as many paragraphs as it is asked for
         self.filters = {name: _bounded_filter(name, f) for name, f in self.filters.items()}
+        self.filters["join"] = _bounded_join_filter(self.filters["join"])
 
     @staticmethod
     def bounded_join(parts) -> str:
@@ -150,6 +177,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
         if isinstance(owner, str) and name == "replace" and len(args) >= 2:
             _check_replace(owner, str(args[0]), str(args[1]), what)
+        if isinstance(owner, str) and name == "join" and len(args) == 1:
+            args = (_joinable(args[0], owner, what),)
         result = super().call(__context, __obj, *args, **kwargs)
         _check_size(_weight(result), what)
         return result

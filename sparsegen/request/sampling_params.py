@@ -25,6 +25,9 @@ MAX_TOKEN_COUNT = 2**31 - 1  # token counts and ids: what an int32 holds
 MAX_N = 4096  # completions per prompt
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_REPETITION_PENALTY = 1e6
+MAX_LOGIT_BIAS = 100.0  # |bias| bound (OpenAI's range)
+MAX_LOGIT_BIAS_ENTRIES = 1024  # tokens one request may bias
+MAX_ALLOWED_TOKEN_IDS = 2**18  # entries of allowed_token_ids (more than any vocabulary here)
 # Below this temperature a row is greedy (vLLM's threshold, `_SAMPLING_EPS`): a smaller one
 # would only turn the distribution into its argmax through float32 overflow.
 GREEDY_TEMPERATURE = 1e-5
@@ -63,6 +66,67 @@ def _as_tuple(name: str, value, item_type: type) -> tuple:
     return tuple(value)
 
 
+def _bias_pairs(value) -> tuple:
+    """A dict {token id: bias} or (id, bias) pairs -> pairs sorted by id (a duplicate id is an error)."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InputError(
+                f"SamplingParams.logit_bias has {len(value)} entries, more than {MAX_LOGIT_BIAS_ENTRIES}"
+            )
+        value = tuple(value.items())
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"SamplingParams.logit_bias must be a dict of token id -> bias, got {value!r:.80}")
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InputError(
+            f"SamplingParams.logit_bias has {len(value)} entries, more than {MAX_LOGIT_BIAS_ENTRIES}"
+        )
+    pairs = []
+    for item in value:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            raise InputError(f"SamplingParams.logit_bias entries must be (token id, bias), got {item!r:.80}")
+        pairs.append(tuple(item))
+    try:
+        pairs.sort(key=lambda kv: kv[0])
+    except TypeError:
+        raise InputError(f"SamplingParams.logit_bias keys must be int token ids, got {value!r:.80}") from None
+    return tuple(pairs)
+
+
+def _check_logit_processors(p: SamplingParams) -> None:
+    bias = p.logit_bias
+    if not isinstance(bias, tuple) or len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InputError(
+            f"SamplingParams.logit_bias must be at most {MAX_LOGIT_BIAS_ENTRIES} (id, bias) pairs"
+        )
+    last = -1
+    for item in bias:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise InputError(f"SamplingParams.logit_bias entries must be (token id, bias), got {item!r:.80}")
+        tok, b = item
+        if not (_is_int(tok) and 0 <= tok <= MAX_TOKEN_COUNT):
+            raise InputError(
+                f"SamplingParams.logit_bias key {tok!r:.80} is not a token id in 0..{MAX_TOKEN_COUNT}"
+            )
+        if tok <= last:
+            raise InputError(f"SamplingParams.logit_bias lists token {tok} twice (or out of order)")
+        last = tok
+        _check_float(f"logit_bias[{tok}]", b, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    allowed = p.allowed_token_ids
+    if allowed is None:
+        return
+    if not isinstance(allowed, tuple) or not 1 <= len(allowed) <= MAX_ALLOWED_TOKEN_IDS:
+        raise InputError(
+            f"SamplingParams.allowed_token_ids must be None or 1..{MAX_ALLOWED_TOKEN_IDS} token ids, "
+            f"got {allowed!r:.80}"
+        )
+    if not all(_is_int(t) and 0 <= t <= MAX_TOKEN_COUNT for t in allowed):
+        raise InputError(
+            f"SamplingParams.allowed_token_ids must be token ids in 0..{MAX_TOKEN_COUNT}, got {allowed!r:.80}"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """How to pick each new token and when to stop, with vLLM's field names and meanings.
@@ -84,6 +148,11 @@ class SamplingParams:
       the sampled token's); computed from the model's raw logits, before any penalty.
     - `seed`: a per-request random stream, reproducible whatever else is in the batch.
     - `skip_special_tokens`: leave special tokens (`<|user|>`, ...) out of the text.
+    - `logit_bias`: token id -> bias in [-100, 100], added to the logits before everything
+      else the sampler does (a dict, or (id, bias) pairs; kept as pairs sorted by id).
+    - `allowed_token_ids`: if given, every other token is masked out (after `logit_bias`).
+    Token ids in these two are checked against the model's vocabulary when the engine takes
+    the request (`engine.checks.check_params`).
     """
 
     n: int = 1
@@ -102,10 +171,17 @@ class SamplingParams:
     logprobs: int | None = None
     seed: int | None = None
     skip_special_tokens: bool = True
+    # -- logit processors (runner.sampling applies them per row, batched) --
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids, int))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            allowed = _as_tuple("allowed_token_ids", self.allowed_token_ids, int)
+            object.__setattr__(self, "allowed_token_ids", allowed)
         self.validate()
 
     def validate(self) -> None:
@@ -153,6 +229,12 @@ class SamplingParams:
             raise InputError(
                 f"SamplingParams.seed must be None or an int in 0..2**64-1, got {self.seed!r:.80}"
             )
+
+        _check_logit_processors(self)
+
+    @property
+    def has_logit_processors(self) -> bool:
+        return bool(self.logit_bias) or self.allowed_token_ids is not None
 
     @property
     def greedy(self) -> bool:

@@ -22,6 +22,12 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)  # block table: page ids in position order
     num_cached: int = 0  # tokens whose K/V are in the cache
+    # Prefix caching: tokens found in the cache at the sequence's first admission (None before
+    # it), the chained hashes of its full pages computed so far (engine.prefix_cache), and how
+    # many of its first pages are registered (or were shared) under them.
+    num_cached_tokens: int | None = None
+    page_hashes: list[bytes] = field(default_factory=list, repr=False)
+    num_registered: int = 0
     finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
     t_submit: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None

@@ -23,8 +23,6 @@ one byte an element, so the same bytes hold twice bf16's tokens, and each layer 
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 import torch
 
@@ -32,36 +30,13 @@ from ..dtypes import FP8_DTYPES
 from ..errors import CacheOutOfMemory, EngineError
 from ..models.kv_scales import KVLayer, KVScales
 from .config import KV_LAYOUTS
+from .page_pool import PageAllocator
 
 __all__ = ["KV_LAYOUTS", "CacheOutOfMemory", "CachePages", "KVCache", "PageAllocator", "pages_for"]
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
-
-
-class PageAllocator:
-    """Hands out page ids 0..capacity-1; `allocate` raises instead of waiting for pages."""
-
-    def __init__(self, capacity: int):
-        if capacity < 1:
-            raise CacheOutOfMemory(f"the KV cache needs at least one usable page, got {capacity}")
-        self.capacity = capacity
-        self._free: deque[int] = deque(range(capacity))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise CacheOutOfMemory(
-                f"asked for {n} KV pages but only {len(self._free)} of {self.capacity} are free"
-            )
-        return [self._free.popleft() for _ in range(n)]
-
-    def free(self, pages: list[int]) -> None:
-        self._free.extend(pages)
 
 
 class CachePages:

@@ -3,17 +3,19 @@
 `sample()` turns one step's logits into one token per row:
 
 1. raw log-probabilities (`log_softmax` of the model's logits) for rows that ask for `logprobs`;
-2. `min_tokens`: EOS and the stop tokens are masked until a row has that many new tokens;
-3. penalties: repetition (prompt and output tokens, CTRL style), presence and frequency (output
+2. `logit_bias` added, then `allowed_token_ids` (every other token to -inf);
+3. `min_tokens`: EOS and the stop tokens are masked until a row has that many new tokens;
+4. penalties: repetition (prompt and output tokens, CTRL style), presence and frequency (output
    tokens only);
-4. greedy rows (temperature below 1e-5, vLLM's threshold) take the argmax; the others divide
+5. greedy rows (temperature below 1e-5, vLLM's threshold) take the argmax; the others divide
    by their temperature, apply `min_p`, `top_k` and `top_p`, and draw with the
    exponential-race trick: `argmax(probs / q)`, `q ~ Exp(1)`.
 
 Extreme valid values never turn a row into NaN: penalised logits are capped at float32's
 largest finite value, each row's maximum is subtracted before the temperature divides it (so
 the best token stays at 0 and nothing overflows upward), top-p always keeps the most likely
-token, and a row whose `min_tokens` would ban every token is left unmasked.
+token, and a row whose `min_tokens` would ban every token (or every allowed token) is left
+unmasked.
 
 Every step is a batched tensor operation; Python loops only build index lists. A row with a
 `seed` draws its noise from a counter-based hash of (seed, number of tokens it has generated,
@@ -137,6 +139,41 @@ def apply_penalties(
     return logits.clamp(max=FLOAT32_MAX)  # +inf (a huge boost) becomes the largest float; -inf stays
 
 
+def apply_logit_processors(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """x: [B, V] float32 -> [B, V]: each row's `logit_bias` added, then tokens outside its
+    `allowed_token_ids` set to -inf. One scatter for all rows' biases and one for all rows'
+    allowed sets (the loop over rows only builds the index lists); rows with neither are
+    untouched. Ids are within the vocabulary (engine.checks); the result is capped at float32's
+    largest finite value so a bias never makes +inf."""
+    b, v = x.shape
+    dev = x.device
+    rows, cols, vals = [], [], []
+    for r, p in enumerate(params):
+        for tok, bias in p.logit_bias:
+            rows.append(r)
+            cols.append(tok)
+            vals.append(bias)
+    if rows:
+        bias = torch.zeros(b, v, device=dev).index_put_(
+            (on_device(dev, rows), on_device(dev, cols)), on_device(dev, vals, torch.float32)
+        )  # [B, V]; ids within a row are distinct (SamplingParams sorts and checks them)
+        x = (x + bias).clamp(max=FLOAT32_MAX)
+    rows, cols, masked = [], [], []
+    for r, p in enumerate(params):
+        if p.allowed_token_ids is not None:
+            masked.append(r)
+            rows += [r] * len(p.allowed_token_ids)
+            cols += p.allowed_token_ids
+    if masked:
+        keep = torch.ones(b, v, dtype=torch.bool, device=dev)  # [B, V]
+        keep[on_device(dev, masked)] = False
+        keep.index_put_(
+            (on_device(dev, rows), on_device(dev, cols)), torch.ones((), dtype=torch.bool, device=dev)
+        )
+        x = x.masked_fill(~keep, -math.inf)
+    return x
+
+
 # -- noise ----------------------------------------------------------------------------------------
 _M32 = 0xFFFFFFFF
 
@@ -257,6 +294,8 @@ def sample_on_device(
     if any(p.logprobs is not None for p in params):
         raw_logprobs = torch.log_softmax(x, dim=-1)  # [B, V]
 
+    x = apply_logit_processors(x, params)
+
     # min_tokens: mask EOS and the stop tokens of rows that have not produced enough yet.
     rows, cols = [], []
     for r, (p, n) in enumerate(zip(params, num_generated, strict=True)):
@@ -264,11 +303,13 @@ def sample_on_device(
             banned = set(p.stop_token_ids)
             if eos_token_id is not None and not p.ignore_eos:
                 banned.add(eos_token_id)
-            banned = [t for t in banned if t < v]
+            banned = {t for t in banned if t < v}
             if len(banned) >= v:  # every token would be banned: min_tokens cannot hold, so no mask
                 continue
+            if p.allowed_token_ids is not None and banned.issuperset(p.allowed_token_ids):
+                continue  # the same when every allowed token would be banned
             rows += [r] * len(banned)
-            cols += banned
+            cols += sorted(banned)
     if rows:
         x = x.index_put((on_device(dev, rows), on_device(dev, cols)), torch.full((), -math.inf, device=dev))
 

@@ -1,7 +1,12 @@
 """The OpenAI-compatible HTTP API over one `LLM`, as a FastAPI app.
 
     POST /v1/completions, /v1/chat/completions   (JSON, or server-sent events with stream: true)
+    POST /tokenize, /detokenize                  (vLLM's shapes: `tokenize.py`)
     GET  /v1/models, /health, /metrics
+
+With an API key, every route but /health and /metrics answers 401 unless the request carries
+`Authorization: Bearer KEY` (`auth.py`). Unknown body fields are dropped and logged once per
+name, or refused with a 400 naming them when `strict` (`unknown_fields.py`).
 
 Every refusal is OpenAI's error JSON (`openai_errors.py`): 400 for a body that does not parse or
 validate (the message and `param` name the field), a prompt over the context limit or an
@@ -29,6 +34,7 @@ from starlette.requests import ClientDisconnect
 
 from ..errors import RequestError, ServerOverloaded, SparsegenError
 from ..llm import LLM
+from .auth import RequireApiKey
 from .delivery import sse, whole
 from .loop import AsyncEngine
 from .metrics import Metrics
@@ -36,16 +42,26 @@ from .openai_errors import error_json, sampling_error, validation_error
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .request_counter import CountRequests
 from .responses import Formatter
+from .tokenize import add_tokenize_routes
+from .unknown_fields import UnknownFields
 
 MAX_BODY_BYTES = 8 << 20
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None) -> FastAPI:
-    metrics = Metrics()
+def create_app(
+    llm: LLM,
+    *,
+    max_queue: int = 256,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    strict: bool = False,
+) -> FastAPI:
+    name = model_name or llm.model_name
+    metrics = Metrics(name)
+    fields = UnknownFields(strict)
     engine = AsyncEngine(llm, max_queue=max_queue, metrics=metrics)
     metrics.bind(engine)
-    name = model_name or llm.model_name
     created = int(time.time())
 
     @asynccontextmanager
@@ -77,9 +93,11 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
         logging.getLogger("sparsegen").error("unhandled error in %s", request.url.path, exc_info=exc)
         return error_json(500, "internal server error")
 
-    app.add_middleware(CountRequests, metrics=metrics)
+    if api_key is not None:
+        app.add_middleware(RequireApiKey, api_key=api_key)
+    app.add_middleware(CountRequests, metrics=metrics)  # added last: outermost, so 401s are counted
 
-    async def parse(request: Request, model: type[BaseModel]):
+    async def parse(request: Request, model: type[BaseModel], any_model: bool = False):
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/json":  # text/plain, forms and multipart are what any web page may send
             raise RequestError(
@@ -96,11 +114,11 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
             chunks.append(chunk)
         body = b"".join(chunks)
         try:
-            req = model.model_validate_json(body)
+            req = fields.validate(model, body)
             req.check()
         except ValidationError as exc:
             raise validation_error(exc, body) from None
-        if req.model != name:
+        if req.model != name and not (any_model and req.model is None):
             raise RequestError(
                 f"the model {req.model!r} is not served here; it is {name!r}", "model", "model_not_found"
             )
@@ -165,8 +183,9 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
             return error_json(503, str(exc), None, "overloaded")
         fmt = Formatter(llm, stream, name, chat=chat, token_ids=req.return_token_ids)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return sse(engine, stream, fmt, include_usage)
+            opts = req.stream_options
+            include_usage = bool(opts and opts.include_usage)
+            return sse(engine, stream, fmt, include_usage, include_usage and opts.continuous_usage_stats)
         return await whole(engine, stream, fmt, request)
 
     # -- routes ------------------------------------------------------------------------------------
@@ -194,4 +213,5 @@ def create_app(llm: LLM, *, max_queue: int = 256, model_name: str | None = None)
     async def chat(request: Request):
         return await respond(request, ChatCompletionRequest, chat=True)
 
+    add_tokenize_routes(app, llm, parse, prompt_ids)
     return app

@@ -49,7 +49,12 @@ async def whole(engine: AsyncEngine, stream: RequestStream, fmt: Formatter, requ
         engine.cancel(stream)
 
 
-def sse(engine: AsyncEngine, stream: RequestStream, fmt: Formatter, include_usage: bool) -> StreamingResponse:
+def sse(
+    engine: AsyncEngine, stream: RequestStream, fmt: Formatter, include_usage: bool, every_chunk: bool = False
+) -> StreamingResponse:
+    """Server-sent events; `every_chunk` (vLLM's continuous_usage_stats) puts the usage so far on
+    each content chunk as well as on the last one."""
+
     async def events():
         try:
             if fmt.chat:
@@ -67,7 +72,7 @@ def sse(engine: AsyncEngine, stream: RequestStream, fmt: Formatter, include_usag
             async for u in stream.updates():
                 if not u.text and u.finish_reason is None and not u.logprobs and not fmt.token_ids:
                     continue
-                yield fmt.chunk([fmt.delta(u)])
+                yield fmt.chunk([fmt.delta(u)], usage=fmt.usage() if every_chunk else None)
             if include_usage:
                 yield fmt.chunk([], usage=fmt.usage())
         except Exception as exc:  # the engine failed this request after the headers went out

@@ -43,6 +43,7 @@ class RequestStream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     t_submit: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
+    t_last: float | None = None  # when the latest update came (inter-token latency)
     error: BaseException | None = None
     done: bool = False
 
@@ -66,6 +67,14 @@ class RequestStream:
     def prompt_tokens(self) -> int:
         # the same prompt for every choice of one prompt: count each distinct prompt once
         seen = {id(p): len(p) for p in self.prompt_ids}
+        return sum(seen.values())
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens found in the prefix cache: per distinct prompt, its first choice's."""
+        seen: dict[int, int] = {}
+        for p, t in zip(self.prompt_ids, self.trackers, strict=True):
+            seen.setdefault(id(p), t.num_cached_tokens or 0)
         return sum(seen.values())
 
     async def updates(self):
@@ -149,9 +158,14 @@ class AsyncEngine:
                 self.inflight -= len(stream.trackers)
                 self._log_done(stream)
             elif stream.t_first is None:
-                stream.t_first = time.perf_counter()
+                stream.t_first = stream.t_last = time.perf_counter()
                 if self.metrics is not None:
                     self.metrics.ttft.observe(stream.t_first - stream.t_submit)
+                    self.metrics.vllm.ttft.observe(stream.t_first - stream.t_submit)
+            elif self.metrics is not None and item.token_ids:
+                now = time.perf_counter()
+                self.metrics.vllm.itl.observe(now - stream.t_last)
+                stream.t_last = now
             stream.queue.put_nowait(item)
 
     def _log_done(self, stream: RequestStream) -> None:
@@ -166,6 +180,12 @@ class AsyncEngine:
             self.metrics.latency.observe(wall)
             self.metrics.prompt_tokens.inc(stream.prompt_tokens)
             self.metrics.generation_tokens.inc(stream.completion_tokens)
+            v = self.metrics.vllm
+            v.e2e.observe(wall)
+            v.prompt_tokens.inc(stream.prompt_tokens)
+            v.generation_tokens.inc(stream.completion_tokens)
+            for t in stream.trackers:
+                v.finished(t.finish_reason)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the thread: whatever is still running is aborted (uvicorn drained it first)."""

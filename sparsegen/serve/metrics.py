@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from .vllm_metrics import VllmMetrics
+
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class Metrics:
-    def __init__(self):
+    """sparsegen's series, and vLLM's (`vllm_metrics.py`) as `self.vllm`."""
+
+    def __init__(self, model_name: str = "sparsegen"):
         self.registry = r = CollectorRegistry()
+        self.vllm = VllmMetrics(r, model_name)
         self.requests = Counter(
             "sparsegen_requests",
             "HTTP requests by endpoint and status code",
@@ -41,6 +46,7 @@ class Metrics:
     def bind(self, engine) -> None:
         """Gauges read the live engine at scrape time."""
         stats = engine.llm.stats
+        self.vllm.bind(engine)
         self.queue_depth.set_function(lambda: engine.queue_depth)
         self.running.set_function(lambda: engine.running)
         self.kv_pages_used.set_function(lambda: stats().kv_pages_used)

@@ -1,13 +1,18 @@
 """The OpenAI request bodies the server takes, checked strictly, and their SamplingParams.
 
 Bodies are parsed with pydantic in strict mode (no "0.5" for a number, no 1.0 for an int, no
-NaN) and unknown fields are refused, so a typo is a 400 naming the field instead of being
-ignored. Every number is bounded as `SamplingParams` bounds it (what one batched step holds),
+NaN) and the models refuse unknown fields; the app then accepts them (logged once per name)
+unless it runs with --strict, where a typo is a 400 naming the field. Every number is bounded as `SamplingParams` bounds it (what one batched step holds),
 so a value the engine could not represent is a 400 naming its field, never a failed step.
+OpenAI fields that change nothing here (`metadata`, `store`, `service_tier`,
+`reasoning_effort`, `user`, `parallel_tool_calls`) are accepted as vLLM accepts them; other
+unknown fields are the app's to accept or refuse (`unknown_fields.py`).
 Besides OpenAI's fields, vLLM's extras are accepted (`top_k`, `min_p`, `repetition_penalty`,
 `min_tokens`, `stop_token_ids`, `ignore_eos`), as the openai client sends them through
-`extra_body`. Features the server does not have (`echo`, `suffix`,
-`logit_bias`, tools, response formats other than text) are refused by name.
+`extra_body`, and `allowed_token_ids`. `logit_bias` takes OpenAI's shape (token id as a
+string -> bias in [-100, 100]); its ids are checked against the model's vocabulary when the
+engine takes the request. Features the server does not have (`echo`, `suffix`, tools,
+response formats other than text) are refused by name.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import RequestError
 from ..request.sampling_params import (
     FLOAT32_MAX,
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
     MAX_TOKEN_COUNT,
@@ -42,6 +50,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage on every chunk (with include_usage)
 
 
 class _SamplingFields(_Strict):
@@ -56,7 +65,13 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
+            Field(max_length=MAX_LOGIT_BIAS_ENTRIES),
+        ]
+        | None
+    ) = None
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1, le=MAX_TOKEN_COUNT)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
@@ -64,13 +79,31 @@ class _SamplingFields(_Strict):
     min_tokens: int = Field(0, ge=0, le=MAX_TOKEN_COUNT)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     ignore_eos: bool = False
+    allowed_token_ids: (
+        Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
+    ) = None
     return_token_ids: bool = False  # sparsegen (and recent vLLM): each choice also lists its token ids
+    # OpenAI fields vLLM accepts and that change nothing here
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
 
     def _refuse_unsupported(self) -> None:
-        if self.logit_bias:
-            raise RequestError("logit_bias is not supported", "logit_bias")
+        self._bias_pairs()
         if self.stream_options is not None and not self.stream:
             raise RequestError("stream_options is only allowed with stream: true", "stream_options")
+
+    def _bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias's keys as token ids (decimal strings, as OpenAI sends them)."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) <= MAX_TOKEN_COUNT):
+                raise RequestError(f"logit_bias key {key!r:.40} is not a token id", "logit_bias")
+            pairs.append((int(key), bias))
+        if len({t for t, _ in pairs}) != len(pairs):
+            raise RequestError("logit_bias names one token id twice", "logit_bias")
+        return tuple(sorted(pairs))
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         if self.min_tokens > max_tokens:
@@ -93,6 +126,8 @@ class _SamplingFields(_Strict):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             seed=self.seed,
+            logit_bias=self._bias_pairs(),
+            allowed_token_ids=None if self.allowed_token_ids is None else tuple(self.allowed_token_ids),
         )
 
 
@@ -138,12 +173,25 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None
     name: str | None = None
+    tool_call_id: str | None = None  # a tool message's answer to this call
+    tool_calls: list[dict] | None = None  # an assistant message's calls
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def as_dict(self) -> dict:
+        """The message as `llm.chat` takes it (`chat.check_messages` maps developer to system)."""
+        out = {"role": self.role, "content": self.text() if self.content is not None else None}
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls is not None:
+            out["tool_calls"] = self.tool_calls
+        return out
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -173,7 +221,7 @@ class ChatCompletionRequest(_SamplingFields):
                 raise RequestError("max_tokens and max_completion_tokens disagree", "max_completion_tokens")
 
     def conversation(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return [m.as_dict() for m in self.messages]
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -67,7 +67,12 @@ class Formatter:
 
     def usage(self) -> dict:
         p, c = self.stream.prompt_tokens, self.stream.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": c,
+            "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": self.stream.cached_tokens},
+        }
 
     def whole(self) -> dict:
         choices = []

@@ -1,7 +1,7 @@
 """Run the app under uvicorn: in the foreground (`sparsegen serve`) or in a thread (tests, notebooks).
 
-It binds to 127.0.0.1 unless told otherwise: there is no API key, so a server reachable from
-other machines is announced with a warning. Shutdown on SIGTERM or SIGINT: uvicorn stops
+It binds to 127.0.0.1 unless told otherwise; a server reachable from other machines without an
+API key is announced with a warning. Shutdown on SIGTERM or SIGINT: uvicorn stops
 accepting connections, lets the requests in flight finish for up to `drain_timeout` seconds
 (then cancels them), and runs the app's shutdown, which stops the engine thread. `serve()` then
 returns normally, so the process exits 0. (uvicorn re-raises the signal it caught once it is
@@ -40,8 +40,10 @@ def loopback(sock: socket.socket) -> bool:
     return ipaddress.ip_address(sock.getsockname()[0]).is_loopback
 
 
-def _server(llm: LLM, max_queue: int, drain_timeout: float, model_name: str | None) -> uvicorn.Server:
-    app = create_app(llm, max_queue=max_queue, model_name=model_name)
+def _server(
+    llm: LLM, max_queue: int, drain_timeout: float, model_name: str | None, **app_options
+) -> uvicorn.Server:
+    app = create_app(llm, max_queue=max_queue, model_name=model_name, **app_options)
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -61,15 +63,17 @@ def serve(
     max_queue: int = 256,
     drain_timeout: float = 30.0,
     model_name: str | None = None,
+    api_key: str | None = None,
+    strict: bool = False,
 ) -> None:
     """Serve until SIGTERM/SIGINT; returns after a drained shutdown."""
-    server = _server(llm, max_queue, drain_timeout, model_name)
+    server = _server(llm, max_queue, drain_timeout, model_name, api_key=api_key, strict=strict)
     sock = bind(host, port)
     actual = sock.getsockname()[1]
     log.info(
         "serving %s on http://%s:%d (max queue %d)", model_name or llm.model_name, host, actual, max_queue
     )
-    if not loopback(sock):
+    if not loopback(sock) and api_key is None:
         log.warning(
             "%s is reachable from other machines, and this server asks for no API key: anyone who can "
             "reach it can use it (the default --host 127.0.0.1 serves this machine only)", host
@@ -99,8 +103,11 @@ class ServerThread:
         port: int = 0,
         max_queue: int = 256,
         drain_timeout: float = 5.0,
+        model_name: str | None = None,
+        api_key: str | None = None,
+        strict: bool = False,
     ):
-        self.server = _server(llm, max_queue, drain_timeout, None)
+        self.server = _server(llm, max_queue, drain_timeout, model_name, api_key=api_key, strict=strict)
         self.sock = bind(host, port)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"

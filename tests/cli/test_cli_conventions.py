@@ -142,3 +142,4 @@ def test_engine_step_defaults_are_the_engine_configs(command):
     want = EngineConfig()
     assert params["chunk_size"] == want.max_num_batched_tokens
     assert params["page_size"] == want.page_size
+    assert params["enable_prefix_caching"] == want.enable_prefix_caching

@@ -385,9 +385,7 @@ class _Plans:
 
 
 def _pages_ok(engine) -> None:
-    alloc = engine.cache.allocator
-    held = [p for s in engine.scheduler.running for p in s.pages]
-    assert sorted(held + list(alloc._free)) == list(range(alloc.capacity))
+    engine.cache.allocator.check([s.pages for s in engine.scheduler.running])
 
 
 def _drive(engine, prompts, params, abort_at=None):

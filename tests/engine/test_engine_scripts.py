@@ -39,6 +39,22 @@ def test_profile_decode_step_smoke_writes_its_json(tmp_path):
     assert "aten ops per eager step" in r.stdout
 
 
+def test_bench_prefix_cache_smoke_compares_caching_off_and_on(tmp_path):
+    out = tmp_path / "pc.json"
+    r = _run(
+        [sys.executable, "benchmarks/engine/bench_prefix_cache.py", "--smoke", "--json", str(out)], tmp_path
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())["results"]
+    assert res["off"]["cached_prompt_tokens"] == 0 and res["off"]["requests"] == 8
+    assert res["on"]["cached_prompt_tokens"] >= 8 * 96  # every request found the system prompt's 6 pages
+    assert "median TTFT off / on" in r.stdout
+    bad = _run(
+        [sys.executable, "benchmarks/engine/bench_prefix_cache.py", "--smoke", "--clients", "0"], tmp_path
+    )
+    assert bad.returncode == 2 and "--clients" in bad.stderr
+
+
 def test_profile_decode_step_rejects_bad_arguments(tmp_path):
     r = _run(
         [sys.executable, "benchmarks/engine/profile_decode_step.py", "--smoke", "--batch", "0"], tmp_path

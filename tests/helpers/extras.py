@@ -26,7 +26,8 @@ EXTRA_OF = {
     "cuda.core": "cuda",
     "cuda.bindings.nvrtc": "cuda",
     "matplotlib": "plot",
-    "transformers": "test",
+    "transformers": "hf",
+    "tokenizers": "model",
 }
 
 

@@ -141,6 +141,7 @@ def test_decode_template_parts_are_in_its_bytes():
     for part in (
         "paged_decode_common.cuh.jinja",
         "paged_decode_pattern.cuh.jinja",
+        "paged_decode_loads.cuh.jinja",
         "paged_decode_reduce.cuh.jinja",
     ):
         assert part.encode() in data and render._read_template(part) in data

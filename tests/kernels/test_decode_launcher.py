@@ -125,7 +125,7 @@ def test_packed_arguments_match_the_rendered_kernel_signature(case, fake_launch)
         assert rname == tpl.REDUCE and [t for _, t in rparams] == ["ptr", "ptr", "ptr", "int"]
         assert [int(a) for a in rargs] == [int(got["part_o"]), int(got["part_ml"]), out.data_ptr(), splits]
         assert [type(a) for a in rargs] == [np.uint64, np.uint64, np.uint64, np.int32]
-        assert rgrid == (q.shape[0] * layer.num_heads, layer.head_dim // 32)
+        assert rgrid == (q.shape[0] * layer.num_heads, -(-layer.head_dim // 32))
         assert rblock == (32, min(tpl.REDUCE_WARPS, splits))
     else:
         assert fused and len(module.launches) == 1
@@ -178,3 +178,48 @@ def test_default_gpu_cache_takes_free_memory_less_headroom(free_gib, prefill_tok
         assert got == (int(80 * 2**30 * 0.9) - (6 << 30)) // per_page
     assert model_runner.default_num_pages(model, 16, 10 * per_page + 5, prefill_tokens) == 10  # bytes given
     assert len(asked) == 1  # a given size never asks the GPU
+
+
+SINK_LAYER = LayerSpec(4, 2, 48, (HeadSpec(block_size=16, local_blocks=2, sink_tokens=4),) * 4, logit_softcap=20.0,
+                       learned_sinks=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("splits,merge", [(1, None), (6, "fused"), (6, "separate")])
+def test_learned_sinks_pointer_is_the_last_argument_of_both_kernels(splits, merge, fake_launch):
+    """A learned-sinks layer (head_dim 48: a half-full last 32-dim slice in the reduce grid)
+    passes the [H] float32 sinks pointer as the 23rd kernel argument and the reduce kernel's 5th."""
+    module, _ = fake_launch
+    request = KernelRequest.make("decode", SINK_LAYER, dtype="fp16", arch="sm_90", page_size=16)
+    source = decode_mod.CudaDecode().render(request)
+    kernel = decode_mod.DecodeKernel(request, "key", "name", "/nonexistent", source, b"")
+    p = DecodeProblem(SINK_LAYER, [5, 400], 16, seed=3, dtype=torch.float16)
+    q, kc, vc, bt, sl, _, _ = p.args()
+    sinks = torch.randn(SINK_LAYER.num_heads, dtype=torch.float32)
+    kernel.launch(q, kc, vc, bt, sl, 0.1, splits=splits, merge=merge, sinks=sinks)
+    params = _params(source, tpl.KERNEL)
+    assert len(params) == 23 and params[-1] == ("sinks", "ptr")
+    args = module.launches[0][3]
+    assert len(args) == 23 and type(args[-1]) is np.uint64 and int(args[-1]) == sinks.data_ptr()
+    if merge == "separate":
+        rname, rgrid, _, rargs, _ = module.launches[1]
+        assert [t for _, t in _params(source, tpl.REDUCE)] == ["ptr", "ptr", "ptr", "int", "ptr"]
+        assert int(rargs[-1]) == sinks.data_ptr() and len(rargs) == 5
+        assert rgrid == (q.shape[0] * SINK_LAYER.num_heads, 2)  # 48 dims: slices of 32 and 16
+    else:
+        assert len(module.launches) == 1
+
+
+def test_sinks_must_come_exactly_with_the_flag(fake_launch):
+    from sparsegen.errors import InputError
+
+    request = KernelRequest.make("decode", SINK_LAYER, dtype="fp16", arch="sm_90", page_size=16)
+    kernel = decode_mod.DecodeKernel(request, "key", "name", "/nonexistent", "", b"")
+    q, kc, vc, bt, sl, _, _ = DecodeProblem(SINK_LAYER, [5], 16, seed=3, dtype=torch.float16).args()
+    with pytest.raises(InputError, match="learned_sinks"):
+        kernel.launch(q, kc, vc, bt, sl, 0.1)
+    plain = LAYERS["window_gqa8"]
+    request = KernelRequest.make("decode", plain, dtype="fp16", arch="sm_90", page_size=8)
+    kernel = decode_mod.DecodeKernel(request, "key", "name", "/nonexistent", "", b"")
+    q, kc, vc, bt, sl, _, _ = DecodeProblem(plain, [5], 8, seed=3, dtype=torch.float16).args()
+    with pytest.raises(InputError, match="learned_sinks"):
+        kernel.launch(q, kc, vc, bt, sl, 0.1, sinks=torch.zeros(plain.num_heads))

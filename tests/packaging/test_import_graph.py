@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("specs", ("spec", "presets", "hf_config", "layout", "validate")),
     ("jit", ("jit",)),
     ("kernels", ("kernels",)),
-    ("toolkit front", ("reference", "ops", "flex", "figure", "testing")),
+    ("toolkit front", ("reference", "ops", "flex", "figure", "testing", "hf")),
     ("models", ("models",)),
     ("request", ("request",)),  # what every layer above hands down: SamplingParams, Sequence, Plan
     ("runner", ("runner",)),  # one model on one device: KV cache, CUDA graphs, device sampler

@@ -77,7 +77,22 @@ COMPLETION_CASES = [
     ({**OK, "echo": True}, "echo"),
     ({**OK, "suffix": "x"}, "suffix"),
     ({**OK, "best_of": 3}, "best_of"),
-    ({**OK, "logit_bias": {"1": 5}}, "logit_bias"),
+    *[
+        ({**OK, "logit_bias": v}, "logit_bias")
+        for v in (
+            {"1": 101},
+            {"1": -100.5},
+            {"x": 1},
+            {"-1": 1},
+            {"1.0": 1},
+            {"99999999999": 1},
+            {"1": "5"},
+            [1],
+            {"100000": 1},
+            {str(i): 1 for i in range(1025)},
+        )
+    ],
+    *[({**OK, "allowed_token_ids": v}, "allowed_token_ids") for v in ([], [-1], [1.0], "1", [100000])],
     ({**OK, "user": 5}, "user"),
 ]
 CHAT_CASES = [

@@ -208,7 +208,10 @@ def test_mixed_fp8_kv_dtypes_are_refused():
         sparsegen.prefill(q, k, v.to(torch.float8_e5m2), cu, cu, layer, k_scale=torch.ones(2), v_scale=torch.ones(2))
 
 
-def test_kernels_refuse_features_they_do_not_implement():
+def test_kernels_refuse_features_they_do_not_implement(monkeypatch):
+    from sparsegen.kernels.families.decode import CudaDecode
+
+    monkeypatch.setattr(CudaDecode, "features", frozenset())  # the decode family implements soft-cap
     layer = _layer(head_dim=64, softcap=30.0)
     with pytest.raises(ImplUnavailableError, match="logit_softcap"):
         sparsegen.get_kernel(layer, "decode", dtype=torch.float16, arch="sm_90")

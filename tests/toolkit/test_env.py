@@ -63,7 +63,7 @@ def test_registry_lists_every_variable_the_code_reads():
     missing = seen - set(env.FLAGS)
     assert not missing, f"SPARSEGEN_* variables read but not in env.FLAGS: {sorted(missing)}"
     for spec in env.FLAGS.values():
-        assert spec.meaning and spec.default and spec.kind in ("bool", "path", "level")
+        assert spec.meaning and spec.default and spec.kind in ("bool", "path", "level", "secret")
 
 
 def test_cache_dir_resolution(monkeypatch, tmp_path):
@@ -175,3 +175,16 @@ def test_pdl_is_off_on_a_cpu_and_a_bad_no_pdl_value_is_an_env_error(monkeypatch)
     monkeypatch.setenv("SPARSEGEN_NO_PDL", "maybe")
     with pytest.raises(EnvError, match="SPARSEGEN_NO_PDL"):
         env.flag("SPARSEGEN_NO_PDL")
+
+
+def test_a_secret_is_read_but_never_reported(monkeypatch):
+    from sparsegen.commands.env import _variables
+
+    monkeypatch.setenv("SPARSEGEN_API_KEY", "sk-very-secret")
+    assert env.secret("SPARSEGEN_API_KEY") == "sk-very-secret"
+    shown = {v["name"]: v["value"] for v in _variables()}
+    assert shown["SPARSEGEN_API_KEY"] == "(set)" and "sk-very-secret" not in str(shown)
+    monkeypatch.setenv("SPARSEGEN_API_KEY", "")
+    assert env.secret("SPARSEGEN_API_KEY") is None
+    with pytest.raises(KeyError):
+        env.secret("SPARSEGEN_CACHE_DIR")  # a path, not a secret

@@ -34,6 +34,8 @@ from ...validate import check_bool, check_decode_inputs, layer_scale
 from ..decode_merge import COUNTERS, use_fused
 from ..decode_template import (
     DEFAULT_KNOBS,
+    FEATURES,
+    HEAD_DIMS,
     KERNEL,
     MAX_SPLITS,
     PAGE_SIZES,
@@ -90,7 +92,18 @@ class DecodeKernel(Kernel):
         return mod
 
     def __call__(
-        self, q, k_cache, v_cache, block_tables, seq_lens, layer=None, scale=None, *, check=None, pdl=False
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        layer=None,
+        scale=None,
+        *,
+        check=None,
+        pdl=False,
+        sinks=None,
     ):
         """Validate (`check`: seq_lens and page ids too, on the host), launch on the current
         stream: `sparsegen.paged_decode` with this kernel. Returns [B, H, D]."""
@@ -98,17 +111,32 @@ class DecodeKernel(Kernel):
             raise InputError(f"kernel {self.name} was built for another layer spec")
         pdl = check_bool("pdl", pdl)
         check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, self.layer, allow_cpu=False,
-                            check_pages=bool(check), kernel=True)  # fmt: skip
+                            check_pages=bool(check), kernel=True, sinks=sinks)  # fmt: skip
         check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens)
         scale = layer_scale(scale, self.layer)
-        return launch_matching(self, q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl)
+        return launch_matching(self, q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks)
 
     def launch(
-        self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, splits=None, merge=None, pdl=False
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        scale: float,
+        splits=None,
+        merge=None,
+        pdl=False,
+        sinks=None,
     ) -> torch.Tensor:
         """Launch on the current stream; inputs already validated. `splits` overrides the heuristic
         (clamped to 1..MAX_SPLITS); `merge` ("fused" / "separate") overrides decode_merge's rule.
-        `pdl` (sm_90+; ignored before): programmatic dependent launch, see `sparsegen.paged_decode`."""
+        `pdl` (sm_90+; ignored before): programmatic dependent launch, see `sparsegen.paged_decode`.
+        `sinks` ([H] float32): exactly when the layer has learned sinks (the last kernel argument)."""
+        if (sinks is None) == self.layer.learned_sinks:
+            raise InputError(
+                f"kernel {self.name}: sinks= is required exactly when the layer has learned_sinks"
+            )
         batch, num_heads, head_dim = q.shape  # q: [B, H, D]
         num_pages, page_size = k_cache.shape[:2]  # caches: [pages, page_size, Hkv, D]
         max_pages = block_tables.shape[1]  # block_tables: [B, max_pages]
@@ -141,11 +169,14 @@ class DecodeKernel(Kernel):
             np.uint64(seq_lens.data_ptr()), np.float32(scale * math.log2(math.e)),
             np.uint64(out.data_ptr()), np.uint64(po), np.uint64(pml), i32(splits), np.uint64(counters),
         )  # fmt: skip
+        sink_args = (np.uint64(sinks.data_ptr()),) if sinks is not None else ()  # sinks: [H] float32
+        args += sink_args
         pdl = bool(pdl) and env.supports_pdl(q.device)
         mod.launch(KERNEL, stream, (splits, groups, batch), 128, *args, pdl=pdl)
         if splits > 1 and not fused:  # grid (rows, 32-dim slices), block (32 dims, warps over the splits)
-            mod.launch(REDUCE, stream, (batch * num_heads, head_dim // 32), (32, min(REDUCE_WARPS, splits)),
-                       np.uint64(po), np.uint64(pml), np.uint64(out.data_ptr()), i32(splits), pdl=pdl)  # fmt: skip
+            mod.launch(REDUCE, stream, (batch * num_heads, -(-head_dim // 32)), (32, min(REDUCE_WARPS, splits)),
+                       np.uint64(po), np.uint64(pml), np.uint64(out.data_ptr()), i32(splits), *sink_args,
+                       pdl=pdl)  # fmt: skip
         return out
 
 
@@ -192,6 +223,8 @@ class CudaDecode(Family):
     kind = "decode"
     variant = "cuda"
     source_file = SOURCE_FILE
+    features = FEATURES
+    head_dims = HEAD_DIMS
 
     def check(self, request: Request) -> None:
         ps = request.page_size
@@ -250,7 +283,7 @@ def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
 
 
 def launch_matching(kernel: DecodeKernel, q, k_cache, v_cache, block_tables, seq_lens, scale: float, *,
-                    pdl=False) -> torch.Tensor:  # fmt: skip
+                    pdl=False, sinks=None) -> torch.Tensor:  # fmt: skip
     """Launch `kernel` on the current stream once q's dtype and the caches' page size are the
     ones it was built for (inputs already checked: validate.check_decode_inputs, then
     check_kernel_inputs). Returns [B, H, D]."""
@@ -259,4 +292,4 @@ def launch_matching(kernel: DecodeKernel, q, k_cache, v_cache, block_tables, seq
             f"kernel {kernel.name} is for {kernel.dtype_name} with page_size {kernel.page_size}; "
             f"got {q.dtype} with page_size {k_cache.shape[1]}"
         )
-    return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl)
+    return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks)
