@@ -248,3 +248,15 @@ def test_compiled_decode_on_an_fp8_cache_equals_eager(monkeypatch, model, prompt
     eager = LLMEngine(model, kv_cache_bytes=1 << 22, kv_cache_dtype="fp8").generate([prompt], params)
     compiled = LLMEngine(model, kv_cache_bytes=1 << 22, kv_cache_dtype="fp8", compile_model=True)
     assert compiled.generate([prompt], params)[0].token_ids == eager[0].token_ids
+
+
+def test_prefix_caching_reads_the_cached_fp8_pages(model, prompt, fp32_run):
+    """A repeated prompt's cached pages are fp8 (the cache salt keeps them apart from float
+    pages): its prefill reads them through the dequantising gather and samples the same tokens."""
+    engine = LLMEngine(model, kv_cache_bytes=1 << 22, kv_cache_dtype="fp8", enable_prefix_caching=True)
+    params = SamplingParams(max_tokens=STEPS, ignore_eos=True)
+    first = engine.generate([prompt], params)[0]
+    again = engine.generate([prompt], params)[0]
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens >= 16 * (len(prompt) // 16 - 1)
+    assert again.token_ids[:8] == first.token_ids[:8] == fp32_run.out.token_ids[:8]
+    assert engine.cache.allocator.num_free == engine.cache.allocator.capacity
