@@ -20,7 +20,10 @@ the GEMV on a GPU since session 8):
   gpt-oss-20b; `models.families.PRESETS`); `--modes dense` alone forces every layer dense. A
   model whose context is shorter than a prompt length measures it at its context less a margin;
 - the KV cache each engine allocated (pages, tokens, GiB) and the peak GPU memory of each
-  measurement (torch.cuda.max_memory_allocated, weights included).
+  measurement (torch.cuda.max_memory_allocated, weights included);
+- `--kv-cache-dtype fp8` builds every engine with an fp8 KV cache (same `--kv-gib` budget, so
+  twice the tokens); `--kv-cache-dtype both` measures each mode with the model's dtype and then
+  with fp8 in the same process (rows `MODE+fp8`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import random_model
 from sparsegen.models.families import RANDOM_NAMES, random_config
+from sparsegen.runner.config import KV_CACHE_DTYPES
 
 GIB = 2**30
 
@@ -62,6 +66,7 @@ class Setup:
     compiled: bool  # torch.compile inside them
     kv_gib: float  # KV cache budget (GPU)
     chunk: int | None  # prefill tokens per step; None: the engine's default
+    kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype: "auto" (the model's) or an fp8 name
 
 
 def new_engine(model, setup: Setup) -> LLMEngine:
@@ -72,7 +77,7 @@ def new_engine(model, setup: Setup) -> LLMEngine:
     kv_bytes = int(setup.kv_gib * GIB) if model.device.type == "cuda" else (64 << 20)
     chunks = {} if setup.chunk is None else {"max_num_batched_tokens": setup.chunk}
     return LLMEngine(model, kv_cache_bytes=kv_bytes, max_num_seqs=32, use_cuda_graphs=setup.graphs,
-                     compile_model=setup.compiled, **chunks)  # fmt: skip
+                     compile_model=setup.compiled, kv_cache_dtype=setup.kv_cache_dtype, **chunks)  # fmt: skip
 
 
 def kv_info(engine: LLMEngine) -> dict:
@@ -110,9 +115,10 @@ def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, set
             "peak_gib": peak_gib(), "kv": kv_info(engine)}  # fmt: skip
 
 
-def run_mode(model, mode: str, name: str, compiled: bool, args, sizes) -> dict:
+def run_mode(model, mode: str, name: str, compiled: bool, args, sizes, kv_cache_dtype: str = "auto") -> dict:
     short, long, big_batch, steps, warm = sizes
-    setup = Setup(graphs=not args.no_cuda_graphs, compiled=compiled, kv_gib=args.kv_gib, chunk=args.chunk)
+    setup = Setup(graphs=not args.no_cuda_graphs, compiled=compiled, kv_gib=args.kv_gib, chunk=args.chunk,
+                  kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     model.set_force_dense(mode == "dense")
     r = {
         "ttft_8k": ttft(model, short, setup),
@@ -155,6 +161,9 @@ def main() -> None:
                          "default: the model's own choice, on for a GPU)")  # fmt: skip
     ap.add_argument("--kv-gib", type=float, default=48.0, help="KV cache budget per engine (GPU)")
     ap.add_argument("--chunk", type=int, default=None, help="prefill tokens per step (default: the engine's)")
+    ap.add_argument("--kv-cache-dtype", choices=[*KV_CACHE_DTYPES, "both"], default="auto",
+                    help="the KV cache's dtype; 'both': every mode with the model's dtype, then with fp8 "
+                    "(rows named MODE+fp8), in this process")  # fmt: skip
     ap.add_argument(
         "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
     )
@@ -198,10 +207,14 @@ def main() -> None:
     for compiled, gemv in combos:
         model.set_triton_gemv(default_gemv if gemv is None else gemv)
         suffix = "" if gemv is None else "+gemv" if gemv else "+cublas"
+        kv_dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "both" else [args.kv_cache_dtype]
         for mode in args.modes.split(","):
-            name = f"{mode}{'+compile' if compiled else ''}{suffix}"
-            rows[name] = run_mode(model, mode, name, compiled, args, (short, long, big_batch, steps, warm))
-            save()
+            for kv_dtype in kv_dtypes:
+                kv_suffix = "" if kv_dtype == "auto" else f"+{kv_dtype}"
+                name = f"{mode}{'+compile' if compiled else ''}{suffix}{kv_suffix}"
+                sizes = (short, long, big_batch, steps, warm)
+                rows[name] = run_mode(model, mode, name, compiled, args, sizes, kv_dtype)
+                save()
     model.set_triton_gemv(default_gemv)
     if "sparse" in rows and "dense" in rows:
         s, d = rows["sparse"], rows["dense"]

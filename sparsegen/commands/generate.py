@@ -18,7 +18,15 @@ import click
 from .. import dtypes
 from ..log import get_logger
 from . import progress
-from .options import RANDOM_CHOICES, SEED, engine_step_kwargs, engine_step_options, finite, torch_device
+from .options import (
+    RANDOM_CHOICES,
+    SEED,
+    engine_step_kwargs,
+    engine_step_options,
+    finite,
+    kv_cache_dtype_option,
+    torch_device,
+)
 from .tp_option import check_tp, tensor_parallel_option
 
 log = get_logger(__name__)
@@ -124,6 +132,7 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
     "--max-batch", type=click.IntRange(min=1), default=32, show_default=True, help="Sequences at once."
 )
 @engine_step_options
+@kv_cache_dtype_option
 @click.option(
     "--no-warmup", is_flag=True, help="Skip the warm-up request (timings then include kernel builds)."
 )
@@ -134,7 +143,7 @@ def _collect_prompts(prompt, prompt_ids, prompts_file, tokenizer, vocab_size, wr
 def command(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids, tp, enable_prefix_caching,
+    no_cuda_graphs, kv_cache_dtype, no_warmup, chat, stop, stop_token_ids, tp, enable_prefix_caching,
 ):  # fmt: skip
     """Generate text with Phi-3-Small through sparsegen's block-sparse attention."""
     if (model_dir is None) == (random_size is None):
@@ -152,7 +161,7 @@ def cli_finish_reason(out, eos_token_id: int, ignore_eos: bool) -> str:
 def _generate(
     model_dir, random_size, prompt, prompt_ids, prompts_file, tokenizer_path, max_tokens, temperature, top_p,
     top_k, seed, ignore_eos, device, dtype, stream, as_json, force_dense, max_batch, chunk_size, page_size,
-    no_cuda_graphs, no_warmup, chat, stop, stop_token_ids, tp, enable_prefix_caching,
+    no_cuda_graphs, kv_cache_dtype, no_warmup, chat, stop, stop_token_ids, tp, enable_prefix_caching,
 ):  # fmt: skip
     import torch
 
@@ -164,7 +173,7 @@ def _generate(
     if model_dir is not None and not model_dir.is_dir():
         raise click.BadParameter(f"checkpoint folder {model_dir} does not exist", param_hint="'--model'")
     llm = LLM(model=model_dir, random=random_size, tokenizer=tokenizer_path, dtype=dtype, device=device,
-              force_dense=force_dense, tensor_parallel_size=tp, max_num_seqs=max_batch,
+              force_dense=force_dense, tensor_parallel_size=tp, max_num_seqs=max_batch, kv_cache_dtype=kv_cache_dtype,
               **engine_step_kwargs(chunk_size, page_size, no_cuda_graphs, enable_prefix_caching))  # fmt: skip
     try:
         _run(llm, prompt, prompt_ids, prompts_file, max_tokens, temperature, top_p, top_k, seed, ignore_eos,

@@ -109,6 +109,21 @@ def engine_step_options(command):
     )(command)
 
 
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # runner.config.KV_CACHE_DTYPES
+
+
+def kv_cache_dtype_option(command):
+    """`--kv-cache-dtype`: the KV cache's element type (EngineConfig.kv_cache_dtype)."""
+    return click.option(
+        "--kv-cache-dtype",
+        type=click.Choice(KV_CACHE_DTYPE_CHOICES),
+        default="auto",
+        show_default=True,
+        help="KV cache element type: auto (the model's dtype) or fp8 (e4m3; fp8_e5m2 too), one byte "
+        "an element with per-KV-head scales from the checkpoint or the first prefill.",
+    )(command)
+
+
 def engine_step_kwargs(
     chunk_size: int, page_size: int, no_cuda_graphs: bool, enable_prefix_caching: bool = True
 ) -> dict:

@@ -21,7 +21,13 @@ import click
 
 from ..errors import MissingExtraError, SparsegenError
 from .exits import RuntimeFailure, first_line, is_usage_error
-from .options import RANDOM_CHOICES, engine_step_kwargs, engine_step_options, torch_device
+from .options import (
+    RANDOM_CHOICES,
+    engine_step_kwargs,
+    engine_step_options,
+    kv_cache_dtype_option,
+    torch_device,
+)
 from .tp_option import check_tp, tensor_parallel_option
 from .vllm_options import (
     DTYPES,
@@ -92,6 +98,7 @@ def _log_to_stderr() -> None:
     "--max-model-len", type=click.IntRange(min=2), default=None, help="Context limit (default: the model's)."
 )
 @engine_step_options
+@kv_cache_dtype_option
 @click.option(
     "--compile-model", is_flag=True, help="Decode steps through torch.compile inside the CUDA graphs."
 )
@@ -104,7 +111,7 @@ def _log_to_stderr() -> None:
 @vllm_options
 def command(
     model_arg, model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
-    max_model_len, chunk_size, page_size, no_cuda_graphs, compile_model, no_warmup, drain_timeout, tp,
+    max_model_len, chunk_size, page_size, no_cuda_graphs, kv_cache_dtype, compile_model, no_warmup, drain_timeout, tp,
     enable_prefix_caching, tp_alias, enforce_eager, seed, chat_template, api_key, strict,
 ):  # fmt: skip
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
@@ -133,7 +140,7 @@ def command(
         )
         llm = LLM(model=model_dir, random=random_size, tokenizer=tokenizer_path, dtype=dtype, device=device,
                   seed=seed, tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                  compile_model=compile_model, **steps)  # fmt: skip
+                  compile_model=compile_model, kv_cache_dtype=kv_cache_dtype, **steps)  # fmt: skip
         if template is not None:
             llm.use_chat_template(*template)
         if not no_warmup:

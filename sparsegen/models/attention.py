@@ -17,12 +17,15 @@ from ..kernels.linear import gemm_rows as rows_kernel
 from ..spec import LayerSpec
 from .batch import ForwardBatch
 from .config import Phi3SmallConfig
+from .kv_scales import KVLayer, cache_scales, calibrate_once, layer_scales
 from .kv_write import read_kv, write_kv
 from .layers import Linear, fast_kernels, linear, rows_gemm
 from .options import ModelOptions
 from .rope import RopeWrite, Rotary
 
-KVCacheLayer = tuple[torch.Tensor, torch.Tensor]  # k_cache, v_cache: [num_pages, page_size, Hkv, D]
+# (k_cache, v_cache): [num_pages, page_size, Hkv, D] each; an fp8 cache's is a kv_scales.KVLayer
+# (k_cache, v_cache, scales)
+KVCacheLayer = tuple[torch.Tensor, torch.Tensor] | KVLayer
 
 GEMV_ROPE = True  # the batch-1 QKV GEMV also rotates and writes the cache (Attention.rope_fusable)
 DECODE_PDL_MAX_ROWS = 1  # decode steps up to this batch launch paged decode with PDL (_decode_pdl)
@@ -74,12 +77,13 @@ class Attention(nn.Module):
         self, q: torch.Tensor, kv_cache: KVCacheLayer, tables: torch.Tensor, lens: torch.Tensor
     ) -> torch.Tensor:
         """q: [B, H, D], the last token of each of B sequences, over the paged cache (tables:
-        [B, max_pages] int32, lens: [B] int32) -> [B, H, D]."""
+        [B, max_pages] int32, lens: [B] int32) -> [B, H, D]. An fp8 cache's scales go with it."""
+        ks, vs = cache_scales(kv_cache)  # [Hkv] float32 each, or None
         if torch.compiler.is_compiling():
             return torch.ops.sparsegen.paged_decode(q, kv_cache[0], kv_cache[1], tables, lens, self.layer_json,
-                                                    self.scale, self.decode_impl, None)  # fmt: skip
+                                                    self.scale, self.decode_impl, None, None, ks, vs)  # fmt: skip
         return ops.paged_decode(q, kv_cache[0], kv_cache[1], tables, lens, self.layer, scale=self.scale,
-                                impl=self.decode_impl, pdl=_decode_pdl(q))  # fmt: skip
+                                impl=self.decode_impl, pdl=_decode_pdl(q), k_scale=ks, v_scale=vs)  # fmt: skip
 
     def _prefill(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
@@ -135,16 +139,18 @@ class Attention(nn.Module):
         if rows is not None and (write is None or batch.sampled_block_tables is None):
             raise InputError("attention from the sampled rows only needs a KV cache written by this batch "
                              "and batch.sampled_block_tables / sampled_seq_lens")  # fmt: skip
+        scales = layer_scales(write)  # an fp8 cache's: the torch write path quantises
         if (
-            self.fused and fast_kernels(qkv) and rotary_kernel.supports_rotary(qkv)
-        ):  # one kernel: rotary, split, cache write
+            self.fused and scales is None and fast_kernels(qkv) and rotary_kernel.supports_rotary(qkv)
+        ):  # one kernel: rotary, split, cache write (bf16/fp16 caches only)
             q, k, v = rotary_kernel.rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
         else:
             q = Rotary.apply(qkv[:, :, :g].reshape(t, h, d), cos, sin)  # [T, H, D]
             k = Rotary.apply(qkv[:, :, g], cos, sin)  # [T, Hkv, D]
             v = qkv[:, :, g + 1].contiguous()  # [T, Hkv, D]
             if write is not None:
-                write_kv(write[0], write[1], batch.slot_mapping, k, v)
+                calibrate_once(scales, k, v, batch)
+                write_kv(write[0], write[1], batch.slot_mapping, k, v, scales)
         if rows is not None:
             if rows.shape[0] == 0:  # nothing sampled (a long prompt's earlier chunk): K/V only
                 return qkv.new_empty((0, self.hidden))
@@ -155,8 +161,10 @@ class Attention(nn.Module):
             out = self._decode(q, kv_cache, batch.block_tables, batch.seq_lens)
         else:
             if batch.kv_gather is not None:
-                k_all = read_kv(kv_cache[0], batch.kv_gather)  # [Tk, Hkv, D]: cached prefix + new
-                v_all = read_kv(kv_cache[1], batch.kv_gather)
+                # [Tk, Hkv, D]: cached prefix + new (fp8: dequantised to q's dtype in the gather)
+                ks, vs = cache_scales(kv_cache)
+                k_all = read_kv(kv_cache[0], batch.kv_gather, ks, q.dtype)
+                v_all = read_kv(kv_cache[1], batch.kv_gather, vs, q.dtype)
             else:
                 k_all, v_all = k, v
             out = self._prefill(q, k_all, v_all, batch)
@@ -164,7 +172,8 @@ class Attention(nn.Module):
 
     def rope_fusable(self, batch: ForwardBatch, kv_cache: KVCacheLayer | None) -> bool:
         """A decode step whose QKV GEMV can also rotate q and k and write k and v into the cache
-        (`rope.RopeWrite`): fused kernels on, a cache to write, a power-of-two head_dim."""
+        (`rope.RopeWrite`): fused kernels on, a bf16/fp16 cache to write (its epilogue does not
+        write fp8), a power-of-two head_dim."""
         d = self.head_dim
         return (
             GEMV_ROPE
@@ -172,6 +181,7 @@ class Attention(nn.Module):
             and batch.is_decode
             and kv_cache is not None
             and batch.slot_mapping is not None
+            and cache_scales(kv_cache)[0] is None
             and not d & (d - 1)
         )
 

@@ -1,6 +1,7 @@
 """Writing new keys and values into the paged KV cache, as an op that torch.compile keeps whole.
 
-Eagerly, `write_kv` is two indexed stores through the caches' strides (any memory layout of the
+Eagerly, `write_kv` is two indexed stores through the caches' strides (an fp8 cache's values
+quantised first with the layer's scales, `kv_scales`) (any memory layout of the
 [num_pages, page_size, Hkv, D] view: runner.kv_cache's head- or token-major pages). Under
 torch.compile / torch.export it goes through the registered op `sparsegen_model::write_kv`,
 which declares that it mutates the two cache tensors: traced as a plain indexed store on a graph
@@ -10,6 +11,8 @@ input, the functional graph would copy the whole cache (gigabytes) back into pla
 from __future__ import annotations
 
 import torch
+
+from .kv_scales import KVScales, dequantize, quantize
 
 
 def _write(k_cache, v_cache, slots, k, v) -> None:
@@ -23,10 +26,13 @@ def slot_pages(slots: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch
     return torch.div(slots, page_size, rounding_mode="floor"), torch.remainder(slots, page_size)
 
 
-def read_kv(cache: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+def read_kv(cache: torch.Tensor, gather: torch.Tensor, scale: torch.Tensor | None = None,
+            dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip
     """cache [num_pages, page_size, Hkv, D] (any strides) at gather [2, Tk] (page, offset in it)
-    -> [Tk, Hkv, D] (`ForwardBatch.kv_gather`)."""
-    return cache[gather[0], gather[1]]
+    -> [Tk, Hkv, D] (`ForwardBatch.kv_gather`). An fp8 cache with its `scale` [Hkv] is
+    dequantised to `dtype` (the model's) in the same gather, so the prefill kernel reads bf16."""
+    rows = cache[gather[0], gather[1]]  # [Tk, Hkv, D]
+    return rows if scale is None else dequantize(rows, scale, dtype)
 
 
 @torch.library.custom_op("sparsegen_model::write_kv", mutates_args=("k_cache", "v_cache"))
@@ -45,8 +51,11 @@ def _write_kv_fake(k_cache, v_cache, slots, k, v) -> None:
     return None
 
 
-def write_kv(k_cache, v_cache, slots, k, v) -> None:
-    """k, v: [T, Hkv, D] into the caches at flat `slots` [T] (page * page_size + offset)."""
+def write_kv(k_cache, v_cache, slots, k, v, scales: KVScales | None = None) -> None:
+    """k, v: [T, Hkv, D] into the caches at flat `slots` [T] (page * page_size + offset); into an
+    fp8 cache quantised with the layer's `scales`, saturating (`kv_scales.quantize`)."""
+    if scales is not None:
+        k, v = quantize(k, scales.k, k_cache.dtype), quantize(v, scales.v, v_cache.dtype)
     if torch.compiler.is_compiling():
         torch.ops.sparsegen_model.write_kv(k_cache, v_cache, slots, k, v)
     else:

@@ -3,7 +3,9 @@
 A checkpoint folder holds `config.json` and `*.safetensors`, either sharded with a
 `model.safetensors.index.json` weight map or not. Tensors are matched by their HF names,
 `…rotary_emb.inv_freq` buffers are skipped, an absent `lm_head.weight` means tied embeddings,
-and every tensor is converted to the requested dtype. Anything missing, unexpected, of the
+and every tensor is converted to the requested dtype. vLLM's fp8 K/V scales
+(`…self_attn.k_scale` / `v_scale`) are kept as `model.kv_scales` for an fp8 KV cache. Anything
+missing, unexpected, of the
 wrong shape or dtype (weights are float16/bfloat16/float32/float64), or not finite is a
 `CheckpointError` that names the file and the tensor. Every file read (config.json, the index,
 the shards) must be a regular file inside the folder: index entries such as `../x.safetensors`
@@ -20,6 +22,7 @@ import torch
 from .. import folders, jsonio
 from .config import CheckpointError, Phi3SmallConfig
 from .families import config_from_file, model_class, random_config
+from .kv_scales import checked_scales, scale_name
 from .memory import check_model_fits
 from .options import ModelOptions
 from .phi3small import Phi3SmallForCausalLM
@@ -193,8 +196,12 @@ def load_into(folder, options: ModelOptions | None, fields: dict, build, read):
     model = build(config, options)
     params = dict(model.named_parameters())
     by_file: dict[Path, list[str]] = {}
+    scale_files: dict[Path, list[str]] = {}  # fp8 K/V scales (vLLM's names): read for the KV cache
     for name, path in weight_map.items():
         if name.endswith(SKIPPED_SUFFIXES):
+            continue
+        if scale_name(name) is not None:
+            scale_files.setdefault(path, []).append(name)
             continue
         if name not in params:
             raise CheckpointError(
@@ -211,7 +218,22 @@ def load_into(folder, options: ModelOptions | None, fields: dict, build, read):
                         raise CheckpointError(f"{path} lacks tensor {name!r} (listed there by {INDEX_FILE})")
                     params[name].copy_(read(f, name, path, params[name], config))
                     loaded.add(name)
+    model.kv_scales = _read_scales(scale_files, config, folder)
     return finish_load(model, params, loaded, folder, config)
+
+
+def _read_scales(scale_files: dict[Path, list[str]], config, folder: Path) -> dict:
+    """The checkpoint's `…self_attn.k_scale` / `v_scale` tensors, checked (`kv_scales.checked_scales`):
+    layer -> (k_scale, v_scale), what an fp8 KV cache starts from (`runner.kv_cache`)."""
+    found = {}
+    for path, names in scale_files.items():
+        with _open(path) as f:
+            for name in names:
+                try:
+                    found[scale_name(name)] = f.get_tensor(name)
+                except Exception as exc:  # noqa: BLE001 - safetensors raises several types for bad data
+                    raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
+    return checked_scales(found, config.num_hidden_layers, config.num_key_value_heads, f"checkpoint {folder}")
 
 
 def finish_load(model, params: dict, loaded: set[str], folder, config):

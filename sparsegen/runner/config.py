@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from ..dtypes import KV_CACHE_DTYPE_NAMES
 from ..errors import InputError
 
 # The compiled decode kernel takes pages of 8..128 tokens; the reference takes any size, but
@@ -15,6 +18,8 @@ from ..errors import InputError
 MAX_PAGE_SIZE = 128
 KERNEL_PAGE_SIZES = range(8, MAX_PAGE_SIZE + 1)
 KV_LAYOUTS = ("head", "token")  # the KV pages' memory order: head-major or token-major (runner.kv_cache)
+# the KV cache's element type: "auto" is the model's dtype; the fp8 names are vLLM's (dtypes)
+KV_CACHE_DTYPES = ("auto", *KV_CACHE_DTYPE_NAMES)
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -58,6 +63,7 @@ class EngineConfig:
     # greedy and seeded tokens are the same either way
     async_decode: bool = True
     kv_layout: str = "head"  # one of KV_LAYOUTS
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES (fp8: models.kv_scales)
     # ranks that run the model (one GPU each), below the engine (engine.executor); 1: this process
     tensor_parallel_size: int = 1
     # tensor parallelism: seconds a collective may wait for a peer before it fails
@@ -79,9 +85,20 @@ class EngineConfig:
                 raise InputError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.kv_layout not in KV_LAYOUTS:
             raise InputError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
+        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InputError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         t = self.collective_timeout_s
         if t is not None and (
             isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")
         ):
             raise InputError(f"collective_timeout_s must be None or a number of seconds > 0, got {t!r}")
+        if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
+            raise InputError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported with tensor_parallel_size > 1 "
+                "(per-KV-head scales are not sharded); use kv_cache_dtype='auto'"
+            )
+
+    def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's torch dtype for a model of `model_dtype`."""
+        return model_dtype if self.kv_cache_dtype == "auto" else KV_CACHE_DTYPE_NAMES[self.kv_cache_dtype]

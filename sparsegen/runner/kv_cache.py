@@ -15,6 +15,10 @@ stream; "token" stores `[num_pages, page_size, Hkv, D]` contiguously (a token's 
 head together). Every reader and writer goes through the view's strides, so both give the same
 numbers; on an H200 the decode kernel read the head-major pages 2.2 % faster on dense layers at
 32 x 8K (benchmarks/decode/bench_decode_layout.py, benchmarks/results/HISTORY.md).
+
+An fp8 cache (`dtype` torch.float8_e4m3fn or float8_e5m2, EngineConfig.kv_cache_dtype) holds
+one byte an element, so the same bytes hold twice bf16's tokens, and each layer carries its
+`models.kv_scales.KVScales` (float32 [Hkv] for K and for V, allocated here once).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..dtypes import FP8_DTYPES
 from ..errors import CacheOutOfMemory, EngineError
+from ..models.kv_scales import KVLayer, KVScales
 from .config import KV_LAYOUTS
 from .page_pool import PageAllocator
 
@@ -74,6 +80,9 @@ class KVCache(CachePages):
             # k[l], v[l]: [num_pages, page_size, Hkv, D]
             self.k = [pool() for _ in range(num_layers)]
             self.v = [pool() for _ in range(num_layers)]
+            # scales[l]: an fp8 cache's per-KV-head scales of layer l; None for bf16/fp16
+            fp8 = dtype in FP8_DTYPES
+            self.scales = [KVScales(num_kv_heads, dtype, device) if fp8 else None for _ in range(num_layers)]
         except torch.OutOfMemoryError:
             need = self.bytes_per_page(num_layers, page_size, num_kv_heads, head_dim, dtype) * num_pages
             raise CacheOutOfMemory(
@@ -90,8 +99,12 @@ class KVCache(CachePages):
         )
 
     @property
-    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return list(zip(self.k, self.v, strict=True))
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor] | KVLayer]:
+        """What the model's attention takes per layer: (k, v) for a bf16/fp16/fp32 cache, and
+        `KVLayer(k, v, scales)` for an fp8 cache."""
+        if self.scales[0] is None:
+            return list(zip(self.k, self.v, strict=True))
+        return [KVLayer(k, v, s) for k, v, s in zip(self.k, self.v, self.scales, strict=True)]
 
     def slot_array(self, pages: list[int], start: int, stop: int) -> np.ndarray:
         """[stop - start] int64 flat slots of positions start..stop-1 of a sequence.
@@ -113,3 +126,20 @@ class KVCache(CachePages):
     def slots(self, pages: list[int], start: int, stop: int) -> torch.Tensor:
         """`slot_array` as a CPU tensor."""
         return torch.from_numpy(self.slot_array(pages, start, stop))
+
+
+def set_checkpoint_scales(
+    cache: KVCache, scales: dict[int, tuple[torch.Tensor, torch.Tensor]] | None
+) -> None:
+    """A checkpoint's K/V scales (layer index -> (k_scale, v_scale), each [] or [Hkv], from
+    `…self_attn.k_scale` / `v_scale`) into an fp8 cache; a bf16/fp16 cache ignores them (it
+    stores the values unscaled). Layers the checkpoint has no scales for calibrate on their
+    first prefill."""
+    if not scales or cache.scales[0] is None:
+        return
+    for i, (k_scale, v_scale) in scales.items():
+        if not 0 <= i < len(cache.scales):
+            raise EngineError(
+                f"checkpoint K/V scales for layer {i}, but the model has {len(cache.scales)} layers"
+            )
+        cache.scales[i].set(k_scale.to(cache.scales[i].k.device), v_scale.to(cache.scales[i].v.device))

@@ -33,7 +33,7 @@ from .cuda_graphs import DecodeGraphs
 from .decode_inputs import DecodeInputs, padded_tables
 from .inflight import InFlight
 from .isolation import sample_isolating
-from .kv_cache import KVCache
+from .kv_cache import KVCache, set_checkpoint_scales
 from .transfer import packed_to_device
 
 log = get_logger(__name__)
@@ -60,19 +60,22 @@ def step_activation_bytes(model: Phi3SmallForCausalLM, prefill_tokens: int) -> i
     return prefill_activation_bytes(model.config, model.dtype, prefill_tokens)
 
 
-def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int) -> int:
+def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int, dtype: torch.dtype | None = None) -> int:
+    """Bytes of one page over every layer, K and V, in the cache's `dtype` (default the model's;
+    an fp8 cache counts one byte an element)."""
     cfg = model.config
     return KVCache.bytes_per_page(
-        cfg.num_hidden_layers, page_size, model.local_num_kv_heads, cfg.head_dim, model.dtype
+        cfg.num_hidden_layers, page_size, model.local_num_kv_heads, cfg.head_dim, dtype or model.dtype
     )
 
 
 def default_num_pages(
-    model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None, prefill_tokens: int
-) -> int:
+    model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None, prefill_tokens: int,
+    dtype: torch.dtype | None = None,
+) -> int:  # fmt: skip
     """Pages that `kv_cache_bytes` holds; by default 90 % of the free GPU memory less a headroom
     for a prefill step of `prefill_tokens` tokens (GPU), or 256 MiB (CPU)."""
-    per_page = kv_bytes_per_page(model, page_size)
+    per_page = kv_bytes_per_page(model, page_size, dtype)
     if kv_cache_bytes is None:
         if model.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(model.device)
@@ -117,8 +120,11 @@ class ModelRunner:
         cfg = model.config
         page_size = config.page_size
         tokens = max_step_tokens(config, max_model_len)
-        pages = config.num_pages or default_num_pages(model, page_size, config.kv_cache_bytes, tokens)
-        need = pages * kv_bytes_per_page(model, page_size)
+        kv_dtype = config.cache_dtype(model.dtype)
+        pages = config.num_pages or default_num_pages(
+            model, page_size, config.kv_cache_bytes, tokens, kv_dtype
+        )
+        need = pages * kv_bytes_per_page(model, page_size, kv_dtype)
         check_fits(
             need + step_activation_bytes(model, tokens),
             model.device,
@@ -131,20 +137,22 @@ class ModelRunner:
             page_size=page_size,
             num_kv_heads=model.local_num_kv_heads,  # a tensor-parallel rank holds its own groups only
             head_dim=cfg.head_dim,
-            dtype=model.dtype,
+            dtype=kv_dtype,
             device=model.device,
             layout=config.kv_layout,
         )
+        set_checkpoint_scales(self.cache, getattr(model, "kv_scales", None))
         self.kv_cache_bytes = need
-        if model.device.type == "cuda" and model.fused:  # the model's fused rotary: build it now
+        fp8 = self.cache.scales[0] is not None  # the fused rotary does not write fp8: not used then
+        if model.device.type == "cuda" and model.fused and not fp8:  # the model's fused rotary: build it now
             from ..kernels.fused import rotary
 
-            k0, v0 = self.cache.layers[0]
+            k0, v0 = self.cache.k[0], self.cache.v[0]
             rotary.warm_up_rotary(k0, v0, self.cache.scratch_page * page_size, cfg.group_size)
         usable = self.cache.allocator.capacity
         log.info(
-            "KV cache: %d pages of %d tokens = %d tokens (%.2f GiB) on %s",
-            usable, page_size, usable * page_size, need / 2**30, model.device,
+            "KV cache: %d pages of %d tokens = %d tokens (%.2f GiB, %s) on %s",
+            usable, page_size, usable * page_size, need / 2**30, kv_dtype, model.device,
         )  # fmt: skip
         rs = cfg.rope_scaling
         self.long_rope_after = rs.original_max_position_embeddings if rs is not None else None

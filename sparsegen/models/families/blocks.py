@@ -16,6 +16,7 @@ from ... import ops
 from ...errors import InputError
 from ...spec import LayerSpec
 from ..batch import ForwardBatch
+from ..kv_scales import calibrate_once, layer_scales
 from ..kv_write import read_kv, write_kv
 from ..layers import Linear, linear
 from ..options import ModelOptions
@@ -97,18 +98,22 @@ class DecoderAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
+        scales = layer_scales(kv_cache)  # an fp8 cache's (None for bf16/fp16)
+        ks, vs = (scales.k, scales.v) if scales is not None else (None, None)  # [Hkv] float32 each
         if kv_cache is not None and batch.slot_mapping is not None:
-            write_kv(kv_cache[0], kv_cache[1], batch.slot_mapping, k, v)
+            calibrate_once(scales, k, v, batch)
+            write_kv(kv_cache[0], kv_cache[1], batch.slot_mapping, k, v, scales)
         sinks = self.sinks.float() if self.layer.learned_sinks else None  # [H] float32
         if batch.is_decode:
             if kv_cache is None:
                 raise InputError("a decode step needs a KV cache")
             out = ops.paged_decode(q, kv_cache[0], kv_cache[1], batch.block_tables, batch.seq_lens, self.layer,
-                                   scale=self.scale, impl=self.decode_impl, sinks=sinks)  # fmt: skip
+                                   scale=self.scale, impl=self.decode_impl, sinks=sinks, k_scale=ks,
+                                   v_scale=vs)  # fmt: skip
         else:
             if batch.kv_gather is not None:
-                k = read_kv(kv_cache[0], batch.kv_gather)  # [Tk, Hkv, D]: cached prefix + new
-                v = read_kv(kv_cache[1], batch.kv_gather)
+                k = read_kv(kv_cache[0], batch.kv_gather, ks, q.dtype)  # [Tk, Hkv, D]: cached prefix + new
+                v = read_kv(kv_cache[1], batch.kv_gather, vs, q.dtype)  # (fp8: dequantised in the gather)
             out = ops.prefill(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, self.layer, scale=self.scale,
                               impl=self.prefill_impl, check=False, max_seqlen_q=batch.max_seqlen_q,
                               max_seqlen_k=batch.max_seqlen_k, sinks=sinks)  # fmt: skip
