@@ -36,7 +36,7 @@ def _cuda(layer, q_lens, k_lens, seed, dtype) -> FeatureProblem:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(data=feature_problems(LAYERS, max_batch=3, max_len=700))
 def test_fuzzed_feature_specs(dtype, data):
     p = data.problem

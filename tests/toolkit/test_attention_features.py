@@ -190,9 +190,19 @@ def _prefill_args(layer, fp8=None):
         (False, torch.float8_e4m3fn, {}, "pass k_scale="),
         (False, torch.float8_e4m3fn, {"k_scale": torch.ones(2)}, "pass v_scale="),
         (False, None, {"k_scale": torch.ones(2)}, "only for fp8"),
-        (False, torch.float8_e4m3fn, {"k_scale": torch.ones(3), "v_scale": torch.ones(2)}, "k_scale must have"),
+        (
+            False,
+            torch.float8_e4m3fn,
+            {"k_scale": torch.ones(3), "v_scale": torch.ones(2)},
+            "k_scale must have",
+        ),
         (False, torch.float8_e4m3fn, {"k_scale": torch.zeros(2), "v_scale": torch.ones(2)}, "finite and > 0"),
-        (False, torch.float8_e4m3fn, {"k_scale": torch.ones(2), "v_scale": -torch.ones(())}, "finite and > 0"),
+        (
+            False,
+            torch.float8_e4m3fn,
+            {"k_scale": torch.ones(2), "v_scale": -torch.ones(())},
+            "finite and > 0",
+        ),
     ],
 )
 def test_feature_tensors_are_checked_before_anything_runs(learned, fp8, kwargs, match):
@@ -205,7 +215,9 @@ def test_mixed_fp8_kv_dtypes_are_refused():
     layer = _layer()
     q, k, v, cu, _ = _prefill_args(layer, torch.float8_e4m3fn)
     with pytest.raises(InputError, match="v has dtype"):
-        sparsegen.prefill(q, k, v.to(torch.float8_e5m2), cu, cu, layer, k_scale=torch.ones(2), v_scale=torch.ones(2))
+        sparsegen.prefill(
+            q, k, v.to(torch.float8_e5m2), cu, cu, layer, k_scale=torch.ones(2), v_scale=torch.ones(2)
+        )
 
 
 def test_kernels_refuse_features_they_do_not_implement(monkeypatch):
