@@ -22,6 +22,7 @@ from ..presets import from_hf_config
 from ..spec import HeadSpec, LayerSpec, ModelSpec
 from .attention import Attention, KVCacheLayer
 from .batch import ForwardBatch
+from .causal_lm import CausalLM
 from .config import Phi3SmallConfig
 from .layers import (
     Embedding,
@@ -176,7 +177,7 @@ class Phi3SmallModel(nn.Module):
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon, **fk)
 
 
-class Phi3SmallForCausalLM(nn.Module):
+class Phi3SmallForCausalLM(CausalLM):
     """`forward(input_ids, batch, kv_caches)` -> float32 logits for `batch.logits_index` rows."""
 
     def __init__(self, config: Phi3SmallConfig, options: ModelOptions | None = None, **fields):
@@ -222,23 +223,6 @@ class Phi3SmallForCausalLM(nn.Module):
         for block in self.model.layers:
             block.self_attn.gemv = block.mlp.gemv = on
             block.self_attn.gemv_o = o_proj
-
-    def tie_embeddings(self) -> None:
-        self.lm_head.weight = self.model.embed_tokens.weight
-
-    @property
-    def local_num_kv_heads(self) -> int:
-        """KV heads whose cache this process holds: all of them here; a rank's own groups under
-        tensor parallelism (`parallel.sharding`). The engine sizes its KV cache by this."""
-        return self.config.num_key_value_heads
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
 
     def forward(
         self,

@@ -13,6 +13,7 @@ from torch import nn
 from ...errors import InputError
 from ...spec import HeadSpec, ModelSpec
 from ..batch import ForwardBatch
+from ..causal_lm import CausalLM
 from ..layers import Embedding, Linear, linear
 from ..options import ModelOptions
 from .blocks import DecoderLayer, KVCacheLayer, RMSNorm
@@ -37,7 +38,7 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fk, config.norm_offset)
 
 
-class DecoderForCausalLM(nn.Module):
+class DecoderForCausalLM(CausalLM):
     def __init__(self, config: DecoderConfig, options: ModelOptions | None = None, **fields):
         super().__init__()
         options = ModelOptions.of(options, **fields)
@@ -73,21 +74,6 @@ class DecoderForCausalLM(nn.Module):
         self.gemv = on
         for block in self.model.layers:
             block.self_attn.gemv = block.mlp.gemv = on
-
-    def tie_embeddings(self) -> None:
-        self.lm_head.weight = self.model.embed_tokens.weight
-
-    @property
-    def local_num_kv_heads(self) -> int:
-        return self.config.num_key_value_heads
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
 
     def forward(
         self,
