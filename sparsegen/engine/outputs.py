@@ -111,7 +111,7 @@ class CompletionTracker:
     def __init__(self, index: int, params: SamplingParams, detokenizer: Detokenizer):
         self.index = index
         self.params = params
-        self.tokenizer = detokenizer.tokenizer
+        self.tokenizer = detokenizer.tokenizer if params.detokenize else None
         self.eos_token_ids = detokenizer.eos_token_ids
         self.hidden_ids = detokenizer.special_ids if params.skip_special_tokens else frozenset()
         self.token_ids: list[int] = []
@@ -134,6 +134,9 @@ class CompletionTracker:
 
     @property
     def text(self) -> str | None:
+        """The decoded text; "" with detokenize=False, None when there is no tokenizer."""
+        if not self.params.detokenize:
+            return ""
         return self._text if self.tokenizer is not None else None
 
     def add(
@@ -179,7 +182,7 @@ class CompletionTracker:
         hits = [(i, s) for s in self.params.stop if (i := text.find(s, start)) >= 0]
         if hits:
             pos, stop = min(hits)
-            self._text = text[:pos]
+            self._text = text[: pos + len(stop)] if self.params.include_stop_str_in_output else text[:pos]
             self.finish_reason, self.stop_reason = "stop", stop
         self._searched = len(self._text)
 

@@ -148,6 +148,9 @@ class SamplingParams:
       the sampled token's); computed from the model's raw logits, before any penalty.
     - `seed`: a per-request random stream, reproducible whatever else is in the batch.
     - `skip_special_tokens`: leave special tokens (`<|user|>`, ...) out of the text.
+    - `include_stop_str_in_output`: a stop string that ended the text stays at its end.
+    - `detokenize`: False returns token ids only (the text is ""); stop strings need text, so
+      they are refused with it.
     - `logit_bias`: token id -> bias in [-100, 100], added to the logits before everything
       else the sampler does (a dict, or (id, bias) pairs; kept as pairs sorted by id).
     - `allowed_token_ids`: if given, every other token is masked out (after `logit_bias`).
@@ -171,6 +174,8 @@ class SamplingParams:
     logprobs: int | None = None
     seed: int | None = None
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    detokenize: bool = True
     # -- logit processors (runner.sampling applies them per row, batched) --
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
@@ -222,6 +227,13 @@ class SamplingParams:
         if not isinstance(self.skip_special_tokens, bool):
             raise InputError(
                 f"SamplingParams.skip_special_tokens must be a bool, got {self.skip_special_tokens!r}"
+            )
+        for name in ("include_stop_str_in_output", "detokenize"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"SamplingParams.{name} must be a bool, got {getattr(self, name)!r:.80}")
+        if not self.detokenize and self.stop:
+            raise InputError(
+                "SamplingParams.stop needs the text: stop strings cannot be used with detokenize=False"
             )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)

@@ -79,6 +79,8 @@ class _SamplingFields(_Strict):
     min_tokens: int = Field(0, ge=0, le=MAX_TOKEN_COUNT)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False  # vLLM's extra fields
+    skip_special_tokens: bool = True
     allowed_token_ids: (
         Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
     ) = None
@@ -124,6 +126,8 @@ class _SamplingFields(_Strict):
             stop=tuple([self.stop] if isinstance(self.stop, str) else self.stop or ()),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
             seed=self.seed,
             logit_bias=self._bias_pairs(),

@@ -196,3 +196,33 @@ def test_metrics_time_the_first_token_and_the_decode_rate():
     one.t_submit = 1.0
     one.add(0, "length", now=3.0)
     assert (one.output().metrics.ttft_s, one.output().metrics.decode_tokens_per_s) == (2.0, 0.0)
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_and_nothing_after_it():
+    engine = ScriptedEngine([[(0, t, None)] for t in (0, 1, 2, 3)])
+    (out,), updates = run(engine, request(stop=["lo w"], include_stop_str_in_output=True))
+    assert (out.text, out.finish_reason, out.stop_reason) == ("hello w", "stop", "lo w")
+    assert "".join(u.text for u in updates) == "hello w"  # streamed pieces add up to the text
+    assert engine.aborted == [0]
+
+
+def test_detokenize_false_returns_token_ids_and_empty_text():
+    engine = ScriptedEngine([[(0, t, None)] for t in (0, 1)] + [[(0, 3, "length")]])
+    (out,), updates = run(engine, request(detokenize=False))
+    assert out.text == "" and out.token_ids == [0, 1, 3] and out.finish_reason == "length"
+    assert all(u.text == "" for u in updates)
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"detokenize": False, "stop": ["x"]}, "detokenize=False"),
+        ({"detokenize": 0}, "detokenize must be a bool"),
+        ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output must be a bool"),
+    ],
+)
+def test_bad_output_fields_are_refused(params, match):
+    from sparsegen.errors import InputError
+
+    with pytest.raises(InputError, match=match):
+        SamplingParams(**params)

@@ -83,6 +83,18 @@ def test_vllm_accepted_fields(client):
     assert out.choices[0].message.role == "assistant" and out.usage.completion_tokens == 2
 
 
+def test_include_stop_str_in_output(client):
+    """A free run's text gives a stop string that must occur; with the flag it ends the text."""
+    free = client.completions.create(model=MODEL, prompt="hi", max_tokens=12, temperature=0).choices[0].text
+    stop = free[3:5]
+    assert len(stop) == 2
+    cut = client.completions.create(model=MODEL, prompt="hi", max_tokens=12, temperature=0, stop=[stop])
+    kept = client.completions.create(model=MODEL, prompt="hi", max_tokens=12, temperature=0, stop=[stop],
+                                     extra_body={"include_stop_str_in_output": True})  # fmt: skip
+    before = free[: free.index(stop)]
+    assert cut.choices[0].text == before and kept.choices[0].text == before + stop
+
+
 def test_unknown_fields_are_dropped_and_logged_once(http, caplog):
     with caplog.at_level(logging.WARNING, logger="sparsegen"):
         for _ in range(3):
