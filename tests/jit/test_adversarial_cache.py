@@ -391,10 +391,14 @@ def _make_entry_kind(path: Path, kind: str, tmp_path: Path) -> None:
         path.write_bytes(b"")
     elif kind == "fifo":
         os.mkfifo(path, 0o600)
-    elif kind == "socket":
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(path))
-        s.close()
+    elif kind == "socket":  # bound by a relative name: a deep tmp_path exceeds AF_UNIX's 108 bytes
+        here = os.getcwd()
+        with socket.socket(socket.AF_UNIX) as s:
+            os.chdir(path.parent)
+            try:
+                s.bind(path.name)
+            finally:
+                os.chdir(here)
     elif kind == "dangling-link":
         path.symlink_to(tmp_path / "nowhere")
     elif kind == "link-to-devnull":
