@@ -11,6 +11,8 @@ float32 reference and with the tl kernel. Timings (batch 1, bf16, 32/8 heads, D 
 kernel and the tl kernel (both without the host check), dense causal SDPA for dense cases, and the
 bf16 matmul ceiling measured in the same process; useful FLOPs = 4 * D * visible pairs (D = 96 for
 the *_hd96 cases, whose 128-wide tiles do 4/3 of that work: 75 % of the ceiling is their limit).
+FA4 and FlexAttention's FLASH backend (the `bench` extra, `flash_attn.cute`) are timed beside them
+on the same inputs unless --no-peers; where they cannot run their columns say "n/a (why)".
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import time
 import torch
 
 import sparsegen
+from sparsegen.commands.bench import peers
+from sparsegen.commands.bench.cases import is_time
 from sparsegen.commands.bench.common import measure_ceilings, median_ms
 from sparsegen.commands.bench.prefill import inputs, visible_pairs
 from sparsegen.kernels import prefill_gluon_template as tpl
@@ -117,7 +121,7 @@ def correctness(n_specs: int) -> list[dict]:
     return rows
 
 
-def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
+def timing(case: str, seq_len: int, matmul: float, sdpa: bool, peers_on: bool = True) -> dict:
     layer = CASES[case]()
     q, k, v, cu = inputs(layer, seq_len)
     g = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)
@@ -138,6 +142,13 @@ def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
         row["sdpa_ms"] = median_ms(lambda: f(qt, kt, vt, is_causal=True, enable_gqa=True))
         row["gluon_x_sdpa"] = row["sdpa_ms"] / row["gluon_ms"]  # > 1: Gluon is faster
         row["tl_x_sdpa"] = row["sdpa_ms"] / row["tl_ms"]
+    if peers_on:  # FA4 and FlexAttention's FLASH backend: "n/a (why)" where they cannot run
+        row["fa4_ms"] = peers.time_fa4(layer, q, k, v)[0]
+        row["flex_flash_ms"] = peers.time_flex(layer, q, k, v, backend="FLASH")[0]
+        for name in ("fa4", "flex_flash"):
+            if is_time(row[f"{name}_ms"]):
+                row[f"gluon_x_{name}"] = row[f"{name}_ms"] / row["gluon_ms"]  # > 1: Gluon is faster
+                row[f"{name}_of_ceiling"] = flops / (row[f"{name}_ms"] * 1e-3) / 1e12 / matmul
     torch.cuda.empty_cache()
     return row
 
@@ -252,6 +263,7 @@ def main() -> int:
     ap.add_argument("--variant-cases", default="dense,phi3small")
     ap.add_argument("--variant-lens", default="8192,32768")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per variant timing")
+    ap.add_argument("--no-peers", action="store_true", help="skip FA4 and FlexAttention's FLASH backend")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     report: dict = {}
@@ -281,13 +293,21 @@ def main() -> int:
     report["timings"] = []
     for case in args.cases.split(","):
         for n in (int(x) for x in args.lens.split(",")):
-            row = timing(case, n, ceil.matmul_tflop_s, sdpa=CASES[case]().is_dense)
+            row = timing(
+                case, n, ceil.matmul_tflop_s, sdpa=CASES[case]().is_dense, peers_on=not args.no_peers
+            )
             report["timings"].append(row)
             extra = (
                 f" sdpa {row['sdpa_ms']:.3f} ms (gluon x{row['gluon_x_sdpa']:.2f}, tl x{row['tl_x_sdpa']:.2f})"
                 if "sdpa_ms" in row
                 else ""
             )
+            for name in ("fa4", "flex_flash"):
+                got = row.get(f"{name}_ms")
+                if is_time(got):
+                    extra += f" | {name} {got:.3f} ms ({row[f'{name}_of_ceiling']:.0%}, gluon x{row[f'gluon_x_{name}']:.2f})"
+                elif got is not None:
+                    extra += f" | {name} {got}"
             print(
                 f"{case:14s} {n:6d}: gluon {row['gluon_ms']:.3f} ms ({row['gluon_of_ceiling']:.0%}) api "
                 f"{row['gluon_api_ms']:.3f} | tl {row['tl_ms']:.3f} ms ({row['tl_of_ceiling']:.0%}){extra} "
