@@ -32,7 +32,7 @@ def _layer(window: int, *, hkv: int = 1, group: int = 8, sinks: bool = False, **
                      **extra)  # fmt: skip
 
 
-def _check(layer, q_lens, k_lens, seed, dtype=torch.float16, pack=None):
+def _check(layer, q_lens, k_lens, seed, dtype=torch.float16, pack=1):
     kernel = get_prefill_kernel(layer, dtype=dtype, arch="interpreter")
     assert kernel.config.get("pack", 1) == pack, kernel.config  # the narrow rule did apply
     fp = FeatureProblem(
@@ -59,7 +59,7 @@ def test_group_16_packs_8_heads_twice_per_kv_head():
 
 def test_group_6_packs_2_and_group_1_does_not_pack():
     _check(_layer(40, hkv=1, group=6, sinks=True), [60, 9], [100, 9], seed=4, pack=2)
-    _check(_layer(40, hkv=3, group=1, sinks=True), [60], [100], seed=5, pack=None)
+    _check(_layer(40, hkv=3, group=1, sinks=True), [60], [100], seed=5, pack=1)
 
 
 def test_sink_tokens_soft_cap_and_head_dim_48_packed():
