@@ -283,3 +283,17 @@ def test_a_row_round_trips_through_json_and_renders_in_the_summary_table():
     header, line = table.splitlines()
     assert "fa4_ms" in header and "flex_flash_ms" in header and "x_best_peer" in header
     assert "n/a (flash_attn.cute not installed)" in line and "0.868" in line and "0.902" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, bench would run the benchmark")
+def test_bench_options_parse_and_a_bad_case_is_refused_by_name():
+    from click.testing import CliRunner
+
+    from sparsegen.cli import cli
+
+    ok = CliRunner().invoke(
+        cli, ["bench", "--kind", "prefill", "--long", "--case", "gpt-oss", "--case", "dense"]
+    )
+    assert ok.exit_code == 1 and "needs a CUDA GPU" in ok.output, ok.output  # the options parsed
+    bad = CliRunner().invoke(cli, ["bench", "--case", "gpt_oss"])
+    assert bad.exit_code == 2 and "'gpt_oss' is not one of" in bad.output
