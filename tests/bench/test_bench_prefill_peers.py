@@ -258,6 +258,9 @@ def test_an_fa4_that_raises_is_an_n_a_column_with_the_reason(monkeypatch):
 # -- FlexAttention wiring (its Triton path runs eagerly on the CPU) --------------------------
 
 
+@pytest.mark.filterwarnings(
+    "ignore:flex_attention called without torch.compile"
+)  # eager on the CPU, on purpose
 def test_flex_column_computes_the_layers_attention_with_softcap_and_sinks():
     layer = LayerSpec(4, 2, 32, (HeadSpec(block_size=16, sliding_window=20),) * 4, logit_softcap=4.0,
                       learned_sinks=True)  # fmt: skip
