@@ -3,6 +3,8 @@
     PYTHONPATH=$PWD python benchmarks/prefill/bench_prefill_gluon.py [--check N] [--cases dense,phi3small,window]
         [--lens 8192,32768,131072] [--json OUT.json]
     (head_dim 96: --cases dense_hd96,phi3small_hd96,window_hd96 --check 0)
+    (narrow windows: --narrow times the tl kernel on gpt-oss's window-128 layer, packed and not, at
+    --variant-lens, beside FA4 and FlexAttention)
 
 Correctness: N fuzzed specs (the first two are phi3small's sparse and dense layers) x a few
 varlen shapes (odd lengths, prefixes) x bf16/fp16, NaN-poisoned outputs, each compared with the
@@ -11,6 +13,8 @@ float32 reference and with the tl kernel. Timings (batch 1, bf16, 32/8 heads, D 
 kernel and the tl kernel (both without the host check), dense causal SDPA for dense cases, and the
 bf16 matmul ceiling measured in the same process; useful FLOPs = 4 * D * visible pairs (D = 96 for
 the *_hd96 cases, whose 128-wide tiles do 4/3 of that work: 75 % of the ceiling is their limit).
+FA4 and FlexAttention's FLASH backend (the `bench` extra, `flash_attn.cute`) are timed beside them
+on the same inputs unless --no-peers; where they cannot run their columns say "n/a (why)".
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import time
 import torch
 
 import sparsegen
+from sparsegen import HeadSpec, LayerSpec
+from sparsegen.commands.bench import peers
+from sparsegen.commands.bench.cases import is_time
 from sparsegen.commands.bench.common import measure_ceilings, median_ms
 from sparsegen.commands.bench.prefill import inputs, visible_pairs
 from sparsegen.kernels import prefill_gluon_template as tpl
@@ -117,7 +124,7 @@ def correctness(n_specs: int) -> list[dict]:
     return rows
 
 
-def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
+def timing(case: str, seq_len: int, matmul: float, sdpa: bool, peers_on: bool = True) -> dict:
     layer = CASES[case]()
     q, k, v, cu = inputs(layer, seq_len)
     g = get_gluon_prefill_kernel(layer, dtype=torch.bfloat16)
@@ -138,6 +145,13 @@ def timing(case: str, seq_len: int, matmul: float, sdpa: bool) -> dict:
         row["sdpa_ms"] = median_ms(lambda: f(qt, kt, vt, is_causal=True, enable_gqa=True))
         row["gluon_x_sdpa"] = row["sdpa_ms"] / row["gluon_ms"]  # > 1: Gluon is faster
         row["tl_x_sdpa"] = row["sdpa_ms"] / row["tl_ms"]
+    if peers_on:  # FA4 and FlexAttention's FLASH backend: "n/a (why)" where they cannot run
+        row["fa4_ms"] = peers.time_fa4(layer, q, k, v)[0]
+        row["flex_flash_ms"] = peers.time_flex(layer, q, k, v, backend="FLASH")[0]
+        for name in ("fa4", "flex_flash"):
+            if is_time(row[f"{name}_ms"]):
+                row[f"gluon_x_{name}"] = row[f"{name}_ms"] / row["gluon_ms"]  # > 1: Gluon is faster
+                row[f"{name}_of_ceiling"] = flops / (row[f"{name}_ms"] * 1e-3) / 1e12 / matmul
     torch.cuda.empty_cache()
     return row
 
@@ -169,6 +183,56 @@ VARIANTS = {  # {} is the rule's choice for the case (prefill_gluon_template.con
     "c2_n128_s2_vpair_kv": {**BASE, "block_n": 128, "stages": 2, "vpair": True, "kv_major": True},
     "c2_n128_s3_vpair_kv": {**BASE, "block_n": 128, "stages": 3, "vpair": True, "kv_major": True},
 }
+
+
+NARROW_CASES = {  # gpt-oss's window layer, and the same window without GQA
+    "gpt_oss": LayerSpec(64, 8, 64, (HeadSpec(block_size=64, sliding_window=128),) * 64, learned_sinks=True),
+    "w128_mha": LayerSpec(
+        16, 16, 64, (HeadSpec(block_size=64, sliding_window=128),) * 16, learned_sinks=True
+    ),
+}
+
+
+def narrow(lens: list[int], matmul: float) -> list[dict]:
+    """The tl kernel on narrow windows with the rule's config (packed GQA heads, 32-key tiles:
+    prefill_template.narrow_config) and with the rule turned off (today's 128 x 64 tiles, one
+    head per program), beside FA4 and FlexAttention (Triton, FLASH), on the same inputs."""
+    from sparsegen.kernels import prefill as prefill_mod
+    from sparsegen.kernels import prefill_template
+
+    rows = []
+    for case, layer in NARROW_CASES.items():
+        rule = get_prefill_kernel(layer, dtype=torch.bfloat16, variant="tl")
+        keep = prefill_template.narrow_config
+        prefill_template.narrow_config = lambda layer, config, arch: config
+        prefill_mod.forget()
+        try:
+            wide = get_prefill_kernel(layer, dtype=torch.bfloat16, variant="tl")
+        finally:
+            prefill_template.narrow_config = keep
+            prefill_mod.forget()
+        for n in lens:
+            q, k, v, cu = inputs(layer, n)
+            sinks = torch.randn(layer.num_heads, device="cuda")  # [H] fp32
+            out = rule(q, k, v, cu, cu, sinks=sinks)
+            row = {"case": case, "seq_len": n, "config": rule.config}
+            row["rel_err_narrow_vs_wide"] = rel_err(out, wide(q, k, v, cu, cu, sinks=sinks))
+            for name, kernel in (("narrow", rule), ("wide", wide)):
+                row[f"{name}_ms"] = median_ms(
+                    functools.partial(kernel, q, k, v, cu, cu, check=False, sinks=sinks)
+                )
+            row["fa4_ms"] = peers.time_fa4(layer, q, k, v, sinks)[0]
+            row["flex_ms"] = peers.time_flex(layer, q, k, v, sinks)[0]
+            row["flex_flash_ms"] = peers.time_flex(layer, q, k, v, sinks, backend="FLASH")[0]
+            flops = 4 * layer.head_dim * visible_pairs(layer, n)
+            for name in ("narrow", "wide", "fa4", "flex", "flex_flash"):
+                if is_time(row[f"{name}_ms"]):
+                    row[f"{name}_of_ceiling"] = flops / (row[f"{name}_ms"] * 1e-3) / 1e12 / matmul
+                    row[f"narrow_x_{name}"] = row[f"{name}_ms"] / row["narrow_ms"]  # > 1: narrow is faster
+            rows.append(row)
+            print(json.dumps(row, default=str), flush=True)
+            torch.cuda.empty_cache()
+    return rows
 
 
 def _sm_clock_mhz() -> float:
@@ -252,11 +316,13 @@ def main() -> int:
     ap.add_argument("--variant-cases", default="dense,phi3small")
     ap.add_argument("--variant-lens", default="8192,32768")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per variant timing")
+    ap.add_argument("--no-peers", action="store_true", help="skip FA4 and FlexAttention's FLASH backend")
+    ap.add_argument("--narrow", action="store_true", help="time the tl kernel's narrow-window rule first")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     report: dict = {}
     t0 = time.perf_counter()
-    for case in args.cases.split(","):  # cold builds, timed
+    for case in [c for c in args.cases.split(",") if c]:  # cold builds, timed
         for dt in (torch.bfloat16, torch.float16):
             s = time.perf_counter()
             get_gluon_prefill_kernel(CASES[case](), dtype=dt)
@@ -277,17 +343,27 @@ def main() -> int:
         )
     ceil = measure_ceilings()
     report["ceilings"] = ceil.to_dict()
+    if args.narrow:
+        report["narrow"] = narrow([int(x) for x in args.variant_lens.split(",")], ceil.matmul_tflop_s)
     print(f"ceilings: matmul {ceil.matmul_tflop_s:.0f} TFLOP/s, copy {ceil.copy_tb_s:.2f} TB/s", flush=True)
     report["timings"] = []
-    for case in args.cases.split(","):
+    for case in [c for c in args.cases.split(",") if c]:
         for n in (int(x) for x in args.lens.split(",")):
-            row = timing(case, n, ceil.matmul_tflop_s, sdpa=CASES[case]().is_dense)
+            row = timing(
+                case, n, ceil.matmul_tflop_s, sdpa=CASES[case]().is_dense, peers_on=not args.no_peers
+            )
             report["timings"].append(row)
             extra = (
                 f" sdpa {row['sdpa_ms']:.3f} ms (gluon x{row['gluon_x_sdpa']:.2f}, tl x{row['tl_x_sdpa']:.2f})"
                 if "sdpa_ms" in row
                 else ""
             )
+            for name in ("fa4", "flex_flash"):
+                got = row.get(f"{name}_ms")
+                if is_time(got):
+                    extra += f" | {name} {got:.3f} ms ({row[f'{name}_of_ceiling']:.0%}, gluon x{row[f'gluon_x_{name}']:.2f})"
+                elif got is not None:
+                    extra += f" | {name} {got}"
             print(
                 f"{case:14s} {n:6d}: gluon {row['gluon_ms']:.3f} ms ({row['gluon_of_ceiling']:.0%}) api "
                 f"{row['gluon_api_ms']:.3f} | tl {row['tl_ms']:.3f} ms ({row['tl_of_ceiling']:.0%}){extra} "

@@ -30,6 +30,7 @@ EXTRAS = {
     "core": ("torch", "triton", "jinja2", "click", "filelock", "safetensors", "tqdm", "numpy"),
     "cu12": ("cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc-cu12"),
     "cu13": ("cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc"),
+    "bench": ("flash-attn-4", "nvidia-cutlass-dsl"),
     "fuzz": ("hypothesis",),
     "hf": ("transformers",),
     "model": ("tiktoken", "tokenizers"),

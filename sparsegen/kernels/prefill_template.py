@@ -62,6 +62,45 @@ def pick_config(dtype: str, head_dim: int, arch: str) -> dict[str, int]:
     return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}  # sm_86/89: ~100 KB smem
 
 
+NARROW_WINDOW = 128  # windows up to this many keys get narrow key tiles and packed GQA heads
+MIN_TILE_ROWS = {"gpu": 16, INTERPRETER_ARCH: 4}  # positions per packed tile, at least
+
+
+def narrow_config(layer: LayerSpec, config: dict[str, int], arch: str) -> dict[str, int]:
+    """`config` for a narrow-window layer: every head the same plain window of at most
+    NARROW_WINDOW keys (sink tokens allowed). A query tile of BLOCK_M positions there needs keys
+    [m0 - w + 1, m0 + BLOCK_M): mostly masked where BLOCK_M and BLOCK_N are wide next to w. So
+
+      pack     the tile holds `pack` query heads of one KV group x BLOCK_M // pack positions (the
+               largest power of two dividing the group size that leaves MIN_TILE_ROWS positions):
+               the heads share each K/V tile and the near range spans BLOCK_M // pack positions;
+      block_n  32 keys per step on a GPU (the interpreter's 16 already is narrow);
+      block_m  64 on a GPU when nothing packs (G = 1), with 4 warps.
+
+    Any other layer, and head dims above 128 on a GPU (already 64 x 32 tiles), get `config`
+    itself: their source, and so their key, stay as they were."""
+    head = layer.heads[0]
+    if any(h != head for h in layer.heads) or head.kind not in ("window", "window+sink"):
+        return config
+    if head.sliding_window > NARROW_WINDOW:
+        return config
+    gpu = arch != INTERPRETER_ARCH
+    if gpu and layer.head_dim > 128:
+        return config
+    out = dict(config)
+    if gpu:
+        out["block_n"] = min(out["block_n"], 32)
+    pack = 1
+    min_rows = MIN_TILE_ROWS["gpu" if gpu else INTERPRETER_ARCH]
+    while layer.group_size % (2 * pack) == 0 and out["block_m"] // (2 * pack) >= min_rows:
+        pack *= 2
+    if pack > 1:
+        out["pack"] = pack
+    elif gpu:
+        out.update(block_m=64, num_warps=4)
+    return out
+
+
 def signature(dtype: str, learned_sinks: bool = False) -> dict[str, str]:
     """Triton's argument types of prefill_kernel for `dtype` ('fp16' / 'bf16' / 'fp32'); with
     `learned_sinks` the `Sinks` pointer (float32 [H]) follows O."""
@@ -153,6 +192,7 @@ def template_constants(layer: LayerSpec, config: dict[str, int]) -> dict[str, An
         "group_size": layer.group_size,
         "block_m": config["block_m"],
         "block_n": config["block_n"],
+        "pack": config.get("pack", 1),  # query heads per tile (narrow_config); 1: one head per tile
         "paths": paths,
         "softcap": bool(layer.logit_softcap),
         # the cap as an exact ratio of ints (templates take typed constants only, no floats)

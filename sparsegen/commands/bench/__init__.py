@@ -12,11 +12,10 @@ from ...log import get_logger
 from ...presets import get_pattern
 from ...spec import ModelSpec
 from .. import progress
+from .cases import LAYERS, select_cases
 
-PREFILL_CASES = [("phi3small", 8192), ("phi3small", 32768), ("phi3small", 131072),
-                 ("sliding-window", 32768), ("sliding-window", 131072),
-                 ("dense", 8192), ("dense", 32768), ("dense", 131072)]  # fmt: skip
 NAN = float("nan")
+RESULT_FORMAT = "sparsegen.bench/2"  # prefill rows carry "peers", "of_ceiling", "best_peer", "x_best_peer"
 log = get_logger(__name__)
 
 # The summary tables: (header, value from one result row); "x_*" are speed-ups of sparsegen.
@@ -29,12 +28,17 @@ SUMMARY_COLUMNS = {
         ("api_ms", lambda r: r["sparsegen_api_ms"]),
         ("api_max_ms", lambda r: r.get("sparsegen_api_max_seqlen_ms", NAN)),
         ("sdpa_ms", lambda r: r["sdpa_dense_ms"]),
-        ("flex_ms", lambda r: r.get("flex_ms", NAN)),
+        ("flex_ms", lambda r: r.get("peers", {}).get("flex", r.get("flex_ms", NAN))),
+        ("flex_flash_ms", lambda r: r.get("peers", {}).get("flex_flash", NAN)),
+        ("fa4_ms", lambda r: r.get("peers", {}).get("fa4", NAN)),
         ("floor_ms", lambda r: r["floor_ms"]),
         ("x_sdpa", lambda r: r["sdpa_dense_ms"] / r["sparsegen_ms"]),
         ("x_flex", lambda r: r.get("flex_ms", NAN) / r["sparsegen_ms"]),
+        ("best_peer", lambda r: r.get("best_peer") or "-"),
+        ("x_best_peer", lambda r: r.get("x_best_peer", NAN)),
         ("of_floor", lambda r: r["sparsegen_ms"] / r["floor_ms"]),
         ("of_ceiling", lambda r: r["floor_ms"] / r["sparsegen_ms"]),
+        ("fa4_of_ceiling", lambda r: r.get("of_ceiling", {}).get("fa4") or NAN),
         ("api_of_ceiling", lambda r: r["floor_ms"] / r.get("sparsegen_api_max_seqlen_ms", NAN)),
     ],
     "decode": [
@@ -60,6 +64,14 @@ def _sparse_layer(model: ModelSpec):
 @click.command(name="bench")
 @click.option("--kind", type=click.Choice(["prefill", "decode", "all"]), default="all", show_default=True)
 @click.option("--max-seq-len", type=int, default=131072, show_default=True, help="Skip longer cases.")
+@click.option("--long", "long_cases", is_flag=True, help="Also run the 128K prefill cases (slow).")
+@click.option(
+    "--case",
+    "case_names",
+    multiple=True,
+    type=click.Choice(list(LAYERS)),
+    help="Run only these prefill cases (repeatable; default: all).",
+)
 @click.option("--no-flex", is_flag=True, help="Skip FlexAttention (its compile takes a while per shape).")
 @click.option(
     "--flex-max-seq-len",
@@ -69,11 +81,15 @@ def _sparse_layer(model: ModelSpec):
     help="Run FlexAttention only up to this length (each new shape recompiles it).",
 )
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None, help="Write JSON here.")
-def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, out: str | None) -> None:
-    """Time sparsegen's kernels against dense SDPA and FlexAttention on Phi-3-Small shapes.
+def command(kind: str, max_seq_len: int, long_cases: bool, case_names: tuple[str, ...], no_flex: bool,
+            flex_max_seq_len: int, out: str | None) -> None:  # fmt: skip
+    """Time sparsegen's kernels against their peers: prefill against SDPA, FlexAttention (Triton
+    and FLASH backends) and FlashAttention-4 on dense, window, Phi-3-Small, gpt-oss and Gemma-2
+    layers; decode against dense SDPA and FlexAttention on Phi-3-Small shapes.
 
     Ratios come from one process on one GPU; the ceilings (copy bandwidth, bf16 matmul) are
-    measured first, in the same run.
+    measured first, in the same run. FA4 and the FLASH backend need the `bench` extra
+    (`flash_attn.cute`); without it their columns read "n/a (flash_attn.cute not installed)".
     """
     if not torch.cuda.is_available():
         raise ImplUnavailableError("sparsegen bench needs a CUDA GPU; torch sees none")
@@ -84,13 +100,15 @@ def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, o
     def flex(seq: int) -> bool:
         return not no_flex and seq <= flex_max_seq_len
 
-    prefill_cases = [(p, s) for p, s in PREFILL_CASES if kind in ("prefill", "all") and s <= max_seq_len]
+    prefill_cases = select_cases(long=long_cases, max_seq_len=max_seq_len, names=case_names)
+    prefill_cases = prefill_cases if kind in ("prefill", "all") else []
     decode_cases = [(p, b, s) for p, b, s in DECODE_CASES if kind in ("decode", "all") and s <= max_seq_len]
     ceilings = measure_ceilings()
     gpu = torch.cuda.get_device_name()
     log.info(f"{gpu}: copy {ceilings.copy_tb_s:.2f} TB/s, bf16 matmul {ceilings.matmul_tflop_s:.0f} TFLOP/s")
     bar = progress.bar(len(prefill_cases) + len(decode_cases), "bench", unit="case")
     result = {
+        "format": RESULT_FORMAT,
         "gpu": gpu,
         "torch": torch.__version__,
         "ceilings": ceilings.to_dict(),
@@ -98,10 +116,10 @@ def command(kind: str, max_seq_len: int, no_flex: bool, flex_max_seq_len: int, o
         "decode": [],
     }
     with bar:
-        for pattern, seq in prefill_cases:
-            bar.note(f"prefill {pattern} {seq}")
-            row = prefill.bench_case(_sparse_layer(get_pattern(pattern)), seq, ceilings, flex=flex(seq))
-            row["pattern"] = pattern
+        for case in prefill_cases:
+            bar.note(f"prefill {case.name} {case.seq_len}")
+            row = prefill.bench_case(case.layer(), case.seq_len, ceilings, flex=flex(case.seq_len))
+            row["pattern"] = row["case"] = case.name
             result["prefill"].append(row)
             bar.echo(json.dumps(row))
             bar.update(1)

@@ -90,10 +90,11 @@ class PrefillKernel(Kernel):
         out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)  # [Tq, H, D]
         # Tk (or max_seqlen_k) bounds every sequence's k_len: no device sync; extra tiles exit at once.
         longest = k.shape[0] if max_seqlen_k is None else min(int(max_seqlen_k), k.shape[0])
-        n_tiles = triton.cdiv(longest, self.config["block_m"])
+        pack = self.config.get("pack", 1)  # query heads per program (narrow windows, GQA)
+        n_tiles = triton.cdiv(longest, self.config["block_m"] // pack)
         if q.shape[0] == 0 or n_tiles == 0:
             return Launch(out)
-        grid = ((cu_seqlens_q.shape[0] - 1) * self.layer.num_heads, n_tiles, 1)
+        grid = ((cu_seqlens_q.shape[0] - 1) * (self.layer.num_heads // pack), n_tiles, 1)
         feature_args = (sinks,) if self.layer.learned_sinks else ()
         args = (
             q, k, v, out, *feature_args, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
@@ -166,7 +167,8 @@ class TritonPrefill(Family):
             )
 
     def config(self, request: Request) -> dict[str, int]:
-        return tpl.pick_config(request.dtype, request.layer.head_dim, request.arch)
+        config = tpl.pick_config(request.dtype, request.layer.head_dim, request.arch)
+        return tpl.narrow_config(request.layer, config, request.arch)
 
     def name(self, request: Request) -> str:
         return tpl.kernel_name(request.layer, request.dtype, request.variant)
