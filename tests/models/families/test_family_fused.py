@@ -165,3 +165,19 @@ def test_dense_attention_forces_every_layer_dense_with_features_kept(checkpoints
     assert forced == LLMEngine(reference).generate([prompt], params)[0].token_ids
     with pytest.raises(InputError, match="dense_attention must be a bool"):
         EngineConfig(dense_attention=1)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 7])
+def test_moe_static_routing_equals_the_routed_loop(checkpoints, tokens):
+    """The mixture with no host read of the routing (what a CUDA graph or torch.compile runs):
+    the gathered experts (few tokens) and the every-expert sum both equal the host-routed loop."""
+    model = load_checkpoint(checkpoints["gpt_oss"], dtype=torch.float32)
+    moe = model.model.layers[0].mlp
+    x = torch.randn(tokens, model.config.hidden_size, generator=torch.Generator().manual_seed(tokens))
+    want = moe(x)  # on a CPU: the loop over the experts the tokens route to
+    top, idx = torch.topk(moe.router(x), moe.top_k, dim=-1)
+    weights = torch.softmax(top, dim=-1)
+    got = moe.static_routing(x, idx, weights)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    gathered = (moe.experts.routed(x, idx) * weights[..., None]).sum(1)
+    torch.testing.assert_close(gathered, want, rtol=1e-5, atol=1e-5)
