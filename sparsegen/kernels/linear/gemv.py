@@ -170,7 +170,7 @@ def _plan(x, weight, bias, gegelu_limit, norm, rope, block_n, block_k, num_warps
     if paired and n % 2:
         raise InputError(f"gemv with GeGeLU / glu needs an even number of weight rows, got {n}")
     if sum(v is not None for v in (gegelu_limit, rope, glu)) > 1:
-        raise InputError("gemv takes one of gegelu_limit, glu and rope")
+        raise InputError("gemv takes gegelu_limit, glu or rope, one at most (not both of any two)")
     mode = "gegelu" if paired else "rope" if rope is not None else "plain"
     x = x.contiguous()
     res = lnw = lnb = None

@@ -181,3 +181,12 @@ def test_moe_static_routing_equals_the_routed_loop(checkpoints, tokens):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     gathered = (moe.experts.routed(x, idx) * weights[..., None]).sum(1)
     torch.testing.assert_close(gathered, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_attention_reaches_a_model_built_from_a_source():
+    from sparsegen.parallel.source import ModelSource
+
+    engine = LLMEngine(ModelSource(random="tiny", seed=1), device="cpu", dense_attention=True)
+    assert all(layer.is_dense for layer in engine.model.spec.layers)
+    own = LLMEngine(ModelSource(random="tiny", seed=1), device="cpu")
+    assert not all(layer.is_dense for layer in own.model.spec.layers)
