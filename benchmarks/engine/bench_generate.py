@@ -5,6 +5,8 @@ the model's own attention vs every layer forced dense.
                                                          [--gemv both] [--random mistral-7b] [--dense-attention]
                                                          [--only decode_b1,ttft_32k]
     PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py --smoke   # CPU, tiny model, short prompts
+    # issue 31's window-vs-dense rows, both modes in one process (a few minutes: split with --only)
+    PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py --random mistral-7b --quick --only decode_b1,ttft_32k
 
 In one run, with the same weights, for sparse attention and for every layer dense (and, with
 `--compile both`, for decode steps with and without torch.compile inside the CUDA graphs; with
