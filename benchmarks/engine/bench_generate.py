@@ -1,9 +1,12 @@
 """End-to-end random weights of a named size (Phi-3-Small `7b` by default, bf16) through the engine:
-the model's own attention vs every layer dense.
+the model's own attention vs every layer forced dense.
 
     PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py [--out generate.json] [--quick] [--compile both]
-                                                         [--gemv both] [--size mistral-7b] [--modes dense]
+                                                         [--gemv both] [--random mistral-7b] [--dense-attention]
+                                                         [--only decode_b1,ttft_32k]
     PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py --smoke   # CPU, tiny model, short prompts
+    # issue 31's window-vs-dense rows, both modes in one process (a few minutes: split with --only)
+    PYTHONPATH=$PWD python3 benchmarks/engine/bench_generate.py --random mistral-7b --quick --only decode_b1,ttft_32k
 
 In one run, with the same weights, for sparse attention and for every layer dense (and, with
 `--compile both`, for decode steps with and without torch.compile inside the CUDA graphs; with
@@ -16,9 +19,17 @@ the GEMV on a GPU since session 8):
   prompt. Only decode steps are timed (from the step after every sequence has its first
   token), after a few warm-up steps (kernel compiles and CUDA-graph captures happen before
   the timed window);
-- `--size` picks the model: `7b` or a family preset (mistral-7b, llama3-8b, qwen2-7b, gemma2-9b,
-  gpt-oss-20b; `models.families.PRESETS`); `--modes dense` alone forces every layer dense. A
-  model whose context is shorter than a prompt length measures it at its context less a margin;
+- `--random` (or `--size`) picks the model: `7b` or a family preset (mistral-7b, llama3-8b,
+  qwen2-7b, gemma2-9b, gpt-oss-20b; `models.families.PRESETS`). The mode `dense` builds each
+  engine with `EngineConfig.dense_attention` (every layer dense causal, its soft-cap, sinks and
+  scale kept); `--dense-attention` measures that mode alone (`--modes dense`), and the default
+  measures both in this process. A model whose context is shorter than a prompt length measures
+  it at its context less a margin;
+- at batch 1 on a GPU, the step's floor: the weights one step reads (all but the embedding
+  table; of a mixture of experts only the routed top-k of every layer's experts) plus the KV
+  pages each layer reads at that context (`profile_decode_step.kv_read_bytes`), at the copy rate
+  measured in this process, and the step's share of it (`floor %`);
+- `--only` measures a subset (ttft_8k, ttft_32k, decode_b1, decode_b32), to keep a call short;
 - the KV cache each engine allocated (pages, tokens, GiB) and the peak GPU memory of each
   measurement (torch.cuda.max_memory_allocated, weights included);
 - `--kv-cache-dtype fp8` builds every engine with an fp8 KV cache (same `--kv-gib` budget, so
@@ -67,6 +78,7 @@ class Setup:
     kv_gib: float  # KV cache budget (GPU)
     chunk: int | None  # prefill tokens per step; None: the engine's default
     kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype: "auto" (the model's) or an fp8 name
+    dense_attention: bool = False  # EngineConfig.dense_attention: every layer forced dense
 
 
 def new_engine(model, setup: Setup) -> LLMEngine:
@@ -76,8 +88,10 @@ def new_engine(model, setup: Setup) -> LLMEngine:
         torch.cuda.reset_peak_memory_stats()
     kv_bytes = int(setup.kv_gib * GIB) if model.device.type == "cuda" else (64 << 20)
     chunks = {} if setup.chunk is None else {"max_num_batched_tokens": setup.chunk}
+    model.set_force_dense(False)  # the engine forces it dense again with dense_attention
     return LLMEngine(model, kv_cache_bytes=kv_bytes, max_num_seqs=32, use_cuda_graphs=setup.graphs,
-                     compile_model=setup.compiled, kv_cache_dtype=setup.kv_cache_dtype, **chunks)  # fmt: skip
+                     compile_model=setup.compiled, kv_cache_dtype=setup.kv_cache_dtype,
+                     dense_attention=setup.dense_attention, **chunks)  # fmt: skip
 
 
 def kv_info(engine: LLMEngine) -> dict:
@@ -115,26 +129,72 @@ def decode_rate(model, batch: int, length: int, steps: int, warm_steps: int, set
             "peak_gib": peak_gib(), "kv": kv_info(engine)}  # fmt: skip
 
 
-def run_mode(model, mode: str, name: str, compiled: bool, args, sizes, kv_cache_dtype: str = "auto") -> dict:
+MEASURES = ("ttft_8k", "ttft_32k", "decode_b1", "decode_b32")
+
+
+def step_weight_bytes(model) -> int:
+    """Weight bytes one batch-1 decode step reads: every parameter but the embedding table (one
+    row of it is read; a tied lm_head reads it whole), and of a mixture of experts only the
+    top-k experts of each layer."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.model.embed_tokens.weight
+    if embed is not model.lm_head.weight:
+        total -= embed.numel() * embed.element_size()
+    cfg = model.config
+    if getattr(cfg, "num_experts", 0):
+        experts = sum(p.numel() * p.element_size() for layer in model.model.layers
+                      for p in layer.mlp.experts.parameters())  # fmt: skip
+        total -= experts * (cfg.num_experts - cfg.experts_per_tok) // cfg.num_experts
+    return total
+
+
+def floor_of(model, row: dict, copy_tb_s: float | None, mode: str) -> dict:
+    """The batch-1 step's weight + KV read floor at the copy rate, and the step's share of it."""
+    from profile_decode_step import kv_read_bytes
+
+    model.set_force_dense(mode == "dense")  # the layers the engine ran (kv_read_bytes reads model.spec)
+    kv = kv_read_bytes(model, 1, row["context"] + row["steps_before"])
+    weights = step_weight_bytes(model)
+    floor_ms = (weights + kv) / (copy_tb_s * 1e12) * 1e3
+    return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "copy_tb_s": copy_tb_s, "floor_ms": floor_ms,
+            "floor_pct": 100 * floor_ms / row["step_ms"]}  # fmt: skip
+
+
+def run_mode(model, mode: str, name: str, compiled: bool, args, sizes, kv_cache_dtype: str = "auto",
+             copy_tb_s: float | None = None) -> dict:  # fmt: skip
     short, long, big_batch, steps, warm = sizes
     setup = Setup(graphs=not args.no_cuda_graphs, compiled=compiled, kv_gib=args.kv_gib, chunk=args.chunk,
-                  kv_cache_dtype=kv_cache_dtype)  # fmt: skip
-    model.set_force_dense(mode == "dense")
-    r = {
-        "ttft_8k": ttft(model, short, setup),
-        "ttft_32k": ttft(model, long, setup),
-        "decode_b1": decode_rate(model, 1, short, steps, warm, setup),
-        "decode_b32": decode_rate(model, big_batch, short, steps, warm, setup),
+                  kv_cache_dtype=kv_cache_dtype, dense_attention=mode == "dense")  # fmt: skip
+    runs = {
+        "ttft_8k": lambda: ttft(model, short, setup),
+        "ttft_32k": lambda: ttft(model, long, setup),
+        "decode_b1": lambda: decode_rate(model, 1, short, steps, warm, setup),
+        "decode_b32": lambda: decode_rate(model, big_batch, short, steps, warm, setup),
     }
-    kv = r["decode_b1"]["kv"]
-    print(
-        f"{name:20s} TTFT {short} {r['ttft_8k']['ttft_s'] * 1e3:8.1f} ms  TTFT {long} {r['ttft_32k']['ttft_s'] * 1e3:8.1f} ms  "
-        f"b1 {r['decode_b1']['tokens_per_s']:7.1f} tok/s ({r['decode_b1']['step_ms']:.2f} ms/step)  "
-        f"b{big_batch} {r['decode_b32']['tokens_per_s']:8.1f} tok/s ({r['decode_b32']['step_ms']:.2f} ms/step)  "
-        f"KV {kv['pages']} pages = {kv['tokens']} tokens ({kv['gib']:.1f} GiB)  "
-        f"peak {max(x['peak_gib'] for x in r.values()):.1f} GiB",
-        flush=True,
-    )  # fmt: skip
+    r = {key: runs[key]() for key in MEASURES if key in args.only}
+    if "decode_b1" in r and copy_tb_s is not None:
+        r["decode_b1"]["floor"] = floor_of(
+            model, {**r["decode_b1"], "steps_before": warm + 2}, copy_tb_s, mode
+        )
+    parts = [f"{name:20s}", "forced dense" if mode == "dense" else "own attention"]
+    if "ttft_8k" in r:
+        parts.append(f"TTFT {short} {r['ttft_8k']['ttft_s'] * 1e3:8.1f} ms")
+    if "ttft_32k" in r:
+        parts.append(f"TTFT {long} {r['ttft_32k']['ttft_s'] * 1e3:8.1f} ms")
+    if "decode_b1" in r:
+        b1 = r["decode_b1"]
+        parts.append(f"b1 {b1['tokens_per_s']:7.1f} tok/s ({b1['step_ms']:.2f} ms/step)")
+        if "floor" in b1:
+            f = b1["floor"]
+            parts.append(f"floor {f['floor_ms']:.2f} ms = {f['floor_pct']:.1f} % (weights {f['weights_gb']:.2f} GB + "
+                         f"KV {f['kv_gb']:.3f} GB at {f['copy_tb_s']:.2f} TB/s)")  # fmt: skip
+    if "decode_b32" in r:
+        bb = r["decode_b32"]
+        parts.append(f"b{big_batch} {bb['tokens_per_s']:8.1f} tok/s ({bb['step_ms']:.2f} ms/step)")
+    kv = next(iter(r.values()))["kv"]
+    parts.append(f"KV {kv['pages']} pages = {kv['tokens']} tokens ({kv['gib']:.1f} GiB)  "
+                 f"peak {max(x['peak_gib'] for x in r.values()):.1f} GiB")  # fmt: skip
+    print("  ".join(parts), flush=True)
     return r
 
 
@@ -152,10 +212,19 @@ def main() -> None:
     )
     ap.add_argument(
         "--size",
+        "--random",
+        dest="size",
         default="7b",
         choices=RANDOM_NAMES,
         help="random weights of this named size (a family preset, or Phi-3-Small's 7b)",
     )
+    ap.add_argument(
+        "--dense-attention",
+        action="store_true",
+        help="measure only the model forced dense (EngineConfig.dense_attention; same as --modes dense)",
+    )
+    ap.add_argument("--only", default=",".join(MEASURES),
+                    help=f"comma-separated measurements, of {', '.join(MEASURES)} (default: all)")  # fmt: skip
     ap.add_argument("--gemv", choices=["default", "off", "on", "both"], default="default",
                     help="batch-1 linear layers through the Triton GEMV (ModelOptions.triton_gemv; "
                          "default: the model's own choice, on for a GPU)")  # fmt: skip
@@ -168,6 +237,12 @@ def main() -> None:
         "--smoke", action="store_true", help="check the script on a CPU: tiny model, short prompts"
     )
     args = ap.parse_args()
+    if args.dense_attention:
+        args.modes = "dense"
+    args.only = args.only.split(",")
+    bad = sorted(set(args.only) - set(MEASURES)) + sorted(set(args.modes.split(",")) - {"sparse", "dense"})
+    if bad or not args.only:
+        ap.error(f"unknown measurement or mode {bad}; --only takes {MEASURES}, --modes sparse and dense")
     flags = {"off": [False], "on": [True], "both": [False, True]}
     gemv_flags = {"default": [None], **flags}
     # torch.compile traces the plain linear layers (the GEMV is an eager kernel): no compile+gemv run
@@ -195,6 +270,12 @@ def main() -> None:
         f"{size} random weights ({weights / 1e9:.2f} GB) built in {time.perf_counter() - t0:.1f} s",
         flush=True,
     )
+    copy_tb_s = None
+    if device == "cuda":
+        from sparsegen.commands.bench.common import measure_ceilings
+
+        copy_tb_s = measure_ceilings().copy_tb_s
+        print(f"copy rate {copy_tb_s:.2f} TB/s (2 GiB buffers, this process)", flush=True)
     rows = {}
 
     def save() -> None:  # after every run: a call stopped by its time limit keeps what it measured
@@ -213,18 +294,22 @@ def main() -> None:
                 kv_suffix = "" if kv_dtype == "auto" else f"+{kv_dtype}"
                 name = f"{mode}{'+compile' if compiled else ''}{suffix}{kv_suffix}"
                 sizes = (short, long, big_batch, steps, warm)
-                rows[name] = run_mode(model, mode, name, compiled, args, sizes, kv_dtype)
+                rows[name] = run_mode(model, mode, name, compiled, args, sizes, kv_dtype, copy_tb_s)
                 save()
     model.set_triton_gemv(default_gemv)
     if "sparse" in rows and "dense" in rows:
         s, d = rows["sparse"], rows["dense"]
-        print(
-            f"== summary ({size} random, {dtype}, {short}-token prompts for decode; sparse speed-up over dense)"
-        )
-        print(f"TTFT {short} x{d['ttft_8k']['ttft_s'] / s['ttft_8k']['ttft_s']:.2f}   "
-              f"TTFT {long} x{d['ttft_32k']['ttft_s'] / s['ttft_32k']['ttft_s']:.2f}   "
-              f"decode b1 x{s['decode_b1']['tokens_per_s'] / d['decode_b1']['tokens_per_s']:.2f}   "
-              f"decode b{big_batch} x{s['decode_b32']['tokens_per_s'] / d['decode_b32']['tokens_per_s']:.2f}")  # fmt: skip
+        print(f"== summary ({size} random, {dtype}, {short}-token prompts for decode; the model's own "
+              "attention, speed-up over the same model forced dense)")  # fmt: skip
+        out = []
+        if "ttft_8k" in s:
+            out.append(f"TTFT {short} x{d['ttft_8k']['ttft_s'] / s['ttft_8k']['ttft_s']:.2f}")
+        if "ttft_32k" in s:
+            out.append(f"TTFT {long} x{d['ttft_32k']['ttft_s'] / s['ttft_32k']['ttft_s']:.2f}")
+        for key, b in (("decode_b1", 1), ("decode_b32", big_batch)):
+            if key in s:
+                out.append(f"decode b{b} x{s[key]['tokens_per_s'] / d[key]['tokens_per_s']:.2f}")
+        print("   ".join(out))
 
 
 if __name__ == "__main__":

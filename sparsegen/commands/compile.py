@@ -2,8 +2,8 @@
 
 A model's layers often share one spec (Phi-3-Small: one sparse and one dense layer kind), so
 each distinct LayerSpec is built once per kernel kind. With --model-kernels the kernels the
-Phi-3-Small model launches besides attention are built too (GEMV, few-row GEMM, rotary + KV
-write, GeGeLU, add + LayerNorm: `models.kernel_plan`), each record with its own kind. Progress
+model (Phi-3-Small, or a decoder family's config.json) launches besides attention are built too
+(GEMV, few-row GEMM, rotary + KV write, GeGeLU, add + LayerNorm / RMSNorm: `models.kernel_plan`), each record with its own kind. Progress
 goes to stderr, one line per kernel and a summary; stdout gets a table, or with --json the list DESIGN §3 promises:
     [{"kind", "name", "key", "arch", "status", "seconds", "path"}, ...]
 """
@@ -41,21 +41,23 @@ TRITON_KINDS = ("prefill", "gemv", "rotary_kv_write", "gegelu", "add_norm")  # b
 
 
 def model_config(pattern: str):
-    """The Phi-3-Small config whose kernels --model-kernels builds: the 7b shapes for the
-    phi3small presets, else the pattern's HF config.json; a usage error for anything else."""
+    """The model config whose kernels --model-kernels builds: the 7b Phi-3-Small shapes for the
+    phi3small presets, else the pattern's HF config.json of any family (`models.families`); a
+    usage error for anything else."""
     from ..models.config import Phi3SmallConfig
+    from ..models.families import FAMILY_TYPES, config_from_file
 
     if pattern in MODEL_PRESETS:
         return Phi3SmallConfig()
     if Path(pattern).is_file():
         try:
-            return Phi3SmallConfig.from_file(pattern)
+            return config_from_file(pattern)
         except (CheckpointError, ValueError) as exc:
-            raise click.BadParameter(f"{pattern} is not a Phi-3-Small config.json: {exc}",
+            raise click.BadParameter(f"{pattern} is not a config.json of a model sparsegen runs: {exc}",
                                      param_hint="'--model-kernels'") from None  # fmt: skip
     raise click.BadParameter(
-        f"--model-kernels builds Phi-3-Small's kernels: --pattern must be one of {MODEL_PRESETS} or a "
-        f"Phi-3-Small config.json, got {pattern!r}",
+        f"--model-kernels builds a model's kernels: --pattern must be one of {MODEL_PRESETS} or a "
+        f"config.json of one of {', '.join(FAMILY_TYPES)}, got {pattern!r}",
         param_hint="'--model-kernels'",
     )
 
@@ -144,7 +146,8 @@ def build_all(
 @click.option(
     "--model-kernels",
     is_flag=True,
-    help="Also build the Phi-3-Small model's own kernels (GEMV, few-row GEMM, rotary, GeGeLU, norm).",
+    help="Also build the model's own kernels (GEMV, few-row GEMM, rotary, GeGeLU, norm): Phi-3-Small's, "
+    "or those of the family a config.json names.",
 )
 def command(pattern, arch, dtype, kind, page_size, as_json, model_kernels):
     """Compile (or fetch from the cache) every distinct kernel of a pattern."""

@@ -100,6 +100,7 @@ class LLMEngine:
         tensor_parallel_size: int = 1,
         collective_timeout_s: float | None = None,
         enable_prefix_caching: bool = True,
+        dense_attention: bool = False,
     ):
         config = EngineConfig(
             page_size=page_size,
@@ -116,6 +117,7 @@ class LLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             collective_timeout_s=collective_timeout_s,
             enable_prefix_caching=enable_prefix_caching,
+            dense_attention=dense_attention,
         )
         facts = model_facts(model, config, device)  # reads nothing but a config.json
         cfg = self.model_config = facts.config

@@ -16,7 +16,7 @@ here (`tensor_parallel_size=1`) or in the ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -102,6 +102,8 @@ def open_executor(model: object, facts: ModelFacts, config: EngineConfig, max_mo
     """The executor for `model` (checked by `model_facts`): this process's ModelRunner, or the
     ranks' driver when `config.tensor_parallel_size` > 1."""
     if isinstance(model, ModelSource):
+        if config.dense_attention:
+            model = replace(model, force_dense=True)
         if config.tensor_parallel_size == 1:
             model = model.build_model(facts.device)
         else:

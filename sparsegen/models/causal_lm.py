@@ -10,6 +10,11 @@ from torch import nn
 class CausalLM(nn.Module):
     """A causal LM with `self.model.embed_tokens`, `self.lm_head` and `self.config`."""
 
+    def checkpoint_params(self) -> dict:
+        """Checkpoint tensor name -> the parameter it fills (the loader's map; a family's fused
+        weights map several names into one parameter's rows, `families.fused`)."""
+        return dict(self.named_parameters())
+
     def tie_embeddings(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -1,6 +1,7 @@
-"""The building blocks of the Phi-3-Small modules (models.phi3small): uninitialised Linear and
-Embedding (with Linear's in-major weight storage), where a linear layer runs (cuBLAS, the
-Triton GEMV or the few-row CUDA GEMM: `ROWS_LAYERS`), the residual add + LayerNorm and GeGeLU.
+"""The building blocks of the model modules (models.phi3small, models.families): uninitialised Linear and
+Embedding (with Linear's in-major weight storage), the families' RMSNorm, where a linear layer
+runs (cuBLAS, the Triton GEMV or the few-row CUDA GEMM: `ROWS_LAYERS`), the residual add +
+LayerNorm / RMSNorm and GeGeLU.
 The kernels themselves are `sparsegen.kernels.linear` and `sparsegen.kernels.fused`; this is
 the policy of when the model uses them. Activations are `[T, features]` for the T tokens of a
 batch.
@@ -67,6 +68,40 @@ class Embedding(_NoInit, nn.Embedding):
     pass
 
 
+class RMSNorm(nn.Module):
+    """x / rms(x) * w in float32, cast back before the weight, as transformers' Llama does; with
+    `offset` (Gemma's 1), x / rms(x) * (offset + w) all in float32, then cast, as Gemma does."""
+
+    def __init__(self, size: int, eps: float, fk: dict, offset: float = 0.0):
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.empty(size, **fk))
+
+    @property
+    def kind(self) -> str | None:
+        """The fused kernels' norm kind (`fused.add_norm.NORM_KINDS`); None: no kernel has it."""
+        return {0.0: "rms", 1.0: "rms1p"}.get(self.offset)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., size]
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (xf * (self.offset + self.weight.float())).to(x.dtype)
+        return self.weight * xf.to(x.dtype)
+
+
+def norm_args(norm: nn.Module, residual: torch.Tensor | None) -> tuple[tuple, str]:
+    """The GEMV's `norm=` tuple and `norm_kind` for a LayerNorm or an RMSNorm (`kernels.linear.gemv`)."""
+    if isinstance(norm, RMSNorm):
+        return (residual, norm.weight, None, norm.eps), norm.kind
+    return (residual, norm.weight, norm.bias, norm.eps), "layer"
+
+
+def fusable_norm(norm: nn.Module) -> bool:
+    """Whether the fused kernels compute this norm: a LayerNorm, or an RMSNorm of offset 0 or 1."""
+    return not isinstance(norm, RMSNorm) or norm.kind is not None
+
+
 def fast_kernels(x: torch.Tensor) -> bool:
     """Use the hand-fused Triton kernels: eagerly on a GPU. Under torch.compile the plain ops are
     traced instead, and inductor fuses them itself."""
@@ -113,13 +148,15 @@ def linear(layer: nn.Module, x: torch.Tensor, gemv: bool, fused: bool = False) -
 
 
 def add_norm(
-    norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor | None, fused: bool, trigger: bool = False
+    norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, fused: bool, trigger: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual); with no residual yet, (norm(x), x). x, residual: [T, hidden].
-    fused: one Triton kernel (GPU) instead of an add and a LayerNorm, same rounding points;
-    trigger: it lets the PDL-launched kernel after it start early (`add_norm.add_layer_norm`)."""
-    if fused and fast_kernels(x):
-        return add_norm_kernel.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, trigger=trigger)
+    norm: a LayerNorm or an RMSNorm. fused: one Triton kernel (GPU) instead of an add and a norm,
+    same rounding points; trigger: it lets the PDL-launched kernel after it start early
+    (`add_norm.add_layer_norm`)."""
+    if fused and fast_kernels(x) and fusable_norm(norm):
+        (_, w, b, eps), kind = norm_args(norm, None)
+        return add_norm_kernel.add_layer_norm(x, residual, w, b, eps, trigger=trigger, kind=kind)
     if residual is not None:
         x = x + residual
     return norm(x), x

@@ -194,7 +194,9 @@ def load_into(folder, options: ModelOptions | None, fields: dict, build, read):
     config = config_from_file(contained_file(folder, "config.json", f"checkpoint {folder} has"))
     weight_map = checkpoint_weight_map(folder)
     model = build(config, options)
-    params = dict(model.named_parameters())
+    params = (
+        model.checkpoint_params() if hasattr(model, "checkpoint_params") else dict(model.named_parameters())
+    )
     by_file: dict[Path, list[str]] = {}
     scale_files: dict[Path, list[str]] = {}  # fp8 K/V scales (vLLM's names): read for the KV cache
     for name, path in weight_map.items():

@@ -36,7 +36,7 @@ from .layers import (
     rows_gemm,
 )  # fmt: skip
 from .options import ATTN_IMPLS, ModelOptions
-from .rope import RopeWrite, Rotary
+from .rope import Rotary
 
 __all__ = ["ATTN_IMPLS", "KVCacheLayer", "Phi3SmallForCausalLM", "gegelu", "model_spec"]
 
@@ -149,23 +149,12 @@ class DecoderLayer(nn.Module):
         """One row through the Triton GEMV (`ModelOptions.triton_gemv`): each residual add and
         LayerNorm happen inside the GEMV that reads their output (QKV, then up_proj + GeGeLU), and
         at a decode step the rotary and the K/V cache write inside the QKV GEMV as well."""
-        gemv = gemv_kernel.gemv
-        attn, mlp = self.self_attn, self.mlp
-        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-        w, b, norm = (
-            attn.query_key_value.weight,
-            attn.query_key_value.bias,
-            (residual, ln1.weight, ln1.bias, ln1.eps),
+        mlp, ln2 = self.mlp, self.post_attention_layernorm
+        out, residual = self.self_attn.forward_row(
+            x, residual, self.input_layernorm, cos, sin, batch, kv_cache
         )
-        if attn.rope_fusable(batch, kv_cache):  # rotary and the K/V write inside the QKV GEMV too
-            rope = RopeWrite(cos, sin, attn.group, kv_cache[0], kv_cache[1], batch.slot_mapping)
-            q, residual = gemv(x, w, b, norm=norm, rope=rope)  # [1, H * D]
-            out = attn.decode_rotated(q, batch, kv_cache)  # [1, hidden]
-        else:
-            qkv, residual = gemv(x, w, b, norm=norm)
-            out = attn.attend(qkv, cos, sin, batch, kv_cache)  # [1, hidden]
-        act, residual = gemv(out, mlp.up_proj.weight, mlp.up_proj.bias, gegelu_limit=mlp.limit,
-                             norm=(residual, ln2.weight, ln2.bias, ln2.eps))  # fmt: skip
+        act, residual = gemv_kernel.gemv(out, mlp.up_proj.weight, mlp.up_proj.bias, gegelu_limit=mlp.limit,
+                                         norm=(residual, ln2.weight, ln2.bias, ln2.eps))  # fmt: skip
         return linear(mlp.down_proj, act, True), residual
 
 

@@ -72,6 +72,9 @@ class EngineConfig:
     # automatic prefix caching: full KV pages are kept, by the hash of their tokens and prefix,
     # for later requests with the same prefix (engine.prefix_cache, runner.page_pool)
     enable_prefix_caching: bool = True
+    # every layer's attention dense causal (its soft-cap, learned sinks and scale kept), same
+    # weights: the model's `set_force_dense(True)`, for comparing a window model with itself
+    dense_attention: bool = False
 
     def __post_init__(self) -> None:
         check_int("page_size", self.page_size, 1, MAX_PAGE_SIZE)
@@ -80,7 +83,13 @@ class EngineConfig:
         check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         check_optional_int("max_model_len", self.max_model_len, 2)
-        for name in ("use_cuda_graphs", "compile_model", "async_decode", "enable_prefix_caching"):
+        for name in (
+            "use_cuda_graphs",
+            "compile_model",
+            "async_decode",
+            "enable_prefix_caching",
+            "dense_attention",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.kv_layout not in KV_LAYOUTS:

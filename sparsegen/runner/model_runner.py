@@ -118,6 +118,11 @@ class ModelRunner:
     def __init__(self, model: Phi3SmallForCausalLM, config: EngineConfig, *, max_model_len: int):
         self.model = model
         cfg = model.config
+        if config.dense_attention:  # every layer dense causal, its features kept (EngineConfig)
+            model.set_force_dense(True)
+            log.info(
+                "attention forced dense: every layer of %s is dense causal (dense_attention)", model.spec.name
+            )
         page_size = config.page_size
         tokens = max_step_tokens(config, max_model_len)
         kv_dtype = config.cache_dtype(model.dtype)

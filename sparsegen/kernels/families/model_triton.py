@@ -16,11 +16,13 @@ class GemvFamily(TritonFamily):
     arg_names = ("X", "W", "B", "Y", "N", "stride_w", "limit", "RES", "LNW", "LNB", "RES_OUT", "eps",
                  "COS", "SIN", "KC", "VC", "SLOT", "page_size", "stride_cp", "stride_co", "stride_ch")  # fmt: skip
     constexpr_names = ("K", "KP", "HAS_BIAS", "GEGELU", "NORM", "HAS_RES", "BLOCK_N", "BLOCK_K", "PREFETCH",
-                       "ROW_SUM", "PDL", "ROPE", "HEAD_D", "G")  # fmt: skip
+                       "ROW_SUM", "PDL", "ROPE", "HEAD_D", "G", "NORM_KIND", "ACT")  # fmt: skip
 
     def describe(self, c: dict, options: dict) -> str:
-        mode = "gegelu" if c["GEGELU"] else f"rope{c['HEAD_D']}g{c['G']}" if c["ROPE"] else "plain"
-        flags = [("norm", c["NORM"]), ("res", c["HAS_RES"]), ("bias", c["HAS_BIAS"]), ("pf", c["PREFETCH"]),
+        act = ("gegelu", "swiglu", "geglu")[c["ACT"]]
+        mode = act if c["GEGELU"] else f"rope{c['HEAD_D']}g{c['G']}" if c["ROPE"] else "plain"
+        norm = ("norm", "rms", "rms1p")[c["NORM_KIND"]]
+        flags = [(norm, c["NORM"]), ("res", c["HAS_RES"]), ("bias", c["HAS_BIAS"]), ("pf", c["PREFETCH"]),
                  ("rs", c["ROW_SUM"]), ("pdl", c["PDL"])]  # fmt: skip
         tile = f"bn{c['BLOCK_N']}_bk{c['BLOCK_K']}_w{options.get('num_warps', 4)}"
         return "_".join([f"k{c['K']}", mode, *(n for n, on in flags if on), tile])
@@ -59,11 +61,13 @@ class AddNormFamily(TritonFamily):
     fn_name = "_add_layer_norm_kernel"
     arg_names = ("X", "RES", "W", "B", "Y", "RES_OUT", "stride_x", "stride_res", "stride_y", "stride_res_out",
                  "n", "eps")  # fmt: skip
-    constexpr_names = ("HAS_RES", "BLOCK", "PDL", "TRIGGER")
+    constexpr_names = ("HAS_RES", "BLOCK", "PDL", "TRIGGER", "KIND")
 
     def describe(self, c: dict, options: dict) -> str:
         flags = [("res", c["HAS_RES"]), ("pdl", c["PDL"]), ("trigger", c["TRIGGER"])]
-        return "_".join([f"b{c['BLOCK']}_w{options.get('num_warps', 4)}", *(n for n, on in flags if on)])
+        kind = ("", "rms", "rms1p")[c["KIND"]]
+        return "_".join([f"b{c['BLOCK']}_w{options.get('num_warps', 4)}", *([kind] if kind else []),
+                         *(n for n, on in flags if on)])  # fmt: skip
 
 
 GEMV = register(GemvFamily())

@@ -13,7 +13,9 @@ the same pass. Fused in:
   computes the row's statistics itself from the 4096 inputs (16 KB with the residual, from
   cache) instead of waiting for a separate norm kernel (65 launches fewer per step);
 - `gegelu_limit`: up_proj's GeGeLU over each (gate, linear) pair of outputs, so the [2F]
-  intermediate never reaches memory;
+  intermediate never reaches memory; `glu` ("silu" or "gelu_tanh"): the decoder families'
+  SwiGLU / GeGLU over a fused gate/up weight's (gate, up) row pairs, act(gate) * up;
+- `norm_kind` ("rms", "rms1p"): the families' RMSNorm (Gemma's 1 + w) instead of the LayerNorm;
 - `rope` (a decode token's QKV): the rotary embedding of q and k and the K/V cache write, so
   the paged decode kernel follows the GEMV directly.
 On a GPU the GEMVs launch with programmatic dependent launch, so each one's first weight tile
@@ -52,6 +54,8 @@ TUNED_TILES = {
     (28672, 4096, "gegelu", True): (2, 4096, 4, True, True),  # add + LN + up + GeGeLU: 56.6 us, 65.0 as 3
     (100352, 4096, "plain", True): (4, 4096, 4, True, True),  # add + LN + lm_head: 182.4 us, 201.5 as 2
 }
+GLU_ACTS = {"silu": 1, "gelu_tanh": 2}  # the kernel's ACT constexpr (0: GeGeLU)
+NORM_KINDS = {"layer": 0, "rms": 1, "rms1p": 2}  # its NORM_KIND constexpr (as `fused.add_norm`'s)
 GEMV_PDL = True  # launch with programmatic dependent launch where the target allows it (see the kernel)
 
 
@@ -103,8 +107,10 @@ def gemv(
     bias: torch.Tensor | None = None,  # [N]
     *,
     gegelu_limit: float | None = None,
-    norm: tuple | None = None,  # (residual [1, K] or None, ln_weight [K], ln_bias [K], eps)
+    norm: tuple | None = None,  # (residual [1, K] or None, ln_weight [K], ln_bias [K] or None, eps)
     rope: RopeWrite | None = None,
+    glu: str | None = None,
+    norm_kind: str = "layer",
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int = 4,
@@ -115,14 +121,16 @@ def gemv(
     """`linear(x, weight, bias)` for one row -> [1, N]; with `gegelu_limit`,
     `gegelu(linear(...), limit)` over the interleaved (gate, linear) columns (Phi-3-Small's
     up_proj) -> [1, N // 2]; with `rope` (a QKV projection, see RopeWrite), the rotated queries
-    [1, Hkv * G * D], k and v written into the caches only. With `norm`, the input is first
-    `layer_norm(x + residual)` (x alone when residual is None), as `layers.add_norm` computes it,
+    [1, Hkv * G * D], k and v written into the caches only; with `glu`, act(gate) * up over the
+    interleaved (gate, up) rows -> [1, N // 2]. With `norm`, the input is first
+    `layer_norm(x + residual)` (x alone when residual is None; the RMSNorm of `norm_kind` with a
+    bias of None), as `layers.add_norm` computes it,
     and the call returns `(y, x + residual)` (`(y, x)` without a residual). block_n / block_k /
     num_warps override the heuristic or TUNED_TILES, and prefetch / row_sum / pdl pick the
     kernel's variants (benchmarks; see the kernel; pdl defaults to GEMV_PDL where the device
     allows it, `launch_target.pdl_capable`)."""
     planned = _plan(x, weight, bias, gegelu_limit, norm, rope, block_n, block_k, num_warps, prefetch, row_sum,
-                    pdl, target_of(x.device))  # fmt: skip
+                    pdl, target_of(x.device), glu, norm_kind)  # fmt: skip
     y, res_out, launch = planned
     if launch is not None:
         LAUNCH(*launch)
@@ -135,13 +143,14 @@ def request(x, weight, bias=None, *, target: Target, arch: str, **options):
     """The request a `gemv(x, weight, bias, **options)` launch makes on a GPU of `arch` described
     by `target` (tensors may be on the meta device); None if the launch computes nothing."""
     planned = _plan(x, weight, bias, options.get("gegelu_limit"), options.get("norm"), options.get("rope"),
-                    None, None, 4, None, None, options.get("pdl"), target)  # fmt: skip
+                    None, None, 4, None, None, options.get("pdl"), target, options.get("glu"),
+                    options.get("norm_kind", "layer"))  # fmt: skip
     launch = planned[2]
     return None if launch is None else LAUNCH.request(launch[1], launch[2], launch[3], launch[4], arch)
 
 
 def _plan(x, weight, bias, gegelu_limit, norm, rope, block_n, block_k, num_warps, prefetch, row_sum, pdl,
-          target: Target):  # fmt: skip
+          target: Target, glu: str | None = None, norm_kind: str = "layer"):  # fmt: skip
     """Checks, the outputs and the launch: (y, res_out, (grid, args, constexprs, options, dtype)),
     or (y, res_out, None) when there are no outputs (the residual sum is then computed here)."""
     x = _row(x, "x")
@@ -153,11 +162,16 @@ def _plan(x, weight, bias, gegelu_limit, norm, rope, block_n, block_k, num_warps
         )
     if bias is not None and (bias.shape != (n,) or bias.dtype != weight.dtype):
         raise InputError(f"gemv: bias must be [{n}] {weight.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    if gegelu_limit is not None and n % 2:
-        raise InputError(f"gemv with GeGeLU needs an even number of weight rows, got {n}")
-    if gegelu_limit is not None and rope is not None:
-        raise InputError("gemv takes gegelu_limit or rope, not both")
-    mode = "gegelu" if gegelu_limit is not None else "rope" if rope is not None else "plain"
+    if glu is not None and glu not in GLU_ACTS:
+        raise InputError(f"gemv: glu must be one of {tuple(GLU_ACTS)}, got {glu!r:.40}")
+    if norm_kind not in NORM_KINDS:
+        raise InputError(f"gemv: norm_kind must be one of {tuple(NORM_KINDS)}, got {norm_kind!r:.40}")
+    paired = gegelu_limit is not None or glu is not None
+    if paired and n % 2:
+        raise InputError(f"gemv with GeGeLU / glu needs an even number of weight rows, got {n}")
+    if sum(v is not None for v in (gegelu_limit, rope, glu)) > 1:
+        raise InputError("gemv takes gegelu_limit, glu or rope, one at most (not both of any two)")
+    mode = "gegelu" if paired else "rope" if rope is not None else "plain"
     x = x.contiguous()
     res = lnw = lnb = None
     eps = 0.0
@@ -171,8 +185,8 @@ def _plan(x, weight, bias, gegelu_limit, norm, rope, block_n, block_k, num_warps
             if t is not None and (t.shape != (k,) or t.dtype != x.dtype or t.device != x.device):
                 raise InputError(f"gemv: {name} must be [{k}] {x.dtype} on {x.device}, got "
                                  f"{tuple(t.shape)} {t.dtype} on {t.device}")  # fmt: skip
-        if lnw is None or lnb is None:
-            raise InputError("gemv: norm needs the LayerNorm's weight and bias")
+        if lnw is None or (lnb is None) != (norm_kind != "layer"):
+            raise InputError("gemv: norm needs the LayerNorm's weight and bias (an RMSNorm's weight only)")
     n_out = n if mode == "plain" else n // 2  # programs' outputs: rows, or row pairs
     dummy = x  # pointers a constexpr-disabled branch never reads
     cos = sin = kc = vc = slot = dummy
@@ -207,6 +221,7 @@ def _plan(x, weight, bias, gegelu_limit, norm, rope, block_n, block_k, num_warps
         cos, sin, kc, vc, slot, *cache_strides,
     )  # fmt: skip
     constexprs = (k, _pow2_at_least(k), bias is not None, mode == "gegelu", norm is not None, res is not None,
-                  block_n, block_k, bool(prefetch), bool(row_sum), bool(pdl), mode == "rope", head_d, group)  # fmt: skip
+                  block_n, block_k, bool(prefetch), bool(row_sum), bool(pdl), mode == "rope", head_d, group,
+                  NORM_KINDS[norm_kind], GLU_ACTS.get(glu, 0))  # fmt: skip
     options = (("num_warps", num_warps), ("launch_pdl", bool(pdl)))
     return y, res_out, ((-(-n_out // block_n), 1, 1), args, constexprs, options, x.dtype)

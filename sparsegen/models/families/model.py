@@ -11,13 +11,15 @@ import torch
 from torch import nn
 
 from ...errors import InputError
+from ...kernels.linear import gemv as gemv_kernel
 from ...spec import HeadSpec, ModelSpec
 from ..batch import ForwardBatch
 from ..causal_lm import CausalLM
-from ..layers import Embedding, Linear, linear
+from ..layers import Embedding, Linear, RMSNorm, add_norm, fusable_norm, gemv_layer, norm_args
 from ..options import ModelOptions
-from .blocks import DecoderLayer, KVCacheLayer, RMSNorm
+from .blocks import DecoderLayer, KVCacheLayer
 from .config import DecoderConfig
+from .fused import Rows, checkpoint_params
 from .rope import DecoderRotary
 
 
@@ -57,10 +59,8 @@ class DecoderForCausalLM(CausalLM):
         self.local_layers = tuple(windowed) if self.local_rotary is not None else (False,) * len(windowed)
         # Gemma's sqrt(hidden), rounded to the model's dtype as transformers rounds it
         self.embed_scale = float(torch.tensor(config.embed_scale, dtype=options.dtype))
-        self.fused = False  # no hand-fused kernels (rotary, add + norm) in these families yet
-        # The batch-1 Triton GEMV only when ModelOptions.triton_gemv is True: its tiles were tuned
-        # on Phi-3-Small's 7b shapes and not yet measured on these families'; cuBLAS otherwise.
-        self.gemv = options.triton_gemv is True
+        self.fused = options.attn_impl != "reference"  # the fused kernels, on a GPU (models.layers)
+        self.gemv = options.gemv_on  # the batch-1 Triton GEMV: on for a GPU, as for Phi-3-Small
 
     def set_force_dense(self, force_dense: bool) -> None:
         self.spec = decoder_spec(self.config, force_dense)
@@ -70,10 +70,16 @@ class DecoderForCausalLM(CausalLM):
     def set_triton_gemv(self, on: bool, o_proj: bool | None = None) -> None:
         if not isinstance(on, bool) or not isinstance(o_proj, (bool, type(None))):
             raise InputError(f"set_triton_gemv takes bools, got {on!r}, o_proj={o_proj!r}")
-        self.options = replace(self.options, triton_gemv=on)
+        o_proj = self.options.gemv_o_proj if o_proj is None else o_proj
+        self.options = replace(self.options, triton_gemv=on, gemv_o_proj=o_proj)
         self.gemv = on
         for block in self.model.layers:
             block.self_attn.gemv = block.mlp.gemv = on
+            block.self_attn.gemv_o = o_proj
+
+    def checkpoint_params(self) -> dict[str, nn.Parameter | Rows]:
+        """Checkpoint tensor name -> what it fills (the fused q/k/v and gate/up rows: `fused`)."""
+        return checkpoint_params(self, self.config)
 
     def forward(
         self,
@@ -88,12 +94,19 @@ class DecoderForCausalLM(CausalLM):
         rope = {False: self.rotary.cos_sin(batch.positions)}  # [T, D] cos and sin
         if self.local_rotary is not None:
             rope[True] = self.local_rotary.cos_sin(batch.positions)
+        residual = None
         for i, layer in enumerate(self.model.layers):
             cos, sin = rope[self.local_layers[i]]
-            x = layer(x, cos, sin, batch, kv_caches[i] if kv_caches is not None else None)
+            x, residual = layer(x, residual, cos, sin, batch, kv_caches[i] if kv_caches is not None else None)
         if batch.logits_index is not None:
-            x = x[batch.logits_index]  # [B, hidden]
-        logits = linear(self.lm_head, self.model.norm(x), self.gemv)  # [B, vocab]
+            x, residual = x[batch.logits_index], residual[batch.logits_index]  # [B, hidden]
+        final = self.model.norm
+        if gemv_layer(self.lm_head, self.gemv, x) and fusable_norm(final):  # the final add + norm inside
+            args, kind = norm_args(final, residual)
+            logits, _ = gemv_kernel.gemv(x, self.lm_head.weight, None, norm=args, norm_kind=kind)
+        else:
+            h, _ = add_norm(final, x, residual, self.fused)
+            logits = self.lm_head(h)  # [B, vocab]
         if cfg.final_softcap:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         return logits.float()

@@ -2,8 +2,11 @@
 softmaxes their logits into weights; each expert is a clamped SwiGLU over interleaved gate / up
 columns (gate clamped above at `limit`, up to [-limit, limit], out = (up + 1) * gate *
 sigmoid(alpha * gate)). Plain loops over the experts a batch hits (correct first, no grouped
-GEMM yet); inside a CUDA-graph capture or torch.compile, which cannot read the routing on the
-host, over every expert with zero weights where it was not picked. Tensor names are the checkpoint's (`mlp.router.*`, `mlp.experts.*`)."""
+GEMM yet). Inside a CUDA-graph capture or torch.compile, which cannot read the routing on the
+host: for a few tokens (3 T k < E, a batch-1 decode step) each token's k experts' weights are
+gathered on the device and applied as batched matmuls (`routed`: their weights read three times,
+3 k / E of all the experts' bytes, 0.375 for gpt-oss-20b); otherwise every expert runs on every
+token, weighted 0 where the router did not pick it. Tensor names are the checkpoint's (`mlp.router.*`, `mlp.experts.*`)."""
 
 from __future__ import annotations
 
@@ -32,6 +35,17 @@ class Experts(nn.Module):
             i
         ] + self.down_proj_bias[i]
 
+    def routed(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """x: [T, hidden], idx: [T, k] expert ids -> [T, k, hidden]: each token through each of its
+        experts, their weights gathered on the device (no host read)."""
+        w_gu, b_gu = self.gate_up_proj[idx], self.gate_up_proj_bias[idx]  # [T, k, hidden, 2F], [T, k, 2F]
+        gate_up = (x[:, None, None, :] @ w_gu).squeeze(2) + b_gu  # [T, k, 2F]
+        gate = gate_up[..., 0::2].clamp(max=self.limit)
+        up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
+        act = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))  # [T, k, F]
+        w_down, b_down = self.down_proj[idx], self.down_proj_bias[idx]  # [T, k, F, hidden], [T, k, hidden]
+        return (act[:, :, None, :] @ w_down).squeeze(2) + b_down  # [T, k, hidden]
+
 
 class MixtureOfExperts(nn.Module):
     def __init__(self, config: DecoderConfig, fk: dict):
@@ -46,13 +60,21 @@ class MixtureOfExperts(nn.Module):
         weights = torch.softmax(top, dim=-1)  # [T, k]
         out = torch.zeros_like(x)
         if x.is_cuda and torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
-            # no host read inside a CUDA graph or a traced graph: every expert runs on every
-            # token, weighted 0 where the router did not pick it
-            for e in range(self.experts.gate_up_proj.shape[0]):
-                w = (weights * (idx == e)).sum(-1, keepdim=True)  # [T, 1]
-                out += self.experts.expert(e, x) * w
-            return out
+            return self.static_routing(x, idx, weights)
         for e in torch.unique(idx).tolist():  # the experts this batch routes to
             tok, slot = torch.where(idx == e)  # the tokens routed to expert e, and at which rank
             out.index_add_(0, tok, self.experts.expert(e, x[tok]) * weights[tok, slot, None])
+        return out
+
+    def static_routing(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The mixture with no host read of the routing (idx, weights: [T, k]) -> [T, hidden]: the
+        gathered experts for a few tokens, else every expert on every token, weighted 0 where the
+        router did not pick it."""
+        num_experts = self.experts.gate_up_proj.shape[0]
+        if 3 * x.shape[0] * self.top_k < num_experts:
+            return (self.experts.routed(x, idx) * weights[..., None]).sum(1)
+        out = torch.zeros_like(x)
+        for e in range(num_experts):
+            w = (weights * (idx == e)).sum(-1, keepdim=True)  # [T, 1]
+            out += self.experts.expert(e, x) * w
         return out
