@@ -216,7 +216,14 @@ def get_kernel(layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int 
 
 
 def lookup_kernel(
-    layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int | None = None, variant=None, kv_dtype=None
+    layer: LayerSpec,
+    kind: str,
+    *,
+    dtype,
+    arch=None,
+    page_size: int | None = None,
+    variant=None,
+    kv_dtype=None,
 ):
     """Like `get_kernel`, but returns `Lookup(kernel, status, seconds)`: status is "memory",
     "cached" (read from disk) or "compiled"."""
@@ -228,7 +235,13 @@ def lookup_kernel(
     if kind == "prefill" and page_size is not None:
         raise InputError(f"page_size is a decode option; prefill kernels take none (got {page_size!r})")
     return base.get(
-        kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, with_status=True,
+        kind,
+        layer,
+        dtype=dtype,
+        arch=arch,
+        page_size=page_size,
+        variant=variant,
+        with_status=True,
         kv_dtype=kv_dtype,
     )
 

@@ -168,7 +168,14 @@ def command(pattern, arch, dtype, kind, page_size, as_json, model_kernels, kv_ca
     start = time.perf_counter()
     kv_dtype = None if kv_cache_dtype == "auto" else dtypes.KV_CACHE_DTYPE_NAMES[kv_cache_dtype]
     records = build_all(
-        model, kinds, DTYPES[dtype], arch, page_size, as_json=as_json, model_requests=requests, kv_dtype=kv_dtype
+        model,
+        kinds,
+        DTYPES[dtype],
+        arch,
+        page_size,
+        as_json=as_json,
+        model_requests=requests,
+        kv_dtype=kv_dtype,
     )
     total = time.perf_counter() - start
     if as_json:

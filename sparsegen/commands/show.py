@@ -61,7 +61,13 @@ def ascii_block_mask(mask: torch.Tensor) -> str:
 )
 @kv_cache_dtype_option
 def command(
-    pattern: str, layer: int | None, seq_len: int, head: int, as_json: bool, png: str | None, page_size: int,
+    pattern: str,
+    layer: int | None,
+    seq_len: int,
+    head: int,
+    as_json: bool,
+    png: str | None,
+    page_size: int,
     kv_cache_dtype: str = "auto",
 ) -> None:
     """Show per-head density (visible pairs / causal pairs) and the block mask of one layer."""

@@ -267,7 +267,14 @@ def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, kno
     if hit is not None and hit[0] is layer:
         return Lookup(hit[1], "memory", 0.0) if with_status else hit[1]
     request = KernelRequest.make(
-        kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, knobs=knobs, kv_dtype=kv_dtype
+        kind,
+        layer,
+        dtype=dtype,
+        arch=arch,
+        page_size=page_size,
+        variant=variant,
+        knobs=knobs,
+        kv_dtype=kv_dtype,
     )
     if variant is None and request.variant == "gluon":  # chosen here: may fall back to tl
         from . import gluon_fallback

@@ -35,19 +35,37 @@ forget = base.forget
 
 
 def get_decode_kernel(
-    layer: LayerSpec, *, dtype, arch: str | None = None, page_size: int = 16, knobs: dict | None = None,
+    layer: LayerSpec,
+    *,
+    dtype,
+    arch: str | None = None,
+    page_size: int = 16,
+    knobs: dict | None = None,
     kv_dtype=None,
 ) -> DecodeKernel:
     """The compiled kernel for this layer, dtype, page size and arch (default: this GPU's);
     `knobs` (benchmarks, tests) sets template knobs (decode_template.DEFAULT_KNOBS) and is part
     of the request, so such a kernel is cached like the default one. `kv_dtype` (None: q's
     dtype; torch.float8_e4m3fn / float8_e5m2 or their names) is the cache's element type."""
-    return base.get("decode", layer, dtype=dtype, arch=arch, page_size=page_size, knobs=knobs, kv_dtype=kv_dtype)
+    return base.get(
+        "decode", layer, dtype=dtype, arch=arch, page_size=page_size, knobs=knobs, kv_dtype=kv_dtype
+    )
 
 
 def launch_checked(
-    q, k_cache, v_cache, block_tables, seq_lens, layer, scale: float, *, kernel=None, pdl=False, sinks=None,
-    k_scale=None, v_scale=None,
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    layer,
+    scale: float,
+    *,
+    kernel=None,
+    pdl=False,
+    sinks=None,
+    k_scale=None,
+    v_scale=None,
 ):
     """Inputs already passed validate.check_decode_inputs(kernel=True): this kernel's own limits,
     fetch the kernel (an fp8 one for an fp8 cache), launch on the current stream. Returns [B, H, D]."""

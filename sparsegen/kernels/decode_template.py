@@ -130,7 +130,9 @@ def check_kv_dtype(kv_dtype: object) -> str:
     if kv_dtype is None or kv_dtype == "":
         return ""
     if not isinstance(kv_dtype, str) or kv_dtype not in KV_FP8:
-        raise InputError(f"the decode kernels' kv_dtype must be None or one of {sorted(KV_FP8)}, got {kv_dtype!r}")
+        raise InputError(
+            f"the decode kernels' kv_dtype must be None or one of {sorted(KV_FP8)}, got {kv_dtype!r}"
+        )
     return kv_dtype
 
 
@@ -188,7 +190,9 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, *, kv_
     }
 
 
-def render_source(layer: LayerSpec, dtype_name: str, page_size: int, *, kv_dtype: str = "", **knobs: int) -> str:
+def render_source(
+    layer: LayerSpec, dtype_name: str, page_size: int, *, kv_dtype: str = "", **knobs: int
+) -> str:
     return render(TEMPLATE, **template_constants(layer, dtype_name, page_size, kv_dtype=kv_dtype, **knobs))
 
 

@@ -37,7 +37,11 @@ FP8_MARKS = ("kv_t", "cvt.rn.f16x2", "k_scale", "KV_FP8", "fp8")
 
 
 @settings(max_examples=40, deadline=None)
-@given(layer=layer_specs(max_kv_heads=2), dtype=st.sampled_from(("bf16", "fp16")), ps=st.sampled_from((8, 16, 24)))
+@given(
+    layer=layer_specs(max_kv_heads=2),
+    dtype=st.sampled_from(("bf16", "fp16")),
+    ps=st.sampled_from((8, 16, 24)),
+)
 def test_bf16_and_fp16_renders_carry_nothing_of_fp8(layer, dtype, ps):
     """The fp8 code sits in template blocks that are off for caches of q's dtype (the golden
     snapshot of test_decode_codegen pins one such render byte for byte)."""

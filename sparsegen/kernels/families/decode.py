@@ -40,9 +40,9 @@ from ..decode_template import (
     DEFAULT_KNOBS,
     FEATURES,
     FP8_MIN_ARCH,
-    KV_FP8,
     HEAD_DIMS,
     KERNEL,
+    KV_FP8,
     MAX_SPLITS,
     PAGE_SIZES,
     REDUCE,
@@ -335,7 +335,9 @@ def fp8_scale_args(kernel: DecodeKernel, q, k_cache, k_scale, v_scale, sinks=Non
         raise InputError(
             f"kernel {kernel.name} reads {want or kernel.dtype_name} K/V, the cache holds {k_cache.dtype}"
         )
-    check_features(kernel.layer, q, k_cache.dtype, sinks=sinks, k_scale=k_scale, v_scale=v_scale, values=False)
+    check_features(
+        kernel.layer, q, k_cache.dtype, sinks=sinks, k_scale=k_scale, v_scale=v_scale, values=False
+    )
     if not want:
         return ()
     # a [] scale has stride 0: one scale for every KV head
