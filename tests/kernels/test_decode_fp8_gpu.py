@@ -15,6 +15,7 @@ import torch
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec, reference
+from sparsegen.errors import InputError
 from sparsegen.kernels.decode import get_decode_kernel
 from sparsegen.testing import DecodeProblem, row_mismatch, sample_layer_spec
 
@@ -177,3 +178,17 @@ def test_fp8_fused_and_separate_merges_agree_bitwise():
         q, k8, v8, bt, sl, 0.125, splits=6, merge="separate", sinks=sinks, k_scale=ks, v_scale=vs
     )
     assert torch.equal(a, b)
+
+
+def test_scales_on_another_device_are_refused():
+    layer = SPECS[0]
+    rng = random.Random(5)
+    p = DecodeProblem(layer, [100], 16, seed=2, dtype=torch.bfloat16, device="cuda")
+    q, k8, v8, bt, sl, _, _, ks, vs = _fp8_problem(p, rng, torch.float8_e4m3fn, per_head=True)
+    kernel = get_decode_kernel(layer, dtype=torch.bfloat16, page_size=16, kv_dtype=torch.float8_e4m3fn)
+    with pytest.raises(InputError, match="k_scale is on cpu but q is on cuda"):
+        kernel.launch(q, k8, v8, bt, sl, 0.1, k_scale=ks.cpu(), v_scale=vs)
+    with pytest.raises(InputError, match="v_scale is on cpu but q is on cuda"):
+        sparsegen.paged_decode(q, k8, v8, bt, sl, layer, impl="cuda", k_scale=ks, v_scale=vs.cpu())
+    with pytest.raises(InputError, match="pass k_scale="):
+        sparsegen.paged_decode(q, k8, v8, bt, sl, layer, impl="cuda")
