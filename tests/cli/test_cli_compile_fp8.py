@@ -26,6 +26,7 @@ def test_compile_fp8_decode_kernels_ahead_of_time(fresh_cache):
     assert fp8[0]["name"].startswith("decode_bf16_kvfp8e4m3_hd")
     listing = json.loads(CliRunner().invoke(cli, ["cache", "ls", "--json"]).stdout)
     assert [e["meta"].get("kv_dtype") for e in listing] == ["fp8e4m3"]
+    assert "bf16 kv fp8e4m3" in CliRunner().invoke(cli, ["cache", "ls"]).stdout
     again = _compile("--kind", "decode", "--kv-cache-dtype", "fp8_e4m3")  # the same kernel, cached
     assert [r["status"] for r in again] == ["cached"] and again[0]["key"] == fp8[0]["key"]
     e5 = _compile("--kind", "decode", "--kv-cache-dtype", "fp8_e5m2", "--dtype", "fp16")
