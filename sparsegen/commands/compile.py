@@ -161,12 +161,12 @@ def command(pattern, arch, dtype, kind, page_size, as_json, model_kernels, kv_ca
             param_hint="'--page-size'",
         )
     requests = []
+    kv_dtype = None if kv_cache_dtype == "auto" else dtypes.KV_CACHE_DTYPE_NAMES[kv_cache_dtype]
     if model_kernels:
         from ..models.kernel_plan import model_kernel_requests
 
-        requests = model_kernel_requests(model_config(pattern), DTYPES[dtype], arch, page_size)
+        requests = model_kernel_requests(model_config(pattern), DTYPES[dtype], arch, page_size, kv_dtype)
     start = time.perf_counter()
-    kv_dtype = None if kv_cache_dtype == "auto" else dtypes.KV_CACHE_DTYPE_NAMES[kv_cache_dtype]
     records = build_all(
         model,
         kinds,

@@ -30,6 +30,7 @@ from ..kernels.launch_target import aot_target
 from ..kernels.linear import gemm_rows, gemv
 from ..kernels.linear.rope_write import RopeWrite
 from .config import Phi3SmallConfig
+from .kv_scales import KVScales
 from .layers import ROWS_LAYERS
 
 ROW_COUNTS = (2, 32)  # rows of a few-row step: gemm_rows' and add + LayerNorm's PDL range
@@ -41,11 +42,16 @@ def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def model_kernel_requests(
-    config: Phi3SmallConfig, dtype: torch.dtype, arch: str, page_size: int = 16
+    config: Phi3SmallConfig,
+    dtype: torch.dtype,
+    arch: str,
+    page_size: int = 16,
+    kv_dtype: torch.dtype | None = None,
 ) -> list[KernelRequest]:
     """The model kernels (kinds gemv, gemm_rows, rotary_kv_write, gegelu, add_norm) for `config`
     in `dtype` on a GPU of `arch`, with a KV cache of `page_size`-token head-major pages; each
-    request once, in a stable order."""
+    request once, in a stable order. An fp8 `kv_dtype` adds the rotary kernel's fp8-writing
+    variants (an fp8 cache's decode steps and prefills once its scales are set)."""
     target = aot_target(arch)
     hidden, ff, vocab = config.hidden_size, config.ff_intermediate_size, config.vocab_size
     h, hkv, d, g = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.group_size
@@ -105,4 +111,15 @@ def model_kernel_requests(
             out.append(add_norm.request(xt, residual, ln_w, ln_b, eps, pdl=False, trigger=False,
                                         target=target, arch=arch))  # fmt: skip
         out.append(gegelu.request(m(t, 2 * ff), config.gegelu_limit, arch=arch))
+    if kv_dtype is not None:
+        cache8 = _meta(4, hkv, page_size, d, dtype=kv_dtype).transpose(1, 2)  # fp8, head-major
+        scales = KVScales(hkv, kv_dtype, "meta")  # k, v: [Hkv] float32
+        for t in (1, *ROW_COUNTS, *PREFILL_TOKENS):
+            qkv, cos, slots = (
+                m(t, hkv, g + 2, d),
+                _meta(t, d, dtype=torch.float32),
+                _meta(t, dtype=torch.int64),
+            )
+            out.append(rotary.request(qkv, cos, cos, (cache8, cache8), slots, target=target, arch=arch,
+                                      scales=scales))  # fmt: skip
     return list(dict.fromkeys(r for r in out if r is not None))

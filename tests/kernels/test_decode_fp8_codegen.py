@@ -213,3 +213,15 @@ def test_learned_sinks_and_scales_together_are_checked():
         kernel.launch(*args, 0.1, k_scale=ones, v_scale=ones)
     with pytest.raises(InputError, match="sinks must have shape"):
         kernel.launch(*args, 0.1, k_scale=ones, v_scale=ones, sinks=torch.ones(FEATURED.num_heads + 1))
+
+
+def test_model_kernel_plan_adds_the_fp8_rotary_writes():
+    """`compile --model-kernels --kv-cache-dtype fp8` also builds the rotary kernel's fp8 write."""
+    from sparsegen.models.config import Phi3SmallConfig
+    from sparsegen.models.kernel_plan import model_kernel_requests
+
+    plain = model_kernel_requests(Phi3SmallConfig(), torch.bfloat16, "sm_90", 16)
+    fp8 = model_kernel_requests(Phi3SmallConfig(), torch.bfloat16, "sm_90", 16, torch.float8_e4m3fn)
+    extra = [base.family(r).name(r) for r in fp8 if r not in plain]
+    assert extra and all(n.startswith("rotary_kv_write_bf16_") and n.endswith("_fp8") for n in extra)
+    assert not any(base.family(r).name(r).endswith("_fp8") for r in plain)
