@@ -143,9 +143,9 @@ class Attention(nn.Module):
         # An fp8 cache whose scales the first prefill still has to calibrate takes the torch path
         # (calibrate_once, then write_kv); decode steps never calibrate, so they always take the
         # fused kernel, which reads the scales on the device (a captured graph included).
-        fused_fp8 = scales is None or scales.ready or batch.is_decode
+        fused_write = scales is None or scales.ready or batch.is_decode
         if (
-            self.fused and fused_fp8 and fast_kernels(qkv) and rotary_kernel.supports_rotary(qkv)
+            self.fused and fused_write and fast_kernels(qkv) and rotary_kernel.supports_rotary(qkv)
         ):  # one kernel: rotary, split, cache write (fp8: quantised with the layer's scales)
             q, k, v = rotary_kernel.rotary_qkv(qkv, cos, sin, write, batch.slot_mapping, scales)
         else:
