@@ -73,3 +73,19 @@ FP8_NAMES = {torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2"}  # in
 
 def is_fp8(dtype: object) -> bool:
     return dtype in FP8_DTYPES
+
+
+def kv_kernel_name(kv_dtype: object) -> str:
+    """A kernel request's KV dtype: '' for None (K/V of q's dtype), else the FP8_NAMES name of
+    an fp8 torch dtype, an engine name ("fp8", "fp8_e4m3", "fp8_e5m2") or an FP8_NAMES name
+    ("fp8e4m3"); InputError otherwise."""
+    if kv_dtype is None:
+        return ""
+    if isinstance(kv_dtype, str):
+        if kv_dtype in FP8_NAMES.values():
+            return kv_dtype
+        kv_dtype = KV_CACHE_DTYPE_NAMES.get(kv_dtype, kv_dtype)
+    if isinstance(kv_dtype, torch.dtype) and kv_dtype in FP8_NAMES:
+        return FP8_NAMES[kv_dtype]
+    allowed = [None, *FP8_NAMES.values(), *KV_CACHE_DTYPE_NAMES, *map(str, FP8_DTYPES)]
+    raise InputError(f"kv_dtype must be one of {allowed}, got {kv_dtype!r}")

@@ -186,32 +186,44 @@ def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, layer: LayerSpec,
         check = env.flag("SPARSEGEN_DEBUG")
     check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, layer, allow_cpu=False, check_pages=check,
                         kernel=True, sinks=sinks, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
-    _no_fp8_kernel("decode", k_cache)
     from .kernels.decode import launch_checked
 
-    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, pdl=pdl, sinks=sinks)
+    return launch_checked(q, k_cache, v_cache, block_tables, seq_lens, layer, scale, pdl=pdl, sinks=sinks,
+                          k_scale=k_scale, v_scale=v_scale)  # fmt: skip
 
 
 def _no_fp8_kernel(kind: str, k: torch.Tensor) -> None:
+    """The compiled prefill kernels do not read fp8 K/V (the engine dequantises in its gather);
+    the decode kernel does."""
     if k.dtype in FP8_DTYPES:
         raise ImplUnavailableError(
             f"the compiled {kind} kernels do not read fp8 K/V ({k.dtype}); impl='reference' does"
         )
 
 
-def get_kernel(layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int | None = None, variant=None):
+def get_kernel(layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int | None = None, variant=None,
+               kv_dtype=None):  # fmt: skip
     """A compiled, cached kernel for `layer`, callable like `prefill` / `paged_decode`.
 
     `arch` (e.g. "sm_90") defaults to the current GPU's; without a GPU it must be given, and
     the kernel is compiled ahead of time (it can be stored and inspected, not run). Decode
-    kernels take `page_size` (default 16); `variant` picks a registered implementation of the
-    kind (default: prefill "tl", decode "cuda"; see sparsegen.kernels.base).
+    kernels take `page_size` (default 16) and `kv_dtype` (None: q's dtype; an fp8 dtype such
+    as torch.float8_e4m3fn or "fp8" for an fp8 cache); `variant` picks a registered
+    implementation of the kind (default: prefill "tl", decode "cuda"; see sparsegen.kernels.base).
     """
-    return lookup_kernel(layer, kind, dtype=dtype, arch=arch, page_size=page_size, variant=variant).kernel
+    return lookup_kernel(layer, kind, dtype=dtype, arch=arch, page_size=page_size, variant=variant,
+                         kv_dtype=kv_dtype).kernel  # fmt: skip
 
 
 def lookup_kernel(
-    layer: LayerSpec, kind: str, *, dtype, arch=None, page_size: int | None = None, variant=None
+    layer: LayerSpec,
+    kind: str,
+    *,
+    dtype,
+    arch=None,
+    page_size: int | None = None,
+    variant=None,
+    kv_dtype=None,
 ):
     """Like `get_kernel`, but returns `Lookup(kernel, status, seconds)`: status is "memory",
     "cached" (read from disk) or "compiled"."""
@@ -223,7 +235,14 @@ def lookup_kernel(
     if kind == "prefill" and page_size is not None:
         raise InputError(f"page_size is a decode option; prefill kernels take none (got {page_size!r})")
     return base.get(
-        kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, with_status=True
+        kind,
+        layer,
+        dtype=dtype,
+        arch=arch,
+        page_size=page_size,
+        variant=variant,
+        with_status=True,
+        kv_dtype=kv_dtype,
     )
 
 

@@ -42,7 +42,8 @@ def _table(entries) -> str:
                 e["key"],
                 _short(meta.get("kind")),
                 _short(meta.get("arch")),
-                _short(meta.get("dtype")),
+                _short(meta.get("dtype"))
+                + (f" kv {_short(meta['kv_dtype'])}" if meta.get("kv_dtype") else ""),
                 e["bytes"],
                 _verdict(e),
             ]

@@ -6,6 +6,9 @@ model (Phi-3-Small, or a decoder family's config.json) launches besides attentio
 (GEMV, few-row GEMM, rotary + KV write, GeGeLU, add + LayerNorm / RMSNorm: `models.kernel_plan`), each record with its own kind. Progress
 goes to stderr, one line per kernel and a summary; stdout gets a table, or with --json the list DESIGN §3 promises:
     [{"kind", "name", "key", "arch", "status", "seconds", "path"}, ...]
+With --kv-cache-dtype fp8 (fp8_e4m3, fp8_e5m2) the decode kernels are the ones that read an fp8
+cache (their names say so: decode_bf16_kvfp8e4m3_...); the prefill kernels stay the ones over
+q's dtype, since the engine dequantises the cached prefix in its gather.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..kernels import base
 from ..kernels.decode import PAGE_SIZES
 from ..log import get_logger
 from . import progress
-from .options import check_arch, load_pattern
+from .options import check_arch, kv_cache_dtype_option, load_pattern
 from .table import format_table
 
 DTYPES = {name: dtypes.resolve(name).torch for name in dtypes.CLI_NAMES}
@@ -63,7 +66,7 @@ def model_config(pattern: str):
 
 
 def build_all(
-    model, kinds, dtype, arch: str, page_size: int, *, as_json: bool = False, model_requests=()
+    model, kinds, dtype, arch: str, page_size: int, *, as_json: bool = False, model_requests=(), kv_dtype=None
 ) -> list[dict]:
     """Build each (kind, distinct layer) kernel, then each of `model_requests` (lifecycle
     requests of the model's own kernels); returns DESIGN §3 records in job order.
@@ -99,7 +102,7 @@ def build_all(
             )  # e.g. "decode local+vert"
             bar.note(building_now())
         start = time.perf_counter()
-        extra = {"page_size": page_size} if kind == "decode" else {}
+        extra = {"page_size": page_size, "kv_dtype": kv_dtype} if kind == "decode" else {}
         try:
             if model_kernel:
                 found = base.lookup(what)
@@ -149,7 +152,8 @@ def build_all(
     help="Also build the model's own kernels (GEMV, few-row GEMM, rotary, GeGeLU, norm): Phi-3-Small's, "
     "or those of the family a config.json names.",
 )
-def command(pattern, arch, dtype, kind, page_size, as_json, model_kernels):
+@kv_cache_dtype_option
+def command(pattern, arch, dtype, kind, page_size, as_json, model_kernels, kv_cache_dtype):
     """Compile (or fetch from the cache) every distinct kernel of a pattern."""
     model = load_pattern(pattern)
     arch = default_arch() if arch is None else arch  # '' is refused by check_arch, not defaulted
@@ -160,13 +164,21 @@ def command(pattern, arch, dtype, kind, page_size, as_json, model_kernels):
             param_hint="'--page-size'",
         )
     requests = []
+    kv_dtype = None if kv_cache_dtype == "auto" else dtypes.KV_CACHE_DTYPE_NAMES[kv_cache_dtype]
     if model_kernels:
         from ..models.kernel_plan import model_kernel_requests
 
-        requests = model_kernel_requests(model_config(pattern), DTYPES[dtype], arch, page_size)
+        requests = model_kernel_requests(model_config(pattern), DTYPES[dtype], arch, page_size, kv_dtype)
     start = time.perf_counter()
     records = build_all(
-        model, kinds, DTYPES[dtype], arch, page_size, as_json=as_json, model_requests=requests
+        model,
+        kinds,
+        DTYPES[dtype],
+        arch,
+        page_size,
+        as_json=as_json,
+        model_requests=requests,
+        kv_dtype=kv_dtype,
     )
     total = time.perf_counter() - start
     if as_json:
@@ -176,6 +188,6 @@ def command(pattern, arch, dtype, kind, page_size, as_json, model_kernels):
         click.echo(format_table(["kind", "name", "status", "seconds", "path"], rows))
     built = sum(r["status"] == "compiled" for r in records)
     log.info(
-        f"{len(records)} kernels for {model.name} ({arch}, {dtype}): {built} compiled, "
+        f"{len(records)} kernels for {model.name} ({arch}, {dtype}, KV cache {kv_cache_dtype}): {built} compiled, "
         f"{len(records) - built} cached, {total:.2f} s"
     )

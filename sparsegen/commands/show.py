@@ -9,10 +9,11 @@ import os
 import click
 import torch
 
+from .. import dtypes
 from ..errors import MissingExtraError
 from ..layout import block_mask, density
 from ..log import get_logger
-from .options import load_pattern, pick_layer
+from .options import kv_cache_dtype_option, load_pattern, pick_layer
 
 log = get_logger(__name__)
 
@@ -56,10 +57,18 @@ def ascii_block_mask(mask: torch.Tensor) -> str:
     type=click.IntRange(1, 1 << 16),
     default=16,
     show_default=True,
-    help="Decode pages in --png.",
+    help="Decode pages in --png, and the page size of the decode kernel named.",
 )
+@kv_cache_dtype_option
 def command(
-    pattern: str, layer: int | None, seq_len: int, head: int, as_json: bool, png: str | None, page_size: int
+    pattern: str,
+    layer: int | None,
+    seq_len: int,
+    head: int,
+    as_json: bool,
+    png: str | None,
+    page_size: int,
+    kv_cache_dtype: str = "auto",
 ) -> None:
     """Show per-head density (visible pairs / causal pairs) and the block mask of one layer."""
     if png is not None:
@@ -75,7 +84,7 @@ def command(
     if as_json:
         heads = [{"head": h, "kv_head": spec.kv_head(h), "density": d} for h, d in enumerate(dens)]
         click.echo(json.dumps({"pattern": model.name, "layer": index, "seq_len": seq_len, "heads": heads,
-                               **_features(spec)}))  # fmt: skip
+                               **_features(spec), **_decode_kv(spec, kv_cache_dtype, page_size)}))  # fmt: skip
     else:
         click.echo(
             f"{model.name}: layer {index} of {len(model.layers)}, seq_len {seq_len}, "
@@ -101,6 +110,9 @@ def command(
             f"sink tokens per head: {sinks}"
         )
         click.echo(f"prefill kernel on sm_90: {info['prefill_sm90']}")
+        kv = _decode_kv(spec, kv_cache_dtype, page_size)
+        click.echo(f"KV cache dtype: {kv['kv_cache_dtype']} ({kv['kv_torch_dtype']}); decode kernel (bf16 q): "
+                   f"{kv['decode_kernel']}")  # fmt: skip
     if png is not None:
         from ..figure import draw
 
@@ -123,6 +135,19 @@ def _check_png(path: str) -> str:
             param_hint="'--png'",
         )
     return path
+
+
+def _decode_kv(spec, kv_cache_dtype: str, page_size: int) -> dict:
+    """The KV cache's dtype (`--kv-cache-dtype`; auto: the model's) and the name of the decode
+    kernel that reads it for bf16 q (a bf16 model); a page size the kernel does not take names none."""
+    from ..kernels import decode_template
+
+    kv = None if kv_cache_dtype == "auto" else dtypes.KV_CACHE_DTYPE_NAMES[kv_cache_dtype]
+    name = None
+    if page_size in decode_template.PAGE_SIZES and spec.head_dim in decode_template.HEAD_DIMS:
+        name = decode_template.kernel_name(spec, "bf16", page_size, dtypes.kv_kernel_name(kv))
+    torch_name = "the model's dtype" if kv is None else str(kv).removeprefix("torch.")
+    return {"kv_cache_dtype": kv_cache_dtype, "kv_torch_dtype": torch_name, "decode_kernel": name}
 
 
 def _features(spec) -> dict:

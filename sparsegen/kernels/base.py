@@ -104,10 +104,11 @@ class KernelRequest(Request):
 
     @classmethod
     def make(
-        cls, kind, layer, *, dtype, arch=None, page_size=None, variant=None, knobs=None
+        cls, kind, layer, *, dtype, arch=None, page_size=None, variant=None, knobs=None, kv_dtype=None
     ) -> KernelRequest:
         """A checked attention request; `arch=None` means this GPU's, or the interpreter under
-        TRITON_INTERPRET for prefill."""
+        TRITON_INTERPRET for prefill. `kv_dtype` (None: q's dtype; an fp8 dtype or name) is the
+        K/V cache's element type."""
         if kind not in KINDS:
             raise InputError(f"kind must be one of {KINDS}, got {kind!r}")
         if not isinstance(layer, LayerSpec):
@@ -127,8 +128,8 @@ class KernelRequest(Request):
         else:
             page_size = 0
         variant = default_variant(kind, arch, layer, name) if variant is None else variant
-        return cls.of(kind, AttentionParams(layer, page_size, checked_knobs(knobs)), dtype=name, arch=arch,
-                      variant=variant)  # fmt: skip
+        params = AttentionParams(layer, page_size, checked_knobs(knobs), dtypes.kv_kernel_name(kv_dtype))
+        return cls.of(kind, params, dtype=name, arch=arch, variant=variant)
 
     @classmethod
     def of(cls, kind, params, *, dtype: str, arch: str, variant: str | None = None) -> KernelRequest:
@@ -237,6 +238,8 @@ def lookup(request: KernelRequest) -> Lookup:
             meta["page_size"] = request.page_size
         if isinstance(request.params, AttentionParams) and request.params.knobs:
             meta["knobs"] = request.knobs
+        if isinstance(request.params, AttentionParams) and request.params.kv_dtype:
+            meta["kv_dtype"] = request.params.kv_dtype
         return files, meta
 
     def load(files: dict[str, Path]):
@@ -250,13 +253,13 @@ def lookup(request: KernelRequest) -> Lookup:
 
 
 def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, knobs=None,
-        with_status: bool = False):  # fmt: skip
+        with_status: bool = False, kv_dtype=None):  # fmt: skip
     """`sparsegen.get_kernel`: the memoised getter. A repeat with the same layer object is one
     dict lookup on raw arguments (identity-checked); anything else builds a checked request. A
     Gluon prefill that `default_variant` chose may come back as the tl kernel (`gluon_fallback`)."""
     # The raw SPARSEGEN_PREFILL_TL value is part of the key: default_variant reads it.
     fast = (id(layer), kind, dtype, arch, page_size, variant, arch is None and env.interpreting(),
-            os.environ.get("SPARSEGEN_PREFILL_TL"), checked_knobs(knobs))  # fmt: skip
+            os.environ.get("SPARSEGEN_PREFILL_TL"), checked_knobs(knobs), kv_dtype)  # fmt: skip
     try:
         hit = _BY_ID.get(fast)
     except TypeError:  # an unhashable argument (a list...): KernelRequest.make names it
@@ -264,7 +267,14 @@ def get(kind: str, layer, *, dtype, arch=None, page_size=None, variant=None, kno
     if hit is not None and hit[0] is layer:
         return Lookup(hit[1], "memory", 0.0) if with_status else hit[1]
     request = KernelRequest.make(
-        kind, layer, dtype=dtype, arch=arch, page_size=page_size, variant=variant, knobs=knobs
+        kind,
+        layer,
+        dtype=dtype,
+        arch=arch,
+        page_size=page_size,
+        variant=variant,
+        knobs=knobs,
+        kv_dtype=kv_dtype,
     )
     if variant is None and request.variant == "gluon":  # chosen here: may fall back to tl
         from . import gluon_fallback

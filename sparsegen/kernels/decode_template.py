@@ -121,8 +121,26 @@ def _qk_accs(value: int) -> int:
     return int(value)
 
 
-def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> dict:
-    """Everything the template receives: ints, bools and allowed words only."""
+KV_FP8 = {"fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}  # fp8 KV dtype names (dtypes.FP8_NAMES) -> cvt format
+FP8_MIN_ARCH = 89  # the cvt of fp8 pairs to fp16 the fp8 template uses exists from sm_89 on
+
+
+def check_kv_dtype(kv_dtype: object) -> str:
+    """'' (K/V of q's dtype) or an fp8 name of KV_FP8; InputError otherwise."""
+    if kv_dtype is None or kv_dtype == "":
+        return ""
+    if not isinstance(kv_dtype, str) or kv_dtype not in KV_FP8:
+        raise InputError(
+            f"the decode kernels' kv_dtype must be None or one of {sorted(KV_FP8)}, got {kv_dtype!r}"
+        )
+    return kv_dtype
+
+
+def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, *, kv_dtype: str = "",
+                       **knobs: int) -> dict:  # fmt: skip
+    """Everything the template receives: ints, bools and allowed words only. `kv_dtype` ('' or
+    an fp8 name of KV_FP8) is the cache's element type when it is not q's."""
+    kv_dtype = check_kv_dtype(kv_dtype)
     unknown = set(knobs) - set(DEFAULT_KNOBS)
     if unknown:
         raise InputError(f"unknown decode template knobs {sorted(unknown)}")
@@ -165,16 +183,23 @@ def template_constants(layer: LayerSpec, dtype_name: str, page_size: int, **knob
         if layer.logit_softcap
         else 0,
         "learned_sinks": bool(layer.learned_sinks),
+        "fp8": bool(kv_dtype),
+        "fp8_e5m2": KV_FP8.get(kv_dtype) == "e5m2",
         "kernel_fn": KERNEL,
         "reduce_fn": REDUCE,
     }
 
 
-def render_source(layer: LayerSpec, dtype_name: str, page_size: int, **knobs: int) -> str:
-    return render(TEMPLATE, **template_constants(layer, dtype_name, page_size, **knobs))
+def render_source(
+    layer: LayerSpec, dtype_name: str, page_size: int, *, kv_dtype: str = "", **knobs: int
+) -> str:
+    return render(TEMPLATE, **template_constants(layer, dtype_name, page_size, kv_dtype=kv_dtype, **knobs))
 
 
-def kernel_name(layer: LayerSpec, dtype_name: str, page_size: int) -> str:
-    """Readable half of the key: decode_bf16_hd128_ps16_g4_bs64_l16_v8; every head group of a
-    hybrid layer is spelled (naming.pattern_name)."""
-    return f"decode_{dtype_name}_hd{layer.head_dim}_ps{page_size}_g{layer.group_size}_{pattern_name(layer)}"
+def kernel_name(layer: LayerSpec, dtype_name: str, page_size: int, kv_dtype: str = "") -> str:
+    """Readable half of the key: decode_bf16_hd128_ps16_g4_bs64_l16_v8, with an fp8 cache
+    decode_bf16_kvfp8e4m3_hd128_...; every head group of a hybrid layer is spelled
+    (naming.pattern_name)."""
+    kv = f"_kv{check_kv_dtype(kv_dtype)}" if kv_dtype else ""
+    return (f"decode_{dtype_name}{kv}_hd{layer.head_dim}_ps{page_size}_g{layer.group_size}_"
+            f"{pattern_name(layer)}")  # fmt: skip

@@ -26,6 +26,7 @@ class AttentionParams:
     layer: LayerSpec
     page_size: int  # decode: tokens per KV-cache page; prefill: 0
     knobs: tuple[tuple[str, int], ...] = ()  # sorted (name, value): settings beyond the defaults
+    kv_dtype: str = ""  # the K/V element type when not q's: "fp8e4m3" / "fp8e5m2" (dtypes.FP8_NAMES)
 
     def to_json(self) -> str:
         return self.layer.to_json()
@@ -36,6 +37,8 @@ class AttentionParams:
         extra: dict[str, Any] = {"page_size": self.page_size}
         if self.knobs:
             extra["knobs"] = dict(self.knobs)
+        if self.kv_dtype:  # only when set: a kernel over K/V of q's dtype keeps its key
+            extra["kv_dtype"] = self.kv_dtype
         return extra
 
 
@@ -61,6 +64,11 @@ class Request:
     @property
     def knobs(self) -> dict[str, int]:
         return dict(self.params.knobs)
+
+    @property
+    def kv_dtype(self) -> str:
+        """'' (K/V of the request's dtype) or the fp8 KV dtype's name ("fp8e4m3")."""
+        return getattr(self.params, "kv_dtype", "")
 
 
 class Kernel(abc.ABC):
@@ -100,6 +108,7 @@ class Family(abc.ABC):
     # implement; a layer that needs anything else is refused before any render (check_layer).
     features: frozenset[str] = frozenset()
     head_dims: tuple[int, ...] = (64, 96, 128)
+    kv_dtypes: frozenset[str] = frozenset()  # K/V dtypes besides q's that the kernels read ("fp8e4m3")
 
     def check_layer(self, request: Request) -> None:
         """Refuse an attention layer whose features or head_dim these kernels do not implement."""
@@ -111,6 +120,13 @@ class Family(abc.ABC):
             raise ImplUnavailableError(
                 f"the {self.kind} kernels of variant {self.variant!r} do not implement {', '.join(missing)}; "
                 "impl='reference' computes it"
+            )
+        kv = request.params.kv_dtype
+        if kv and kv not in self.kv_dtypes:
+            raise ImplUnavailableError(
+                f"the {self.kind} kernels of variant {self.variant!r} do not read {kv} K/V"
+                + (f" (they read {', '.join(sorted(self.kv_dtypes))})" if self.kv_dtypes else "")
+                + "; impl='reference' computes it"
             )
         if layer.head_dim not in self.head_dims:
             raise ImplUnavailableError(

@@ -192,11 +192,15 @@ class Attention(nn.Module):
         if rows is not None and (write is None or batch.sampled_block_tables is None):
             raise InputError("attention from the sampled rows only needs a KV cache written by this batch "
                              "and batch.sampled_block_tables / sampled_seq_lens")  # fmt: skip
-        scales = layer_scales(write)  # an fp8 cache's: the torch write path quantises
+        scales = layer_scales(write)  # an fp8 cache's (quantised by the fused kernel or the torch path)
+        # An fp8 cache whose scales the first prefill still has to calibrate takes the torch path
+        # (calibrate_once, then write_kv); decode steps never calibrate, so they always take the
+        # fused kernel, which reads the scales on the device (a captured graph included).
+        fused_write = scales is None or scales.ready or batch.is_decode
         if (
-            self.fused and scales is None and fast_kernels(qkv) and rotary_kernel.supports_rotary(qkv)
-        ):  # one kernel: rotary, split, cache write (bf16/fp16 caches only)
-            q, k, v = rotary_kernel.rotary_qkv(qkv, cos, sin, write, batch.slot_mapping)
+            self.fused and fused_write and fast_kernels(qkv) and rotary_kernel.supports_rotary(qkv)
+        ):  # one kernel: rotary, split, cache write (fp8: quantised with the layer's scales)
+            q, k, v = rotary_kernel.rotary_qkv(qkv, cos, sin, write, batch.slot_mapping, scales)
         else:
             q = Rotary.apply(qkv[:, :, :g].reshape(t, h, d), cos, sin)  # [T, H, D]
             k = Rotary.apply(qkv[:, :, g], cos, sin)  # [T, Hkv, D]

@@ -33,6 +33,7 @@ from ..kernels.linear import gemm_rows, gemv
 from ..kernels.linear.rope_write import RopeWrite
 from .config import Phi3SmallConfig
 from .families.config import DecoderConfig
+from .kv_scales import KVScales
 from .layers import ROWS_LAYERS
 
 ROW_COUNTS = (2, 32)  # rows of a few-row step: gemm_rows' and add + LayerNorm's PDL range
@@ -44,35 +45,52 @@ def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def model_kernel_requests(
-    config: Phi3SmallConfig | DecoderConfig, dtype: torch.dtype, arch: str, page_size: int = 16
+    config: Phi3SmallConfig | DecoderConfig,
+    dtype: torch.dtype,
+    arch: str,
+    page_size: int = 16,
+    kv_dtype: torch.dtype | None = None,
 ) -> list[KernelRequest]:
-    """The model kernels of `config` (either kind) in `dtype` on a GPU of `arch`."""
+    """The model kernels of `config` (either kind) in `dtype` on a GPU of `arch`; with `kv_dtype`
+    (an fp8 dtype) also the rotary kernels that write an fp8 cache."""
     if isinstance(config, DecoderConfig):
-        return decoder_kernel_requests(config, dtype, arch, page_size)
-    return phi3_kernel_requests(config, dtype, arch, page_size)
+        return decoder_kernel_requests(config, dtype, arch, page_size, kv_dtype)
+    return phi3_kernel_requests(config, dtype, arch, page_size, kv_dtype)
 
 
 def _cache(hkv: int, d: int, page_size: int, dtype: torch.dtype) -> torch.Tensor:
     return _meta(4, hkv, page_size, d, dtype=dtype).transpose(1, 2)  # [pages, page_size, Hkv, D], head-major
 
 
-def _rotary_requests(hkv, g, d, cache, target, arch) -> list:
-    """The fused rotary + K/V write at each token count the model launches it for."""
+def _fp8_cache(hkv: int, d: int, page_size: int, kv_dtype: torch.dtype):
+    """An fp8 cache (head-major pages) and its per-head scales, as meta tensors."""
+    return _cache(hkv, d, page_size, kv_dtype), KVScales(hkv, kv_dtype, "meta")  # scales: [Hkv] float32
+
+
+def _rotary_requests(hkv, g, d, cache, target, arch, dtype, scales=None) -> list:
+    """The fused rotary + K/V write at each token count the model launches it for, from a `dtype`
+    qkv into `cache` (an fp8 one with its `scales`)."""
+    extra = {} if scales is None else {"scales": scales}
     out = []
     for t in (1, *ROW_COUNTS, *PREFILL_TOKENS):
-        qkv = _meta(t, hkv, g + 2, d, dtype=cache.dtype)
+        qkv = _meta(t, hkv, g + 2, d, dtype=dtype)
         cos = _meta(t, d, dtype=torch.float32)
         out.append(rotary.request(qkv, cos, cos, (cache, cache), _meta(t, dtype=torch.int64), target=target,
-                                  arch=arch))  # fmt: skip
+                                  arch=arch, **extra))  # fmt: skip
     return out
 
 
 def phi3_kernel_requests(
-    config: Phi3SmallConfig, dtype: torch.dtype, arch: str, page_size: int = 16
+    config: Phi3SmallConfig,
+    dtype: torch.dtype,
+    arch: str,
+    page_size: int = 16,
+    kv_dtype: torch.dtype | None = None,
 ) -> list[KernelRequest]:
     """The model kernels (kinds gemv, gemm_rows, rotary_kv_write, gegelu, add_norm) for `config`
     in `dtype` on a GPU of `arch`, with a KV cache of `page_size`-token head-major pages; each
-    request once, in a stable order."""
+    request once, in a stable order. An fp8 `kv_dtype` adds the rotary kernel's fp8-writing
+    variants (an fp8 cache's decode steps and prefills once its scales are set)."""
     target = aot_target(arch)
     hidden, ff, vocab = config.hidden_size, config.ff_intermediate_size, config.vocab_size
     h, hkv, d, g = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.group_size
@@ -121,18 +139,25 @@ def phi3_kernel_requests(
                                             target=target, arch=arch))  # fmt: skip
 
     # prefills
-    out += _rotary_requests(hkv, g, d, cache, target, arch)
+    out += _rotary_requests(hkv, g, d, cache, target, arch, dtype)
     for t in PREFILL_TOKENS:
         xt = m(t, hidden)
         for residual in (None, xt):
             out.append(add_norm.request(xt, residual, ln_w, ln_b, eps, pdl=False, trigger=False,
                                         target=target, arch=arch))  # fmt: skip
         out.append(gegelu.request(m(t, 2 * ff), config.gegelu_limit, arch=arch))
+    if kv_dtype is not None:
+        cache8, scales = _fp8_cache(hkv, d, page_size, kv_dtype)
+        out += _rotary_requests(hkv, g, d, cache8, target, arch, dtype, scales)
     return list(dict.fromkeys(r for r in out if r is not None))
 
 
 def decoder_kernel_requests(
-    config: DecoderConfig, dtype: torch.dtype, arch: str, page_size: int = 16
+    config: DecoderConfig,
+    dtype: torch.dtype,
+    arch: str,
+    page_size: int = 16,
+    kv_dtype: torch.dtype | None = None,
 ) -> list[KernelRequest]:
     """A decoder family's model kernels (kinds gemv, gemm_rows, rotary_kv_write, add_norm), as
     `families.blocks` launches them on an sm_90 GPU with the fused kernels and the GEMV on:
@@ -217,7 +242,10 @@ def decoder_kernel_requests(
             for pdl, trigger in ((True, True), (True, False)) if hopper else ((False, False),):
                 norm_req(xr, residual, pdl, trigger)
     if pow2:
-        out += _rotary_requests(hkv, g, d, cache, target, arch)
+        out += _rotary_requests(hkv, g, d, cache, target, arch, dtype)
+        if kv_dtype is not None:
+            cache8, scales = _fp8_cache(hkv, d, page_size, kv_dtype)
+            out += _rotary_requests(hkv, g, d, cache8, target, arch, dtype, scales)
     for t in PREFILL_TOKENS:
         xt = m(t, hidden)
         for residual in (None, xt):

@@ -148,12 +148,13 @@ class ModelRunner:
         )
         set_checkpoint_scales(self.cache, getattr(model, "kv_scales", None))
         self.kv_cache_bytes = need
-        fp8 = self.cache.scales[0] is not None  # the fused rotary does not write fp8: not used then
-        if model.device.type == "cuda" and model.fused and not fp8:  # the model's fused rotary: build it now
+        if model.device.type == "cuda" and model.fused:  # the model's fused rotary: build it now
             from ..kernels.fused import rotary
 
-            k0, v0 = self.cache.k[0], self.cache.v[0]
-            rotary.warm_up_rotary(k0, v0, self.cache.scratch_page * page_size, cfg.group_size)
+            k0, v0, s0 = self.cache.k[0], self.cache.v[0], self.cache.scales[0]  # s0: an fp8 cache's scales
+            rotary.warm_up_rotary(
+                k0, v0, self.cache.scratch_page * page_size, cfg.group_size, s0, model.dtype
+            )
         usable = self.cache.allocator.capacity
         log.info(
             "KV cache: %d pages of %d tokens = %d tokens (%.2f GiB, %s) on %s",

@@ -2,8 +2,9 @@
 equals eager decode on the same fp8 cache, the kernels' decode over the engine's fp8 pages
 equals the reference's on the same bytes (NaN-poisoned unused pages), greedy tokens stay close to
 the bf16 cache's, chunked prefill over the dequantised prefix runs the Triton kernel, and the
-scales keep their addresses (the graphs captured them). Needs the fp8 CUDA decode kernel
-(`paged_decode` on fp8 pages); until it is built, `ImplUnavailableError` fails these tests."""
+scales keep their addresses (the graphs captured them). Runs the fp8 CUDA decode kernel
+(`paged_decode` on fp8 pages: kernels.decode with an fp8 kv_dtype) and the fused rotary's fp8
+write."""
 
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ The split count comes from the shapes only (no host sync), scratch comes from to
 on the current stream and the fused merge's counters from a per-stream cache that the kernel
 leaves at zero, so a decode step can be captured in a CUDA graph.
 
+fp8 caches (a request with kv_dtype "fp8e4m3" / "fp8e5m2", sm_89+): the kernel reads the fp8
+bytes and dequantises in registers; `k_scale` / `v_scale` (float32 [Hkv] or []) are pointers it
+reads on the device, so a captured graph replays with whatever values they hold then.
+
 Out-of-range page ids: unchecked (the default), the kernel treats every token on such a page as
 masked and never reads it, so the sequence gets a finite but meaningless output (zeros when no
 token is left) and the process survives. `check=True` or SPARSEGEN_DEBUG=1 validates seq_lens
@@ -30,13 +34,15 @@ from ... import dtypes, env
 from ...errors import CompileError, ImplUnavailableError, InputError
 from ...jit import nvrtc_build as nb
 from ...spec import MAX_SEQ_LEN
-from ...validate import check_bool, check_decode_inputs, layer_scale
+from ...validate import check_bool, check_decode_inputs, check_features, layer_scale
 from ..decode_merge import COUNTERS, use_fused
 from ..decode_template import (
     DEFAULT_KNOBS,
     FEATURES,
+    FP8_MIN_ARCH,
     HEAD_DIMS,
     KERNEL,
+    KV_FP8,
     MAX_SPLITS,
     PAGE_SIZES,
     REDUCE,
@@ -76,6 +82,7 @@ class DecodeKernel(Kernel):
         self.page_size = request.page_size
         self.heads_per_block = heads_per_block(request.layer)
         self.fused_merge = bool(fused_merge)  # built with the in-kernel split merge (template knob)
+        self.kv_dtype = request.kv_dtype  # '' (K/V of q's dtype) or "fp8e4m3" / "fp8e5m2"
         self._modules: dict[int, nb.CubinModule] = {}
 
     def _module(self, device: torch.device) -> nb.CubinModule:
@@ -104,6 +111,8 @@ class DecodeKernel(Kernel):
         check=None,
         pdl=False,
         sinks=None,
+        k_scale=None,
+        v_scale=None,
     ):
         """Validate (`check`: seq_lens and page ids too, on the host), launch on the current
         stream: `sparsegen.paged_decode` with this kernel. Returns [B, H, D]."""
@@ -111,10 +120,12 @@ class DecodeKernel(Kernel):
             raise InputError(f"kernel {self.name} was built for another layer spec")
         pdl = check_bool("pdl", pdl)
         check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, self.layer, allow_cpu=False,
-                            check_pages=bool(check), kernel=True, sinks=sinks)  # fmt: skip
+                            check_pages=bool(check), kernel=True, sinks=sinks, k_scale=k_scale,
+                            v_scale=v_scale)  # fmt: skip
         check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens)
         scale = layer_scale(scale, self.layer)
-        return launch_matching(self, q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks)
+        return launch_matching(self, q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks,
+                               k_scale=k_scale, v_scale=v_scale)  # fmt: skip
 
     def launch(
         self,
@@ -128,15 +139,20 @@ class DecodeKernel(Kernel):
         merge=None,
         pdl=False,
         sinks=None,
+        k_scale=None,
+        v_scale=None,
     ) -> torch.Tensor:
         """Launch on the current stream; inputs already validated. `splits` overrides the heuristic
         (clamped to 1..MAX_SPLITS); `merge` ("fused" / "separate") overrides decode_merge's rule.
         `pdl` (sm_90+; ignored before): programmatic dependent launch, see `sparsegen.paged_decode`.
-        `sinks` ([H] float32): exactly when the layer has learned sinks (the last kernel argument)."""
+        `sinks` ([H] float32): exactly when the layer has learned sinks (the last kernel argument).
+        `k_scale` / `v_scale` (float32 [Hkv] or [], on q's device): exactly for an fp8 kernel;
+        their presence, dtype, shape and device are checked here too (their values are not)."""
         if (sinks is None) == self.layer.learned_sinks:
             raise InputError(
                 f"kernel {self.name}: sinks= is required exactly when the layer has learned_sinks"
             )
+        scale_args = fp8_scale_args(self, q, k_cache, k_scale, v_scale, sinks)
         batch, num_heads, head_dim = q.shape  # q: [B, H, D]
         num_pages, page_size = k_cache.shape[:2]  # caches: [pages, page_size, Hkv, D]
         max_pages = block_tables.shape[1]  # block_tables: [B, max_pages]
@@ -169,6 +185,7 @@ class DecodeKernel(Kernel):
             np.uint64(seq_lens.data_ptr()), np.float32(scale * math.log2(math.e)),
             np.uint64(out.data_ptr()), np.uint64(po), np.uint64(pml), i32(splits), np.uint64(counters),
         )  # fmt: skip
+        args += scale_args
         sink_args = (np.uint64(sinks.data_ptr()),) if sinks is not None else ()  # sinks: [H] float32
         args += sink_args
         pdl = bool(pdl) and env.supports_pdl(q.device)
@@ -225,23 +242,30 @@ class CudaDecode(Family):
     source_file = SOURCE_FILE
     features = FEATURES
     head_dims = HEAD_DIMS
+    kv_dtypes = frozenset(KV_FP8)
 
     def check(self, request: Request) -> None:
+        if request.kv_dtype and env.parse_arch(request.arch) < FP8_MIN_ARCH:
+            raise ImplUnavailableError(
+                f"the fp8 decode kernels need sm_{FP8_MIN_ARCH} or newer (fp8 -> fp16 conversion), "
+                f"not {request.arch}; impl='reference' computes it"
+            )
         ps = request.page_size
         if isinstance(ps, bool) or not isinstance(ps, int) or ps not in PAGE_SIZES:
             raise InputError(
                 f"page_size must be an int in {PAGE_SIZES.start}..{PAGE_SIZES.stop - 1}, got {ps!r}"
             )
         if request.params.knobs:  # unknown or bad template knobs: InputError now, before any build
-            template_constants(request.layer, request.dtype, ps, **request.knobs)
+            template_constants(request.layer, request.dtype, ps, kv_dtype=request.kv_dtype, **request.knobs)
 
     def name(self, request: Request) -> str:
         """kernel_name, with each template knob of the request spelled after it (`_fused_merge0`)."""
         knobs = "".join(f"_{k}{int(v)}" for k, v in request.params.knobs)
-        return kernel_name(request.layer, request.dtype, request.page_size) + knobs
+        return kernel_name(request.layer, request.dtype, request.page_size, request.kv_dtype) + knobs
 
     def render(self, request: Request) -> str:
-        return render_source(request.layer, request.dtype, request.page_size, **request.knobs)
+        return render_source(request.layer, request.dtype, request.page_size, kv_dtype=request.kv_dtype,
+                             **request.knobs)  # fmt: skip
 
     def build(self, request: Request, source: str, module_name: str) -> dict[str, bytes]:
         cubin, _log = nb.compile_cubin(source, request.arch, name=f"{self.name(request)}.cu")
@@ -283,13 +307,39 @@ def check_kernel_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
 
 
 def launch_matching(kernel: DecodeKernel, q, k_cache, v_cache, block_tables, seq_lens, scale: float, *,
-                    pdl=False, sinks=None) -> torch.Tensor:  # fmt: skip
-    """Launch `kernel` on the current stream once q's dtype and the caches' page size are the
-    ones it was built for (inputs already checked: validate.check_decode_inputs, then
+                    pdl=False, sinks=None, k_scale=None, v_scale=None) -> torch.Tensor:  # fmt: skip
+    """Launch `kernel` on the current stream once q's dtype, the caches' dtype and page size are
+    the ones it was built for (inputs already checked: validate.check_decode_inputs, then
     check_kernel_inputs). Returns [B, H, D]."""
     if dtypes.name(q.dtype) != kernel.dtype_name or k_cache.shape[1] != kernel.page_size:
         raise InputError(
             f"kernel {kernel.name} is for {kernel.dtype_name} with page_size {kernel.page_size}; "
             f"got {q.dtype} with page_size {k_cache.shape[1]}"
         )
-    return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks)
+    return kernel.launch(q, k_cache, v_cache, block_tables, seq_lens, scale, pdl=pdl, sinks=sinks,
+                         k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+
+
+def cache_kv_dtype(k_cache: torch.Tensor) -> str:
+    """The decode request's kv_dtype for a cache tensor: '' unless it holds fp8."""
+    return dtypes.FP8_NAMES.get(k_cache.dtype, "")
+
+
+def fp8_scale_args(kernel: DecodeKernel, q, k_cache, k_scale, v_scale, sinks=None) -> tuple:
+    """The fp8 kernel's scale arguments, (pointer, stride) for k_scale then v_scale, or () for a
+    kernel over K/V of q's dtype. A launch checks them (and `sinks`) by the one rule of the
+    public entry points, validate.check_features (without reading values: no device sync), so
+    a kernel launched directly gets the same errors; and the cache's dtype must be the kernel's."""
+    want, have = kernel.kv_dtype, cache_kv_dtype(k_cache)
+    if have != want:
+        raise InputError(
+            f"kernel {kernel.name} reads {want or kernel.dtype_name} K/V, the cache holds {k_cache.dtype}"
+        )
+    check_features(
+        kernel.layer, q, k_cache.dtype, sinks=sinks, k_scale=k_scale, v_scale=v_scale, values=False
+    )
+    if not want:
+        return ()
+    # a [] scale has stride 0: one scale for every KV head
+    return (np.uint64(k_scale.data_ptr()), np.int32(1 if k_scale.dim() else 0),
+            np.uint64(v_scale.data_ptr()), np.int32(1 if v_scale.dim() else 0))  # fmt: skip

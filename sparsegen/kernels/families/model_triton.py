@@ -33,12 +33,13 @@ class RotaryFamily(TritonFamily):
     template = "rotary_kv_write.py.jinja"
     fn_name = "_rotary_qkv_kernel"
     arg_names = ("QKV", "COS", "SIN", "Q", "K", "V", "KC", "VC", "SLOTS", "n_tokens", "stride_t", "stride_c",
-                 "stride_q", "stride_k", "stride_slot", "page_size", "stride_cp", "stride_co", "stride_ch")  # fmt: skip
-    constexpr_names = ("HKV", "G", "D", "BLOCK_T", "WRITE_CACHE", "TRIGGER")
+                 "stride_q", "stride_k", "stride_slot", "page_size", "stride_cp", "stride_co", "stride_ch", "KS",
+                 "VS")  # fmt: skip
+    constexpr_names = ("HKV", "G", "D", "BLOCK_T", "WRITE_CACHE", "TRIGGER", "FP8_MAX")
     do_not_specialize = ("n_tokens",)
 
     def describe(self, c: dict, options: dict) -> str:
-        flags = [("cache", c["WRITE_CACHE"]), ("trigger", c["TRIGGER"])]
+        flags = [("cache", c["WRITE_CACHE"]), ("trigger", c["TRIGGER"]), ("fp8", c["FP8_MAX"])]
         return "_".join(
             [f"hkv{c['HKV']}_g{c['G']}_d{c['D']}_bt{c['BLOCK_T']}", *(n for n, on in flags if on)]
         )

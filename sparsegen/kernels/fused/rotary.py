@@ -5,14 +5,17 @@ Triton kernel (templates/rotary_kv_write.py.jinja).
 
 Per KV group the projection holds G queries, then k, then v; the kernel rotates q and k in
 float32 (NeoX style over the whole head), rounds where `models.rope.Rotary.apply` rounds,
-splits the three apart and writes k and v into the paged caches at each token's slot. The plain
-path (`Rotary.apply` plus `write_kv`) is the CPU path and the tests' oracle.
+splits the three apart and writes k and v into the paged caches at each token's slot. An fp8
+cache takes the layer's scales (`scales=`: models.kv_scales.KVScales, or anything with `k` / `v`
+float32 [Hkv]) and gets k / k_scale and v / v_scale, saturated, as `kv_scales.quantize` writes
+them. The plain path (`Rotary.apply` plus `write_kv`) is the CPU path and the tests' oracle.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...dtypes import FP8_DTYPES
 from ...errors import InputError
 from ..families.model_triton import ROTARY
 from ..launch_target import Target, target_of
@@ -35,26 +38,51 @@ def supports_rotary(qkv: torch.Tensor) -> bool:
     return not d & (d - 1) and qkv.stride()[1:] == (g2 * d, d, 1)
 
 
-def rotary_qkv(qkv, cos, sin, cache=None, slots=None):
+def rotary_qkv(qkv, cos, sin, cache=None, slots=None, scales=None):
     """qkv: [T, Hkv, G + 2, D] (per KV group: G queries, then k, then v); cos, sin: [T, D].
     Returns q [T, Hkv * G, D] and k, v [T, Hkv, D], q and k rotated; with `cache` = (k_cache,
     v_cache), [pages, page_size, Hkv, D] with equal strides and a contiguous last dim (any page
     layout: runner.kv_cache), and `slots` [T] int64 (page * page_size + offset), writes k and v
-    there."""
-    q, k, v, launch = _plan(qkv, cos, sin, cache, slots, target_of(qkv.device))
+    there (an fp8 cache: quantised with `scales`)."""
+    q, k, v, launch = _plan(qkv, cos, sin, cache, slots, target_of(qkv.device), scales)
     if launch is not None:
         LAUNCH(*launch)
     return q, k, v
 
 
-def request(qkv, cos, sin, cache=None, slots=None, *, target: Target, arch: str):
+def request(qkv, cos, sin, cache=None, slots=None, *, target: Target, arch: str, scales=None):
     """The request a `rotary_qkv(...)` launch makes on a GPU of `arch` described by `target`
     (tensors may be on the meta device); None for no tokens."""
-    launch = _plan(qkv, cos, sin, cache, slots, target)[3]
+    launch = _plan(qkv, cos, sin, cache, slots, target, scales)[3]
     return None if launch is None else LAUNCH.request(*launch[1:], arch)
 
 
-def _plan(qkv, cos, sin, cache, slots, target: Target):
+def _fp8_scales(cache, scales, hkv: int, device) -> tuple:
+    """(KS, VS, FP8_MAX) for the launch: the scales of an fp8 cache, checked; placeholders and 0.0
+    for a cache of q's dtype (or none), which must come without scales."""
+    fp8 = cache is not None and cache[0].dtype in FP8_DTYPES
+    if not fp8:
+        if scales is not None:
+            raise InputError("scales= is only for an fp8 KV cache")
+        return None, None, 0.0
+    if cache[1].dtype != cache[0].dtype:
+        raise InputError(
+            f"the K and V caches must share one fp8 dtype, got {cache[0].dtype} and {cache[1].dtype}"
+        )
+    if scales is None:
+        raise InputError(f"an {cache[0].dtype} KV cache needs scales= (k and v, float32 [{hkv}])")
+    for name in ("k", "v"):
+        s = getattr(scales, name, None)
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or tuple(s.shape) != (hkv,):
+            raise InputError(f"scales.{name} must be a float32 tensor [{hkv}], got {s!r:.80}")
+        if s.device != device or s.stride(0) != 1:
+            raise InputError(
+                f"scales.{name} must be contiguous on {device}, got {s.device}, stride {s.stride()}"
+            )
+    return scales.k, scales.v, float(torch.finfo(cache[0].dtype).max)
+
+
+def _plan(qkv, cos, sin, cache, slots, target: Target, scales=None):
     """The outputs and the launch (grid, args, constexprs, options, dtype), or None for no tokens."""
     t, hkv, g2, d = qkv.shape
     g = g2 - 2
@@ -73,30 +101,32 @@ def _plan(qkv, cos, sin, cache, slots, target: Target):
     kc, vc = cache if write else (k, v)
     cache_strides = (kc.shape[1], kc.stride(0), kc.stride(1), kc.stride(2)) if write else (1, 0, 0, 0)
     slot_ptr = slots if write else cos
+    ks, vs, fp8_max = _fp8_scales(cache, scales, hkv, qkv.device)
     block_t = ROTARY_TOKENS if t >= ROTARY_TILED_FROM else 1
     args = (
         qkv, cos, sin, q, k, v, kc, vc, slot_ptr,
         t, qkv.stride(0), cos.stride(0), q.stride(0), k.stride(0), slots.stride(0) if write else 0,
-        *cache_strides,
+        *cache_strides, cos if ks is None else ks, cos if vs is None else vs,  # KS, VS: unused without fp8
     )  # fmt: skip
-    constexprs = (hkv, g, d, block_t, write, target.pdl)
+    constexprs = (hkv, g, d, block_t, write, target.pdl, fp8_max)
     return q, k, v, ((-(-t // block_t), hkv, 1), args, constexprs, (), qkv.dtype)
 
 
-def warm_up_rotary(k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, group: int) -> None:
+def warm_up_rotary(k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, group: int, scales=None,
+                   dtype: torch.dtype | None = None) -> None:  # fmt: skip
     """Load (or build) the rotary kernel's two variants (one token per program, and ROTARY_TOKENS
     from ROTARY_TILED_FROM tokens on) now, by launching both, writing zeros into the cache at
     `slot` (the engine's scratch page): otherwise the first prompt of >= ROTARY_TILED_FROM tokens
     waits for it (on a fresh H200 machine, 645 ms for the first 8K prompt against 196 ms for the
     second). The engine's own cache is used because the kernel is specialised on the page size
-    and strides."""
+    and strides; an fp8 cache's warm-up takes its layer's `scales` and the model's `dtype`."""
     _, _, hkv, d = k_cache.shape  # [pages, page_size, Hkv, D]
     dev = k_cache.device
     for t in (1, ROTARY_TILED_FROM):
-        qkv = torch.zeros((t, hkv, group + 2, d), dtype=k_cache.dtype, device=dev)
+        qkv = torch.zeros((t, hkv, group + 2, d), dtype=dtype or k_cache.dtype, device=dev)
         if not supports_rotary(qkv):
             return
         cos = torch.ones((t, d), dtype=torch.float32, device=dev)
         sin = torch.zeros((t, d), dtype=torch.float32, device=dev)
         slots = torch.full((t,), slot, dtype=torch.long, device=dev)  # every token into the one slot
-        rotary_qkv(qkv, cos, sin, (k_cache, v_cache), slots)
+        rotary_qkv(qkv, cos, sin, (k_cache, v_cache), slots, scales)
