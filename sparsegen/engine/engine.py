@@ -45,6 +45,7 @@ from .executor import model_facts, open_executor
 from .output_processor import run_prompts, track_prompts
 from .outputs import RequestOutput
 from .prefix_cache import cache_salt
+from .prompt_scores import book_prompt_logprobs, first_prompt_logprobs
 from .scheduler import Plan, Scheduler
 
 
@@ -61,6 +62,9 @@ class TokenEvent:
     request_id: int = -1  # the Sequence's seq_id: what `LLMEngine.abort` takes
     error: RequestFailedError | None = None  # why the request failed (finish_reason "error")
     num_cached_tokens: int = 0  # prompt tokens the request found in the prefix cache
+    # on a request's first token, when its SamplingParams.prompt_logprobs is set: one entry per
+    # prompt token, the first None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 class LLMEngine:
@@ -270,6 +274,7 @@ class LLMEngine:
         never emitted, and their pages were freed when they ended."""
         out = done.output()
         plan, now = done.plan, time.perf_counter()
+        book_prompt_logprobs(plan, out.prompt_logprobs)
         failures = [self._fail(plan.sampled[row], why) for row, why in out.failed]  # before booking
         keep = [i for i, s in enumerate(plan.sampled) if s.finish_reason is None]
         live = tuple(c for c in plan.chunks if c.seq.finish_reason is None)
@@ -286,6 +291,7 @@ class LLMEngine:
                     logprobs=out.logprobs[i],
                     request_id=seq.seq_id,
                     num_cached_tokens=seq.num_cached_tokens or 0,
+                    prompt_logprobs=first_prompt_logprobs(seq),
                 )
             )
             if reason is not None:

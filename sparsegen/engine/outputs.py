@@ -52,6 +52,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (None: not run)
+    # SamplingParams.prompt_logprobs: one entry per prompt token, the first None (vLLM's shape;
+    # None when not asked for, or when the request ended before its first token)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def text(self) -> str | None:
@@ -85,6 +88,8 @@ class Update:
     logprobs: tuple[TokenLogprobs, ...]
     finish_reason: str | None
     stop_reason: int | str | None = None
+    # with the completion's first token, when its parameters ask for prompt_logprobs
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,7 @@ class CompletionTracker:
         self.t_first: float | None = None
         self.t_last: float | None = None
         self.num_cached_tokens: int | None = None  # from the engine's first event for it
+        self.prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # from the same event
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""
         self._sent = 0  # characters of _text already handed out
@@ -145,12 +151,16 @@ class CompletionTracker:
         engine_reason: str | None,
         logprobs: TokenLogprobs | None = None,
         now: float = 0.0,
+        prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None,
     ) -> Update:
         """Record one token (with the engine's finish reason, if it ended the sequence; `now` is
-        when it came). After it returns with `finished` set and `engine_reason` None, the
-        caller must abort the engine's sequence (a stop string ended it)."""
+        when it came; `prompt_logprobs` come with the first token). After it returns with
+        `finished` set and `engine_reason` None, the caller must abort the engine's sequence (a
+        stop string ended it)."""
         if self.finished:
             raise RuntimeError(f"completion {self.index} got a token after it finished")
+        if prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_logprobs
         self.token_ids.append(token_id)
         if self.t_first is None:
             self.t_first = now
@@ -175,7 +185,8 @@ class CompletionTracker:
             if self.finished and not isinstance(self.stop_reason, str):
                 self._text += self._decoder.decode(b"", final=True)  # a cut-off character shows as U+FFFD
         shown = (logprobs,) if logprobs is not None else ()
-        return Update(self.index, self._take(), (token_id,), shown, self.finish_reason, self.stop_reason)
+        return Update(self.index, self._take(), (token_id,), shown, self.finish_reason, self.stop_reason,
+                      prompt_logprobs)  # fmt: skip
 
     def _find_stop(self) -> None:
         text, start = self._text, max(0, self._searched - self._hold)

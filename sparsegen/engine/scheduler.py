@@ -5,13 +5,17 @@ Each step is either a prefill step or a decode step:
   free pages for their whole prompt, plus a page of headroom per running sequence.
 - If some running sequence still has more than one uncached token, the step is a prefill:
   chunks of those tokens, at most `max_num_batched_tokens` in all. A chunk is a prefill with
-  `q_len < k_len` over the prefix already in the cache.
+  `q_len < k_len` over the prefix already in the cache. A chunk of a request that asks for
+  prompt_logprobs holds at most `SCORED_CHUNK_TOKENS` tokens: each of its rows has a row of
+  logits over the vocabulary.
 - Otherwise every running sequence decodes one token.
 
 With prefix caching, admission first looks up the sequence's full pages by their chained
 hashes (`engine.prefix_cache`): the longest run found becomes its first pages (shared, by
 reference count) and its cached length starts after them, leaving at least one token to
-compute so that the last row is sampled. A page is registered under its hash once it is full
+compute so that the last row is sampled. A request that asks for prompt_logprobs skips the
+lookup: it computes its whole prompt, since every prompt position's logits score a prompt token
+(its pages are registered all the same, for later requests). A page is registered under its hash once it is full
 and its K/V are booked (`postprocess`); a released registered page stays cached until the
 allocator evicts it for lack of empty pages (`runner.page_pool`).
 
@@ -32,7 +36,11 @@ from ..request.sequence import Chunk, Plan, Sequence
 from ..runner.kv_cache import CacheOutOfMemory, KVCache, pages_for
 from .prefix_cache import PrefixCounters, extend_page_hashes, root_digest
 
-__all__ = ["Chunk", "Plan", "Scheduler", "Sequence"]
+__all__ = ["SCORED_CHUNK_TOKENS", "Chunk", "Plan", "Scheduler", "Sequence"]
+
+# Prompt tokens a step computes of one request that asks for prompt_logprobs: its float32 logits
+# are [tokens, vocab] (for Phi-3-Small's 100,352-token vocabulary, 1024 rows are 392 MiB).
+SCORED_CHUNK_TOKENS = 1024
 
 
 class Scheduler:
@@ -107,7 +115,7 @@ class Scheduler:
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """The registered pages that hold `seq`'s longest cached run of full pages, short of its
         last token (which is always computed, so that its logits exist)."""
-        if not self.prefix_caching:
+        if not self.prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         most = (len(seq) - 1) // self.cache.page_size
         return self.cache.allocator.lookup(self._hashes(seq, most)[:most]) if most else []
@@ -128,7 +136,7 @@ class Scheduler:
             seq.num_cached *= ps
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = seq.num_cached
-            if self.prefix_caching:
+            if self.prefix_caching and seq.params.prompt_logprobs is None:  # the others skip the lookup
                 self.prefix_counters.queries += len(seq)
                 self.prefix_counters.hits += seq.num_cached
             self.running.append(self.waiting.popleft())
@@ -176,6 +184,8 @@ class Scheduler:
         for seq in self.running:
             if seq.num_pending > 1 and budget > 0:
                 n = min(seq.num_pending, budget)
+                if seq.params.prompt_logprobs is not None:
+                    n = min(n, SCORED_CHUNK_TOKENS)
                 chunks.append(Chunk(seq, seq.num_cached, seq.num_cached + n))
                 budget -= n
         if chunks:

@@ -34,6 +34,8 @@ from .decode_inputs import DecodeInputs, padded_tables
 from .inflight import InFlight
 from .isolation import sample_isolating
 from .kv_cache import KVCache, set_checkpoint_scales
+from .prompt_logprobs import score_prompt, scored_rows
+from .sampling import DeviceSample
 from .transfer import packed_to_device
 
 log = get_logger(__name__)
@@ -210,6 +212,11 @@ class ModelRunner:
             if c.completes:
                 last_rows.append(cu_q[-1] - 1)
         rows = np.array(last_rows, dtype=np.int64)
+        # prompt_logprobs: the scored rows follow the sampled ones, and every row then runs the
+        # last layer (its attention from just the sampled rows is for one row a sequence)
+        scoring = any(c.scored_positions for c in chunks)
+        if scoring:
+            rows = np.concatenate([rows, scored_rows(chunks, cu_q)])
         fields = [np.concatenate(f) if f else None for f in (ids, positions, slots, gather)]
         if fields[3] is not None:  # flat slots -> (pages, offsets), the cache's two indices
             fields[3] = np.concatenate([fields[3] // cache.page_size, fields[3] % cache.page_size])
@@ -225,15 +232,15 @@ class ModelRunner:
             is_decode=False,
             positions=positions_d,  # [T]
             use_long_rope=long_d,  # [T] or None
-            logits_index=rows_d,  # [rows sampled]
+            logits_index=rows_d,  # [rows sampled (+ rows scored)]
             cu_seqlens_q=cu_seqlens_q,  # [B+1] int32
             cu_seqlens_k=cu_seqlens_k,  # [B+1] int32
             max_seqlen_q=max(c.stop - c.start for c in chunks),
             max_seqlen_k=max(c.stop for c in chunks),
             kv_gather=None if gather_d is None else gather_d.view(2, -1),  # [2, Tk] or None
             slot_mapping=slots_d,  # [T]
-            sampled_block_tables=tables_d.view(tables.shape),  # [sampled, width] int32
-            sampled_seq_lens=lens_d,  # [sampled] int32
+            sampled_block_tables=None if scoring else tables_d.view(tables.shape),  # [sampled, width] int32
+            sampled_seq_lens=None if scoring else lens_d,  # [sampled] int32
         )
         return ids_d, batch  # ids: [T]
 
@@ -265,7 +272,7 @@ class ModelRunner:
         return self.decode_inputs(chunks).to_batch(self.model.device, input_ids)
 
     @torch.inference_mode()
-    def run(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
+    def run(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled) (+ rows scored), vocab] float32
         if plan.is_decode:
             inputs = self.decode_inputs(plan.chunks)
             if self.graphs is not None and self.graphs.fits(len(plan.chunks)):
@@ -289,8 +296,14 @@ class ModelRunner:
             plan = replace(plan, input_ids=after.tokens)
         logits = self.run(plan)
         seqs = plan.sampled
+        # prompt log-probabilities (their rows follow the sampled ones): only for a host that reads
+        prompt = score_prompt(logits[len(seqs) :], plan) if read_back and plan.scores_prompt else None
+        logits = logits[: len(seqs)]  # [sampled, vocab]
         if not seqs:
-            return InFlight(plan, None, None)
+            if prompt is None:
+                return InFlight(plan, None, None)
+            out = DeviceSample(torch.zeros(0, dtype=torch.long, device=logits.device), prompt=prompt)
+            return InFlight(plan, out.token_ids, out.to_host())
         ahead = 1 if plan.lookahead else 0  # a lookahead row's previous token is not booked yet
         out = sample_isolating(  # a row whose sampling fails is named in out.failed, not raised
             logits,
@@ -300,6 +313,8 @@ class ModelRunner:
             eos_token_id=eos_token_id,
             num_generated=[len(s.output_ids) + ahead for s in seqs],
         )
+        if prompt is not None:
+            out = replace(out, prompt=prompt)
         return InFlight(plan, out.token_ids, out.to_host() if read_back else None)
 
     def close(self, kill: bool = False) -> None:
