@@ -150,7 +150,9 @@ class LLM:
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
             if k is not None and k > self.vocab_size:
-                raise InputError(f"{where}.{name} is {k}, more than the vocabulary's {self.vocab_size} tokens")
+                raise InputError(
+                    f"{where}.{name} is {k}, more than the vocabulary's {self.vocab_size} tokens"
+                )
         return params
 
     def request(

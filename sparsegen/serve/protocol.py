@@ -163,7 +163,9 @@ class CompletionRequest(_SamplingFields):
     def check(self) -> None:
         self._refuse_unsupported()
         if self.max_tokens == 0 and not self.echo:
-            raise RequestError("max_tokens 0 is only allowed with echo: true (to score the prompt)", "max_tokens")
+            raise RequestError(
+                "max_tokens 0 is only allowed with echo: true (to score the prompt)", "max_tokens"
+            )
         if self.suffix:
             raise RequestError("suffix is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
