@@ -83,6 +83,7 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False  # vLLM's extra fields
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     allowed_token_ids: (
         Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
     ) = None
@@ -130,6 +131,7 @@ class _SamplingFields(_Strict):
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
             logprobs=logprobs,
             seed=self.seed,
             logit_bias=self._bias_pairs(),
