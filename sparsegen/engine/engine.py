@@ -65,6 +65,7 @@ class TokenEvent:
     # on a request's first token, when its SamplingParams.prompt_logprobs is set: one entry per
     # prompt token, the first None
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    t_scheduled: float | None = None  # when the request first joined the batch (time.perf_counter)
 
 
 class LLMEngine:
@@ -104,6 +105,7 @@ class LLMEngine:
         tensor_parallel_size: int = 1,
         collective_timeout_s: float | None = None,
         enable_prefix_caching: bool = True,
+        gpu_memory_utilization: float | None = None,
     ):
         config = EngineConfig(
             page_size=page_size,
@@ -120,6 +122,7 @@ class LLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             collective_timeout_s=collective_timeout_s,
             enable_prefix_caching=enable_prefix_caching,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
         facts = model_facts(model, config, device)  # reads nothing but a config.json
         cfg = self.model_config = facts.config
@@ -292,6 +295,7 @@ class LLMEngine:
                     request_id=seq.seq_id,
                     num_cached_tokens=seq.num_cached_tokens or 0,
                     prompt_logprobs=first_prompt_logprobs(seq),
+                    t_scheduled=seq.t_scheduled,
                 )
             )
             if reason is not None:

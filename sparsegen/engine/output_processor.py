@@ -91,6 +91,7 @@ class OutputProcessor:
         request, c = entry
         if c.num_cached_tokens is None:
             c.num_cached_tokens = getattr(event, "num_cached_tokens", 0)
+            c.t_scheduled = getattr(event, "t_scheduled", None)
         update = c.add(
             event.token_id, event.finish_reason, event.logprobs, now, getattr(event, "prompt_logprobs", None)
         )

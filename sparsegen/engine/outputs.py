@@ -134,6 +134,7 @@ class CompletionTracker:
         self.t_last: float | None = None
         self.num_cached_tokens: int | None = None  # from the engine's first event for it
         self.prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # from the same event
+        self.t_scheduled: float | None = None  # when its sequence first joined the batch (the engine's)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""
         self._sent = 0  # characters of _text already handed out

@@ -29,6 +29,7 @@ lengths, new tokens, timings, finish reasons, and the pages of finished sequence
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from ..errors import InputError
@@ -134,8 +135,9 @@ class Scheduler:
             seq.pages += alloc.allocate(need)  # alone, it fits: add() checked the whole cache
             seq.num_cached = seq.num_registered = len(hit)
             seq.num_cached *= ps
-            if seq.num_cached_tokens is None:
+            if seq.num_cached_tokens is None:  # its first admission (not a preempted one's return)
                 seq.num_cached_tokens = seq.num_cached
+                seq.t_scheduled = time.perf_counter()
             if self.prefix_caching and seq.params.prompt_logprobs is None:  # the others skip the lookup
                 self.prefix_counters.queries += len(seq)
                 self.prefix_counters.hits += seq.num_cached

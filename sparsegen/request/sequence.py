@@ -33,6 +33,7 @@ class Sequence:
     # (the engine fills it from each prefill chunk's logits; None when the request did not ask)
     prompt_logprobs: list[TokenLogprobs | None] | None = field(default=None, repr=False)
     t_submit: float = field(default_factory=time.perf_counter)
+    t_scheduled: float | None = None  # when it was first admitted to the running batch
     t_first_token: float | None = None
     t_last_token: float | None = None
     # Bumped whenever `pages` is replaced by another list (a preemption or a finish empties it):

@@ -25,7 +25,7 @@ import torch
 from ..errors import InputError
 from ..log import get_logger
 from ..models.batch import ForwardBatch
-from ..models.memory import check_fits, prefill_activation_bytes
+from ..models.memory import check_fits, gpu_cache_bytes, prefill_activation_bytes
 from ..models.phi3small import Phi3SmallForCausalLM
 from ..request.sequence import Chunk, Plan, Sequence
 from .config import EngineConfig
@@ -73,17 +73,23 @@ def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int, dtype: torch.
 
 def default_num_pages(
     model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None, prefill_tokens: int,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, gpu_memory_utilization: float | None = None,
 ) -> int:  # fmt: skip
-    """Pages that `kv_cache_bytes` holds; by default 90 % of the free GPU memory less a headroom
-    for a prefill step of `prefill_tokens` tokens (GPU), or 256 MiB (CPU)."""
+    """Pages that `kv_cache_bytes` holds; by default, on a GPU, 90 % of its free memory less a
+    headroom for a prefill step of `prefill_tokens` tokens, or with `gpu_memory_utilization`
+    vLLM's rule (`models.memory.gpu_cache_bytes`: that share of the whole GPU for the weights, the
+    cache and the headroom); on a CPU 256 MiB (gpu_memory_utilization does not apply there)."""
     per_page = kv_bytes_per_page(model, page_size, dtype)
     if kv_cache_bytes is None:
         if model.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(model.device)
+            free, total = torch.cuda.mem_get_info(model.device)
             act = step_activation_bytes(model, prefill_tokens)
             headroom = max(GPU_MIN_HEADROOM_BYTES, act + GPU_OVERHEAD_BYTES)
-            kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - headroom, 2 * per_page)
+            if gpu_memory_utilization is not None:
+                held = torch.cuda.memory_reserved(model.device)
+                kv_cache_bytes = gpu_cache_bytes(free, total, held, headroom, gpu_memory_utilization)
+            else:
+                kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - headroom, 2 * per_page)
         else:
             kv_cache_bytes = CPU_KV_CACHE_BYTES
     pages = kv_cache_bytes // per_page
@@ -124,7 +130,7 @@ class ModelRunner:
         tokens = max_step_tokens(config, max_model_len)
         kv_dtype = config.cache_dtype(model.dtype)
         pages = config.num_pages or default_num_pages(
-            model, page_size, config.kv_cache_bytes, tokens, kv_dtype
+            model, page_size, config.kv_cache_bytes, tokens, kv_dtype, config.gpu_memory_utilization
         )
         need = pages * kv_bytes_per_page(model, page_size, kv_dtype)
         check_fits(
