@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import EngineError, InputError, RequestFailedError
 from ..models.phi3small import Phi3SmallForCausalLM
@@ -65,7 +65,8 @@ class TokenEvent:
     # on a request's first token, when its SamplingParams.prompt_logprobs is set: one entry per
     # prompt token, the first None
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
-    t_scheduled: float | None = None  # when the request first joined the batch (time.perf_counter)
+    # when the request first joined the batch (time.perf_counter; a timing, not compared)
+    t_scheduled: float | None = field(default=None, compare=False)
 
 
 class LLMEngine:
