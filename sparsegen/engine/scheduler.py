@@ -5,9 +5,9 @@ Each step is either a prefill step or a decode step:
   free pages for their whole prompt, plus a page of headroom per running sequence.
 - If some running sequence still has more than one uncached token, the step is a prefill:
   chunks of those tokens, at most `max_num_batched_tokens` in all. A chunk is a prefill with
-  `q_len < k_len` over the prefix already in the cache. A chunk of a request that asks for
-  prompt_logprobs holds at most `SCORED_CHUNK_TOKENS` tokens: each of its rows has a row of
-  logits over the vocabulary.
+  `q_len < k_len` over the prefix already in the cache. The chunks of requests that ask for
+  prompt_logprobs hold at most `SCORED_STEP_TOKENS` tokens a step between them: each of their
+  rows has a row of logits over the vocabulary.
 - Otherwise every running sequence decodes one token.
 
 With prefix caching, admission first looks up the sequence's full pages by their chained
@@ -37,11 +37,12 @@ from ..request.sequence import Chunk, Plan, Sequence
 from ..runner.kv_cache import CacheOutOfMemory, KVCache, pages_for
 from .prefix_cache import PrefixCounters, extend_page_hashes, root_digest
 
-__all__ = ["SCORED_CHUNK_TOKENS", "Chunk", "Plan", "Scheduler", "Sequence"]
+__all__ = ["SCORED_STEP_TOKENS", "Chunk", "Plan", "Scheduler", "Sequence"]
 
-# Prompt tokens a step computes of one request that asks for prompt_logprobs: its float32 logits
-# are [tokens, vocab] (for Phi-3-Small's 100,352-token vocabulary, 1024 rows are 392 MiB).
-SCORED_CHUNK_TOKENS = 1024
+# Prompt tokens a step computes of the requests that ask for prompt_logprobs, all of them
+# together: their float32 logits are [tokens, vocab] (for Phi-3-Small's 100,352-token vocabulary,
+# 1024 rows are 392 MiB, and their log-softmax as much again).
+SCORED_STEP_TOKENS = 1024
 
 
 class Scheduler:
@@ -181,13 +182,16 @@ class Scheduler:
             if self.waiting:  # cannot happen: add() guarantees a lone request fits
                 raise CacheOutOfMemory("no request can be admitted into an empty KV cache")
             return None
-        budget = self.max_num_batched_tokens
+        budget, scored = self.max_num_batched_tokens, SCORED_STEP_TOKENS
         chunks = []
         for seq in self.running:
             if seq.num_pending > 1 and budget > 0:
                 n = min(seq.num_pending, budget)
                 if seq.params.prompt_logprobs is not None:
-                    n = min(n, SCORED_CHUNK_TOKENS)
+                    n = min(n, scored)
+                    if n == 0:  # this step's scored rows are taken: the next step computes it
+                        continue
+                    scored -= n
                 chunks.append(Chunk(seq, seq.num_cached, seq.num_cached + n))
                 budget -= n
         if chunks:
