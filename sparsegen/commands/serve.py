@@ -112,7 +112,7 @@ def _log_to_stderr() -> None:
 def command(
     model_arg, model_dir, random_size, tokenizer_path, host, port, max_queue, served_model_name, device, dtype, max_num_seqs,
     max_model_len, chunk_size, page_size, no_cuda_graphs, kv_cache_dtype, compile_model, no_warmup, drain_timeout, tp,
-    enable_prefix_caching, tp_alias, enforce_eager, seed, chat_template, api_key, strict,
+    enable_prefix_caching, tp_alias, enforce_eager, gpu_memory_utilization, seed, chat_template, api_key, strict,
 ):  # fmt: skip
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
     /detokenize, /health, /metrics)."""
@@ -140,7 +140,8 @@ def command(
         )
         llm = LLM(model=model_dir, random=random_size, tokenizer=tokenizer_path, dtype=dtype, device=device,
                   seed=seed, tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                  compile_model=compile_model, kv_cache_dtype=kv_cache_dtype, **steps)  # fmt: skip
+                  compile_model=compile_model, kv_cache_dtype=kv_cache_dtype,
+                  gpu_memory_utilization=gpu_memory_utilization, **steps)  # fmt: skip
         if template is not None:
             llm.use_chat_template(*template)
         if not no_warmup:

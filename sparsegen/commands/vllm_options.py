@@ -4,6 +4,9 @@ sparsegen serve [MODEL]          the folder positionally (the same as --model)
 --dtype auto|bfloat16|float16|float32|half|float   (besides bf16, fp16, fp32; auto: the default)
 --tensor-parallel-size N         the same as --tp
 --enforce-eager                  no CUDA graphs (the same as --no-cuda-graphs)
+--gpu-memory-utilization F       the share (0, 1] of the GPU's memory the engine may take for the
+                                 weights, the KV cache and a step's activations (vLLM's meaning;
+                                 default: 90 % of the free memory less a headroom; not used on a CPU)
 --seed N                         the seed of random weights and of unseeded sampling
 --chat-template FILE|TEXT        a Jinja chat template, rendered in the same sandbox
 --api-key KEY / SPARSEGEN_API_KEY
@@ -29,6 +32,8 @@ def vllm_options(command):
             click.option("--tensor-parallel-size", "tp_alias", type=click.IntRange(min=1), default=None,
                          help="vLLM's name for --tp."),
             click.option("--enforce-eager", is_flag=True, help="No CUDA graphs (vLLM's name for --no-cuda-graphs)."),
+            click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+                         help="Share of the GPU's memory for weights, KV cache and activations (vLLM's meaning)."),
             click.option("--seed", type=SEED, default=0, show_default=True,
                          help="Seed of random weights and of requests without their own seed."),
             click.option("--chat-template", default=None,

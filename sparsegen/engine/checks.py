@@ -60,10 +60,10 @@ def check_params(params: object, vocab_size: int, where: str = "params") -> Samp
                 f"SamplingParams.stop_token_ids holds {tok!r}, not a token id in 0..{vocab_size - 1}"
             )
     check_processor_ids(params, vocab_size)
-    if params.logprobs is not None and params.logprobs > vocab_size:
-        raise InputError(
-            f"SamplingParams.logprobs is {params.logprobs}, more than the vocabulary's {vocab_size} tokens"
-        )
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(params, name)
+        if k is not None and k > vocab_size:
+            raise InputError(f"SamplingParams.{name} is {k}, more than the vocabulary's {vocab_size} tokens")
     return params
 
 

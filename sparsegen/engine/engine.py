@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import EngineError, InputError, RequestFailedError
 from ..models.phi3small import Phi3SmallForCausalLM
@@ -45,6 +45,7 @@ from .executor import model_facts, open_executor
 from .output_processor import run_prompts, track_prompts
 from .outputs import RequestOutput
 from .prefix_cache import cache_salt
+from .prompt_scores import book_prompt_logprobs, first_prompt_logprobs
 from .scheduler import Plan, Scheduler
 
 
@@ -61,6 +62,11 @@ class TokenEvent:
     request_id: int = -1  # the Sequence's seq_id: what `LLMEngine.abort` takes
     error: RequestFailedError | None = None  # why the request failed (finish_reason "error")
     num_cached_tokens: int = 0  # prompt tokens the request found in the prefix cache
+    # on a request's first token, when its SamplingParams.prompt_logprobs is set: one entry per
+    # prompt token, the first None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    # when the request first joined the batch (time.perf_counter; a timing, not compared)
+    t_scheduled: float | None = field(default=None, compare=False)
 
 
 class LLMEngine:
@@ -101,6 +107,7 @@ class LLMEngine:
         collective_timeout_s: float | None = None,
         enable_prefix_caching: bool = True,
         dense_attention: bool = False,
+        gpu_memory_utilization: float | None = None,
     ):
         config = EngineConfig(
             page_size=page_size,
@@ -118,6 +125,7 @@ class LLMEngine:
             collective_timeout_s=collective_timeout_s,
             enable_prefix_caching=enable_prefix_caching,
             dense_attention=dense_attention,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
         facts = model_facts(model, config, device)  # reads nothing but a config.json
         cfg = self.model_config = facts.config
@@ -272,6 +280,7 @@ class LLMEngine:
         never emitted, and their pages were freed when they ended."""
         out = done.output()
         plan, now = done.plan, time.perf_counter()
+        book_prompt_logprobs(plan, out.prompt_logprobs)
         failures = [self._fail(plan.sampled[row], why) for row, why in out.failed]  # before booking
         keep = [i for i, s in enumerate(plan.sampled) if s.finish_reason is None]
         live = tuple(c for c in plan.chunks if c.seq.finish_reason is None)
@@ -288,6 +297,8 @@ class LLMEngine:
                     logprobs=out.logprobs[i],
                     request_id=seq.seq_id,
                     num_cached_tokens=seq.num_cached_tokens or 0,
+                    prompt_logprobs=first_prompt_logprobs(seq),
+                    t_scheduled=seq.t_scheduled,
                 )
             )
             if reason is not None:

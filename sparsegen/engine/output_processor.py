@@ -48,7 +48,12 @@ class RequestState:
             prompt_token_ids=list(self.prompt_ids[0]),
             outputs=[c.output() for c in self.completions],
             num_cached_tokens=self.completions[0].num_cached_tokens,
+            prompt_logprobs=_listed(self.completions[0].prompt_logprobs),
         )
+
+
+def _listed(items: tuple | None) -> list | None:
+    return list(items) if items is not None else None
 
 
 class OutputProcessor:
@@ -86,7 +91,10 @@ class OutputProcessor:
         request, c = entry
         if c.num_cached_tokens is None:
             c.num_cached_tokens = getattr(event, "num_cached_tokens", 0)
-        update = c.add(event.token_id, event.finish_reason, event.logprobs, now)
+            c.t_scheduled = getattr(event, "t_scheduled", None)
+        update = c.add(
+            event.token_id, event.finish_reason, event.logprobs, now, getattr(event, "prompt_logprobs", None)
+        )
         if c.finished:
             del self._live[event.request_id]
             if event.finish_reason is None:

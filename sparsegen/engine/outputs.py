@@ -6,7 +6,9 @@ byte), leaves special tokens out of the text (unless `skip_special_tokens=False`
 strings in the decoded text even when they span tokens, and holds back the last
 `len(longest stop) - 1` characters of a running stream so that a stop string is never half-sent.
 The final EOS or stop token stays in `token_ids` but not in the text; a stop string is cut from
-the text.
+the text. Special tokens that are shown (`skip_special_tokens=False`) are set apart from the
+text beside them by one space each side, unless `spaces_between_special_tokens=False` (vLLM's
+join of special tokens and the text between them).
 
 Finish reasons are one vocabulary for every front end, vLLM's and OpenAI's: "stop" (EOS, a stop
 token or a stop string, with `stop_reason` None, the token id or the string), "length", and
@@ -52,6 +54,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (None: not run)
+    # SamplingParams.prompt_logprobs: one entry per prompt token, the first None (vLLM's shape;
+    # None when not asked for, or when the request ended before its first token)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def text(self) -> str | None:
@@ -85,6 +90,8 @@ class Update:
     logprobs: tuple[TokenLogprobs, ...]
     finish_reason: str | None
     stop_reason: int | str | None = None
+    # with the completion's first token, when its parameters ask for prompt_logprobs
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,10 @@ class CompletionTracker:
         self.tokenizer = detokenizer.tokenizer if params.detokenize else None
         self.eos_token_ids = detokenizer.eos_token_ids
         self.hidden_ids = detokenizer.special_ids if params.skip_special_tokens else frozenset()
+        # spaces_between_special_tokens: a shown special token and the text beside it are joined
+        # by a space (None: nothing shown yet; else whether the last piece shown was special)
+        self.spaced_ids = detokenizer.special_ids if params.spaces_between_special_tokens else frozenset()
+        self._last_special: bool | None = None
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         self.finish_reason: str | None = None
@@ -122,6 +133,8 @@ class CompletionTracker:
         self.t_first: float | None = None
         self.t_last: float | None = None
         self.num_cached_tokens: int | None = None  # from the engine's first event for it
+        self.prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # from the same event
+        self.t_scheduled: float | None = None  # when its sequence first joined the batch (the engine's)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""
         self._sent = 0  # characters of _text already handed out
@@ -145,12 +158,16 @@ class CompletionTracker:
         engine_reason: str | None,
         logprobs: TokenLogprobs | None = None,
         now: float = 0.0,
+        prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None,
     ) -> Update:
         """Record one token (with the engine's finish reason, if it ended the sequence; `now` is
-        when it came). After it returns with `finished` set and `engine_reason` None, the
-        caller must abort the engine's sequence (a stop string ended it)."""
+        when it came; `prompt_logprobs` come with the first token). After it returns with
+        `finished` set and `engine_reason` None, the caller must abort the engine's sequence (a
+        stop string ended it)."""
         if self.finished:
             raise RuntimeError(f"completion {self.index} got a token after it finished")
+        if prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_logprobs
         self.token_ids.append(token_id)
         if self.t_first is None:
             self.t_first = now
@@ -167,7 +184,7 @@ class CompletionTracker:
         ends_on_token = engine_reason in ("eos", "stop")
         if self.tokenizer is not None:
             if not ends_on_token and token_id not in self.hidden_ids:
-                self._text += self._decoder.decode(self.tokenizer.token_bytes(token_id))
+                self._show(token_id)
             if self.params.stop and len(self.token_ids) >= self.params.min_tokens:
                 self._find_stop()
             else:  # as vLLM: no stop string ends a completion before min_tokens
@@ -175,7 +192,15 @@ class CompletionTracker:
             if self.finished and not isinstance(self.stop_reason, str):
                 self._text += self._decoder.decode(b"", final=True)  # a cut-off character shows as U+FFFD
         shown = (logprobs,) if logprobs is not None else ()
-        return Update(self.index, self._take(), (token_id,), shown, self.finish_reason, self.stop_reason)
+        return Update(self.index, self._take(), (token_id,), shown, self.finish_reason, self.stop_reason,
+                      prompt_logprobs)  # fmt: skip
+
+    def _show(self, token_id: int) -> None:
+        special = token_id in self.spaced_ids
+        if self._last_special is not None and (special or self._last_special):
+            self._text += self._decoder.decode(b"", final=True) + " "  # a pending partial character ends
+        self._text += self._decoder.decode(self.tokenizer.token_bytes(token_id))
+        self._last_special = special
 
     def _find_stop(self) -> None:
         text, start = self._text, max(0, self._searched - self._hold)

@@ -5,13 +5,17 @@ Each step is either a prefill step or a decode step:
   free pages for their whole prompt, plus a page of headroom per running sequence.
 - If some running sequence still has more than one uncached token, the step is a prefill:
   chunks of those tokens, at most `max_num_batched_tokens` in all. A chunk is a prefill with
-  `q_len < k_len` over the prefix already in the cache.
+  `q_len < k_len` over the prefix already in the cache. The chunks of requests that ask for
+  prompt_logprobs hold at most `SCORED_STEP_TOKENS` tokens a step between them: each of their
+  rows has a row of logits over the vocabulary.
 - Otherwise every running sequence decodes one token.
 
 With prefix caching, admission first looks up the sequence's full pages by their chained
 hashes (`engine.prefix_cache`): the longest run found becomes its first pages (shared, by
 reference count) and its cached length starts after them, leaving at least one token to
-compute so that the last row is sampled. A page is registered under its hash once it is full
+compute so that the last row is sampled. A request that asks for prompt_logprobs skips the
+lookup: it computes its whole prompt, since every prompt position's logits score a prompt token
+(its pages are registered all the same, for later requests). A page is registered under its hash once it is full
 and its K/V are booked (`postprocess`); a released registered page stays cached until the
 allocator evicts it for lack of empty pages (`runner.page_pool`).
 
@@ -25,6 +29,7 @@ lengths, new tokens, timings, finish reasons, and the pages of finished sequence
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from ..errors import InputError
@@ -32,7 +37,12 @@ from ..request.sequence import Chunk, Plan, Sequence
 from ..runner.kv_cache import CacheOutOfMemory, KVCache, pages_for
 from .prefix_cache import PrefixCounters, extend_page_hashes, root_digest
 
-__all__ = ["Chunk", "Plan", "Scheduler", "Sequence"]
+__all__ = ["SCORED_STEP_TOKENS", "Chunk", "Plan", "Scheduler", "Sequence"]
+
+# Prompt tokens a step computes of the requests that ask for prompt_logprobs, all of them
+# together: their float32 logits are [tokens, vocab] (for Phi-3-Small's 100,352-token vocabulary,
+# 1024 rows are 392 MiB, and their log-softmax as much again).
+SCORED_STEP_TOKENS = 1024
 
 
 class Scheduler:
@@ -107,7 +117,7 @@ class Scheduler:
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """The registered pages that hold `seq`'s longest cached run of full pages, short of its
         last token (which is always computed, so that its logits exist)."""
-        if not self.prefix_caching:
+        if not self.prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         most = (len(seq) - 1) // self.cache.page_size
         return self.cache.allocator.lookup(self._hashes(seq, most)[:most]) if most else []
@@ -126,9 +136,10 @@ class Scheduler:
             seq.pages += alloc.allocate(need)  # alone, it fits: add() checked the whole cache
             seq.num_cached = seq.num_registered = len(hit)
             seq.num_cached *= ps
-            if seq.num_cached_tokens is None:
+            if seq.num_cached_tokens is None:  # its first admission (not a preempted one's return)
                 seq.num_cached_tokens = seq.num_cached
-            if self.prefix_caching:
+                seq.t_scheduled = time.perf_counter()
+            if self.prefix_caching and seq.params.prompt_logprobs is None:  # the others skip the lookup
                 self.prefix_counters.queries += len(seq)
                 self.prefix_counters.hits += seq.num_cached
             self.running.append(self.waiting.popleft())
@@ -171,11 +182,16 @@ class Scheduler:
             if self.waiting:  # cannot happen: add() guarantees a lone request fits
                 raise CacheOutOfMemory("no request can be admitted into an empty KV cache")
             return None
-        budget = self.max_num_batched_tokens
+        budget, scored = self.max_num_batched_tokens, SCORED_STEP_TOKENS
         chunks = []
         for seq in self.running:
             if seq.num_pending > 1 and budget > 0:
                 n = min(seq.num_pending, budget)
+                if seq.params.prompt_logprobs is not None:
+                    n = min(n, scored)
+                    if n == 0:  # this step's scored rows are taken: the next step computes it
+                        continue
+                    scored -= n
                 chunks.append(Chunk(seq, seq.num_cached, seq.num_cached + n))
                 budget -= n
         if chunks:

@@ -147,6 +147,12 @@ class LLM:
                 f"{where}.stop_token_ids holds {bad[0]}, outside the vocabulary 0..{self.vocab_size - 1}"
             )
         check_processor_ids(params, self.vocab_size, where)
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > self.vocab_size:
+                raise InputError(
+                    f"{where}.{name} is {k}, more than the vocabulary's {self.vocab_size} tokens"
+                )
         return params
 
     def request(

@@ -109,6 +109,29 @@ def check_fits(need: int, device: torch.device | str, what: str, advice: str = D
         )
 
 
+def gpu_cache_bytes(free: int, total: int, held: int, headroom: int, utilization: float) -> int:
+    """vLLM's `gpu_memory_utilization`: the bytes the KV cache may take when this engine may use
+    `utilization` of the GPU's `total` memory for everything it holds, i.e. that share less what
+    it holds already (`held`: the weights, as torch's allocator has reserved them) and less
+    `headroom` (a prefill step's activations, logits, CUDA graphs). Raises MemoryLimitError when
+    other processes leave less than that share free, or when nothing is left for a cache."""
+    share = int(total * utilization)
+    if share > free + held:  # the rest of the GPU is held by other processes
+        raise MemoryLimitError(
+            f"gpu_memory_utilization={utilization} asks for {share / 2**30:.1f} GiB of the GPU's "
+            f"{total / 2**30:.1f} GiB, but only {(free + held) / 2**30:.1f} GiB are free or held by this engine "
+            "(other processes hold the rest); lower gpu_memory_utilization or free the GPU"
+        )
+    room = share - held - headroom
+    if room <= 0:
+        raise MemoryLimitError(
+            f"gpu_memory_utilization={utilization} leaves no room for a KV cache: {share / 2**30:.1f} GiB "
+            f"less the weights' {held / 2**30:.1f} GiB and a step's {headroom / 2**30:.1f} GiB of headroom; "
+            "raise gpu_memory_utilization, or use a smaller model or fewer prefill tokens a step"
+        )
+    return room
+
+
 def check_model_fits(config: Phi3SmallConfig, dtype: torch.dtype, device: torch.device | str) -> None:
     n = parameter_count(config)
     check_fits(

@@ -118,7 +118,7 @@ class MultiprocExecutor:
         self._check_open()
         self._unsent.append(self._encoder.encode(plan, eos_token_id))
         step, self._launched = self._launched, self._launched + 1
-        return InFlight(plan, None, RankOutput(self, step) if plan.sampled else None)
+        return InFlight(plan, None, RankOutput(self, step) if plan.sampled or plan.scores_prompt else None)
 
     def collect(self, step: int) -> SamplerOutput:
         """Send the launched steps not sent yet, and wait for step `step`'s tokens from rank 0."""

@@ -51,7 +51,10 @@ def runner_on_rank(
     """The rank's ModelRunner; by default its cache has the pages that every rank can afford."""
     if config.num_pages is None:  # the driver's scheduler hands out the same pages to every rank
         tokens = max_step_tokens(config, max_model_len)
-        mine = default_num_pages(model, config.page_size, config.kv_cache_bytes, tokens)
+        mine = default_num_pages(
+            model, config.page_size, config.kv_cache_bytes, tokens,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+        )  # fmt: skip
         config = replace(config, num_pages=distributed.min_int(mine, info.device))
     return ModelRunner(model, config, max_model_len=max_model_len)
 

@@ -6,8 +6,8 @@ one batched step can hold, so a value that passes here cannot fail inside a step
 - counts of tokens (`max_tokens`, `min_tokens`, `top_k`) and token ids are at most
   `MAX_TOKEN_COUNT` (sequence lengths and positions are int32 on the device; a `top_k` above
   the vocabulary keeps every token);
-- `n` is at most `MAX_N` (each completion is a sequence of its own), `logprobs` at most
-  `MAX_LOGPROBS`, a seed is a uint64;
+- `n` is at most `MAX_N` (each completion is a sequence of its own), `logprobs` and
+  `prompt_logprobs` at most `MAX_LOGPROBS` (vLLM's max_logprobs), a seed is a uint64;
 - floats are finite and at most `FLOAT32_MAX` (the step's parameter tensors are float32).
 """
 
@@ -146,8 +146,16 @@ class SamplingParams:
     - `ignore_eos`: keep going past EOS.
     - `logprobs`: `None`, or how many top log-probabilities to return per step (0 returns only
       the sampled token's); computed from the model's raw logits, before any penalty.
+    - `prompt_logprobs`: `None`, or how many top log-probabilities to return for each prompt
+      token (0 returns only the prompt token's own): `RequestOutput.prompt_logprobs`, one entry
+      per prompt token, the first None (nothing comes before it). Such a request computes its
+      whole prompt: it does not take its prefix from the prefix cache (its pages are still
+      cached for others).
     - `seed`: a per-request random stream, reproducible whatever else is in the batch.
     - `skip_special_tokens`: leave special tokens (`<|user|>`, ...) out of the text.
+    - `spaces_between_special_tokens`: with `skip_special_tokens=False`, a space goes between a
+      special token and the text next to it (and between two special tokens), as vLLM
+      (and transformers) join them; False puts nothing between them.
     - `include_stop_str_in_output`: a stop string that ended the text stays at its end.
     - `detokenize`: False returns token ids only (the text is ""); stop strings need text, so
       they are refused with it.
@@ -172,8 +180,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     seed: int | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True
     # -- logit processors (runner.sampling applies them per row, batched) --
@@ -228,7 +238,7 @@ class SamplingParams:
             raise InputError(
                 f"SamplingParams.skip_special_tokens must be a bool, got {self.skip_special_tokens!r}"
             )
-        for name in ("include_stop_str_in_output", "detokenize"):
+        for name in ("include_stop_str_in_output", "detokenize", "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"SamplingParams.{name} must be a bool, got {getattr(self, name)!r:.80}")
         if not self.detokenize and self.stop:
@@ -237,6 +247,8 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
             raise InputError(
                 f"SamplingParams.seed must be None or an int in 0..2**64-1, got {self.seed!r:.80}"
@@ -273,8 +285,19 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Log-probabilities of prompt tokens `first`, `first + 1`, ... of sequence `seq_id`, from
+    one prefill chunk's logits (each token scored by the position before it)."""
+
+    seq_id: int
+    first: int  # index in the prompt of the first token scored (>= 1)
+    items: tuple[TokenLogprobs, ...]
+
+
+@dataclass(frozen=True)
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]  # one per row; None where the row did not ask
     # rows whose sampling failed, with why ("TypeName: message"); their tokens are meaningless
     failed: tuple[tuple[int, str], ...] = ()
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # chunks of sequences that asked for them

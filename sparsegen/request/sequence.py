@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, TokenLogprobs
 
 
 @dataclass(eq=False)
@@ -29,7 +29,11 @@ class Sequence:
     page_hashes: list[bytes] = field(default_factory=list, repr=False)
     num_registered: int = 0
     finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
+    # SamplingParams.prompt_logprobs: one entry per prompt token booked so far, the first None
+    # (the engine fills it from each prefill chunk's logits; None when the request did not ask)
+    prompt_logprobs: list[TokenLogprobs | None] | None = field(default=None, repr=False)
     t_submit: float = field(default_factory=time.perf_counter)
+    t_scheduled: float | None = None  # when it was first admitted to the running batch
     t_first_token: float | None = None
     t_last_token: float | None = None
     # Bumped whenever `pages` is replaced by another list (a preemption or a finish empties it):
@@ -70,6 +74,14 @@ class Chunk:
         """The chunk reaches the end of the sequence, so its last row is sampled."""
         return self.stop == len(self.seq)
 
+    @property
+    def scored_positions(self) -> range:
+        """The chunk's positions whose logits score the next prompt token (position p scores
+        prompt token p + 1), when its sequence asked for prompt_logprobs; else empty."""
+        if self.seq.params.prompt_logprobs is None:
+            return range(0)
+        return range(self.start, min(self.stop, len(self.seq.prompt_ids) - 1))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -83,6 +95,11 @@ class Plan:
     # not on the host (a lookahead step: the previous step's sampled tokens). None: each
     # sequence's last token.
     input_ids: torch.Tensor | None = field(default=None, compare=False)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Some chunk of this prefill step computes prompt log-probabilities."""
+        return not self.is_decode and any(c.scored_positions for c in self.chunks)
 
     @property
     def sampled(self) -> list[Sequence]:

@@ -75,6 +75,10 @@ class EngineConfig:
     # every layer's attention dense causal (its soft-cap, learned sinks and scale kept), same
     # weights: the model's `set_force_dense(True)`, for comparing a window model with itself
     dense_attention: bool = False
+    # vLLM's: the share of the GPU's whole memory the engine may take for weights, KV cache and a
+    # step's activations, when num_pages and kv_cache_bytes are None (None: 90 % of the free
+    # memory less a headroom; runner.model_runner.default_num_pages). Not used on a CPU.
+    gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         check_int("page_size", self.page_size, 1, MAX_PAGE_SIZE)
@@ -97,6 +101,9 @@ class EngineConfig:
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InputError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        u = self.gpu_memory_utilization
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1):
+            raise InputError(f"gpu_memory_utilization must be None or a number in (0, 1], got {u!r:.40}")
         t = self.collective_timeout_s
         if t is not None and (
             isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")

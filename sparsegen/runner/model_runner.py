@@ -25,7 +25,7 @@ import torch
 from ..errors import InputError
 from ..log import get_logger
 from ..models.batch import ForwardBatch
-from ..models.memory import check_fits, prefill_activation_bytes
+from ..models.memory import check_fits, gpu_cache_bytes, prefill_activation_bytes
 from ..models.phi3small import Phi3SmallForCausalLM
 from ..request.sequence import Chunk, Plan, Sequence
 from .config import EngineConfig
@@ -34,6 +34,8 @@ from .decode_inputs import DecodeInputs, padded_tables
 from .inflight import InFlight
 from .isolation import sample_isolating
 from .kv_cache import KVCache, set_checkpoint_scales
+from .prompt_logprobs import score_prompt, scored_rows
+from .sampling import DeviceSample
 from .transfer import packed_to_device
 
 log = get_logger(__name__)
@@ -71,17 +73,23 @@ def kv_bytes_per_page(model: Phi3SmallForCausalLM, page_size: int, dtype: torch.
 
 def default_num_pages(
     model: Phi3SmallForCausalLM, page_size: int, kv_cache_bytes: int | None, prefill_tokens: int,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, gpu_memory_utilization: float | None = None,
 ) -> int:  # fmt: skip
-    """Pages that `kv_cache_bytes` holds; by default 90 % of the free GPU memory less a headroom
-    for a prefill step of `prefill_tokens` tokens (GPU), or 256 MiB (CPU)."""
+    """Pages that `kv_cache_bytes` holds; by default, on a GPU, 90 % of its free memory less a
+    headroom for a prefill step of `prefill_tokens` tokens, or with `gpu_memory_utilization`
+    vLLM's rule (`models.memory.gpu_cache_bytes`: that share of the whole GPU for the weights, the
+    cache and the headroom); on a CPU 256 MiB (gpu_memory_utilization does not apply there)."""
     per_page = kv_bytes_per_page(model, page_size, dtype)
     if kv_cache_bytes is None:
         if model.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(model.device)
+            free, total = torch.cuda.mem_get_info(model.device)
             act = step_activation_bytes(model, prefill_tokens)
             headroom = max(GPU_MIN_HEADROOM_BYTES, act + GPU_OVERHEAD_BYTES)
-            kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - headroom, 2 * per_page)
+            if gpu_memory_utilization is not None:
+                held = torch.cuda.memory_reserved(model.device)
+                kv_cache_bytes = gpu_cache_bytes(free, total, held, headroom, gpu_memory_utilization)
+            else:
+                kv_cache_bytes = max(int(free * GPU_MEMORY_FRACTION) - headroom, 2 * per_page)
         else:
             kv_cache_bytes = CPU_KV_CACHE_BYTES
     pages = kv_cache_bytes // per_page
@@ -127,7 +135,7 @@ class ModelRunner:
         tokens = max_step_tokens(config, max_model_len)
         kv_dtype = config.cache_dtype(model.dtype)
         pages = config.num_pages or default_num_pages(
-            model, page_size, config.kv_cache_bytes, tokens, kv_dtype
+            model, page_size, config.kv_cache_bytes, tokens, kv_dtype, config.gpu_memory_utilization
         )
         need = pages * kv_bytes_per_page(model, page_size, kv_dtype)
         check_fits(
@@ -216,6 +224,11 @@ class ModelRunner:
             if c.completes:
                 last_rows.append(cu_q[-1] - 1)
         rows = np.array(last_rows, dtype=np.int64)
+        # prompt_logprobs: the scored rows follow the sampled ones, and every row then runs the
+        # last layer (its attention from just the sampled rows is for one row a sequence)
+        scoring = any(c.scored_positions for c in chunks)
+        if scoring:
+            rows = np.concatenate([rows, scored_rows(chunks, cu_q)])
         fields = [np.concatenate(f) if f else None for f in (ids, positions, slots, gather)]
         if fields[3] is not None:  # flat slots -> (pages, offsets), the cache's two indices
             fields[3] = np.concatenate([fields[3] // cache.page_size, fields[3] % cache.page_size])
@@ -231,15 +244,15 @@ class ModelRunner:
             is_decode=False,
             positions=positions_d,  # [T]
             use_long_rope=long_d,  # [T] or None
-            logits_index=rows_d,  # [rows sampled]
+            logits_index=rows_d,  # [rows sampled (+ rows scored)]
             cu_seqlens_q=cu_seqlens_q,  # [B+1] int32
             cu_seqlens_k=cu_seqlens_k,  # [B+1] int32
             max_seqlen_q=max(c.stop - c.start for c in chunks),
             max_seqlen_k=max(c.stop for c in chunks),
             kv_gather=None if gather_d is None else gather_d.view(2, -1),  # [2, Tk] or None
             slot_mapping=slots_d,  # [T]
-            sampled_block_tables=tables_d.view(tables.shape),  # [sampled, width] int32
-            sampled_seq_lens=lens_d,  # [sampled] int32
+            sampled_block_tables=None if scoring else tables_d.view(tables.shape),  # [sampled, width] int32
+            sampled_seq_lens=None if scoring else lens_d,  # [sampled] int32
         )
         return ids_d, batch  # ids: [T]
 
@@ -271,7 +284,7 @@ class ModelRunner:
         return self.decode_inputs(chunks).to_batch(self.model.device, input_ids)
 
     @torch.inference_mode()
-    def run(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled), vocab] float32
+    def run(self, plan: Plan) -> torch.Tensor:  # [len(plan.sampled) (+ rows scored), vocab] float32
         if plan.is_decode:
             inputs = self.decode_inputs(plan.chunks)
             if self.graphs is not None and self.graphs.fits(len(plan.chunks)):
@@ -295,8 +308,14 @@ class ModelRunner:
             plan = replace(plan, input_ids=after.tokens)
         logits = self.run(plan)
         seqs = plan.sampled
+        # prompt log-probabilities (their rows follow the sampled ones): only for a host that reads
+        prompt = score_prompt(logits[len(seqs) :], plan) if read_back and plan.scores_prompt else None
+        logits = logits[: len(seqs)]  # [sampled, vocab]
         if not seqs:
-            return InFlight(plan, None, None)
+            if prompt is None:
+                return InFlight(plan, None, None)
+            out = DeviceSample(torch.zeros(0, dtype=torch.long, device=logits.device), prompt=prompt)
+            return InFlight(plan, out.token_ids, out.to_host())
         ahead = 1 if plan.lookahead else 0  # a lookahead row's previous token is not booked yet
         out = sample_isolating(  # a row whose sampling fails is named in out.failed, not raised
             logits,
@@ -306,6 +325,8 @@ class ModelRunner:
             eos_token_id=eos_token_id,
             num_generated=[len(s.output_ids) + ahead for s in seqs],
         )
+        if prompt is not None:
+            out = replace(out, prompt=prompt)
         return InFlight(plan, out.token_ids, out.to_host() if read_back else None)
 
     def close(self, kill: bool = False) -> None:

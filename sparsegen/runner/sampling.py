@@ -40,6 +40,7 @@ from ..request.sampling_params import (
     SamplingParams,
     TokenLogprobs,
 )
+from .prompt_logprobs import DevicePromptLogprobs
 from .transfer import on_device
 
 # The parameters and result types live in sampling_params; callers may import them from here too.
@@ -216,6 +217,7 @@ class DeviceSample:
     top_values: torch.Tensor | None = None  # [R, k] float32
     ready: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU only)
     failed: tuple[tuple[int, str], ...] = ()  # rows whose sampling failed, and why (runner.isolation)
+    prompt: DevicePromptLogprobs | None = None  # the step's prompt log-probabilities, if any
 
     def to_host(self) -> DeviceSample:
         """Start copying every tensor to pinned host memory (non-blocking, on the current stream)
@@ -231,7 +233,8 @@ class DeviceSample:
 
         ready = torch.cuda.Event()
         host = replace(self, token_ids=pinned(self.token_ids), chosen=pinned(self.chosen),
-                       top_ids=pinned(self.top_ids), top_values=pinned(self.top_values))  # fmt: skip
+                       top_ids=pinned(self.top_ids), top_values=pinned(self.top_values),
+                       prompt=self.prompt.to_host(pinned) if self.prompt is not None else None)  # fmt: skip
         ready.record()
         return replace(host, ready=ready)
 
@@ -248,7 +251,8 @@ class DeviceSample:
             for j, (r, kr) in enumerate(zip(self.logprob_rows, self.logprob_ks, strict=True)):
                 top = tuple(zip(top_i[j][:kr], top_v[j][:kr], strict=True)) if kr else ()
                 logprobs[r] = TokenLogprobs(token_ids[r], chosen[j], top)
-        return SamplerOutput(token_ids, logprobs, self.failed)
+        prompt = self.prompt.output() if self.prompt is not None else ()
+        return SamplerOutput(token_ids, logprobs, self.failed, prompt)
 
 
 def sample(logits, params, output_ids, prompt_ids=None, *, eos_token_id=None) -> SamplerOutput:

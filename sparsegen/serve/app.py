@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -41,7 +42,7 @@ from .metrics import Metrics
 from .openai_errors import error_json, sampling_error, validation_error
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .request_counter import CountRequests
-from .responses import Formatter
+from .responses import Echo, Formatter
 from .tokenize import add_tokenize_routes
 from .unknown_fields import UnknownFields
 
@@ -147,9 +148,12 @@ def create_app(
             )
         return max_tokens
 
-    def params_of(req, max_tokens: int, logprobs: int | None):
+    def params_of(req, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None):
         try:
-            return llm.check_params(req.sampling_params(max_tokens, logprobs), "request")
+            params = req.sampling_params(max_tokens, logprobs)
+            if prompt_logprobs is not None:
+                params = replace(params, prompt_logprobs=prompt_logprobs)
+            return llm.check_params(params, "request")
         except RequestError:
             raise
         except SparsegenError as exc:  # SamplingParams' own checks name the field in the message
@@ -163,6 +167,13 @@ def create_app(
                 str(exc), param, "context_length_exceeded" if "at most" in str(exc) else None
             ) from None
 
+    def echo_of(req: CompletionRequest, ids: list[list[int]], n: int) -> Echo:
+        """Each choice's prompt text: as sent, or decoded from the token ids sent."""
+        tok = llm.tokenizer
+        texts = [p if isinstance(p, str) else tok.decode(x) if tok is not None else ""
+                 for p, x in zip(req.prompts(), ids, strict=True)]  # fmt: skip
+        return Echo(tuple(t for t in texts for _ in range(n)), req.echo_only)
+
     async def respond(request: Request, model: type[BaseModel], chat: bool):
         try:
             req = await parse(request, model)
@@ -174,14 +185,16 @@ def create_app(
                 params = params_of(req, max_tokens, req.logprobs_k)
             else:
                 ids = prompt_ids(lambda: [llm.encode(p, "prompt") for p in req.prompts()], "prompt")
-                max_tokens = fit(ids, req.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
-                params = params_of(req, max_tokens, req.logprobs)
+                asked = 1 if req.echo_only else req.max_tokens  # echo only: one token run, not returned
+                max_tokens = fit(ids, asked, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
+                params = params_of(req, max_tokens, req.logprobs, req.logprobs if req.echo else None)
             stream = engine.submit(ids, params, "chatcmpl" if chat else "cmpl")
         except RequestError as exc:
             return error_json(exc.status, str(exc), exc.param, exc.code)
         except ServerOverloaded as exc:
             return error_json(503, str(exc), None, "overloaded")
-        fmt = Formatter(llm, stream, name, chat=chat, token_ids=req.return_token_ids)
+        echo = None if chat or not req.echo else echo_of(req, ids, params.n)
+        fmt = Formatter(llm, stream, name, chat=chat, token_ids=req.return_token_ids, echo=echo)
         if req.stream:
             opts = req.stream_options
             include_usage = bool(opts and opts.include_usage)

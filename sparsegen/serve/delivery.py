@@ -70,7 +70,8 @@ def sse(
                         ]
                     )
             async for u in stream.updates():
-                if not u.text and u.finish_reason is None and not u.logprobs and not fmt.token_ids:
+                quiet = not u.text and not u.logprobs and not fmt.token_ids and not fmt.pending_echo(u.index)
+                if quiet and u.finish_reason is None:
                     continue
                 yield fmt.chunk([fmt.delta(u)], usage=fmt.usage() if every_chunk else None)
             if include_usage:

@@ -186,6 +186,8 @@ class AsyncEngine:
             v.generation_tokens.inc(stream.completion_tokens)
             for t in stream.trackers:
                 v.finished(t.finish_reason)
+                if t.t_scheduled is not None:  # same clock (perf_counter), same process
+                    v.queue_time.observe(max(0.0, t.t_scheduled - stream.t_submit))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the thread: whatever is still running is aborted (uvicorn drained it first)."""

@@ -11,8 +11,9 @@ Besides OpenAI's fields, vLLM's extras are accepted (`top_k`, `min_p`, `repetiti
 `min_tokens`, `stop_token_ids`, `ignore_eos`), as the openai client sends them through
 `extra_body`, and `allowed_token_ids`. `logit_bias` takes OpenAI's shape (token id as a
 string -> bias in [-100, 100]); its ids are checked against the model's vocabulary when the
-engine takes the request. Features the server does not have (`echo`, `suffix`, tools,
-response formats other than text) are refused by name.
+engine takes the request. Features the server does not have (`suffix`, tools, response
+formats other than text) are refused by name. `echo` with `logprobs` scores the prompt (the
+prompt's log-probabilities come first), and `max_tokens: 0` is allowed with `echo` only.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ MAX_PROMPTS = 256  # prompts in one /v1/completions request
 StopStr = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKEN_COUNT)]
+EchoTokenCount = Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]  # 0: echo the prompt, generate nothing
 
 
 class _Strict(BaseModel):
@@ -81,6 +83,7 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False  # vLLM's extra fields
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     allowed_token_ids: (
         Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
     ) = None
@@ -128,6 +131,7 @@ class _SamplingFields(_Strict):
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
             logprobs=logprobs,
             seed=self.seed,
             logit_bias=self._bias_pairs(),
@@ -147,16 +151,23 @@ Prompt = (
 
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
-    max_tokens: TokenCount | None = None
+    max_tokens: EchoTokenCount | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
 
+    @property
+    def echo_only(self) -> bool:
+        """Echo the prompt (and score it) without generating (`max_tokens: 0`)."""
+        return self.echo and self.max_tokens == 0
+
     def check(self) -> None:
         self._refuse_unsupported()
-        if self.echo:
-            raise RequestError("echo is not supported", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise RequestError(
+                "max_tokens 0 is only allowed with echo: true (to score the prompt)", "max_tokens"
+            )
         if self.suffix:
             raise RequestError("suffix is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:

@@ -1,24 +1,48 @@
-"""OpenAI's response JSON for one request: whole responses, stream chunks, logprobs and usage."""
+"""OpenAI's response JSON for one request: whole responses, stream chunks, logprobs and usage.
+
+With `echo` (completions), each choice's text starts with its prompt, and with `logprobs` its
+log-probabilities start with the prompt tokens' (`SamplingParams.prompt_logprobs`): the first
+token's `token_logprobs` and `top_logprobs` entries are null (nothing comes before it), and each
+later prompt token's `top_logprobs` holds the top k and the token itself, as vLLM's. A stream sends
+the prompt with the choice's first chunk. Echo without generation (`max_tokens: 0`, lm-eval's
+scoring) runs one token and leaves it out: the choice is the prompt alone, and it counts no
+completion tokens.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 from ..engine.outputs import Update
 from ..llm import LLM
 from .loop import RequestStream
 
 
+@dataclass(frozen=True)
+class Echo:
+    """A completion request's `echo`: each choice's prompt text, and whether the generated token
+    is left out (`max_tokens: 0`)."""
+
+    texts: tuple[str, ...]  # per choice
+    only: bool
+
+
 class Formatter:
     """Builds OpenAI's JSON for one request (whole responses and stream chunks)."""
 
-    def __init__(self, llm: LLM, stream: RequestStream, model: str, chat: bool, token_ids: bool = False):
+    def __init__(
+        self, llm: LLM, stream: RequestStream, model: str, chat: bool, token_ids: bool = False,
+        echo: Echo | None = None,
+    ):  # fmt: skip
         self.llm, self.stream, self.model, self.chat, self.token_ids = llm, stream, model, chat, token_ids
+        self.echo = echo
         self.id = stream.request_id
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self._offsets = [0] * len(stream.trackers)
+        self._echoed: set[int] = set()  # choices whose stream has sent the prompt
 
     def _bytes(self, token_id: int) -> bytes:
         tok = self.llm.tokenizer
@@ -65,8 +89,45 @@ class Formatter:
             "text_offset": offsets,
         }
 
+    def _prompt_logprobs(self, index: int) -> dict:
+        """The prompt's part of choice `index`'s completion logprobs (text offsets from 0)."""
+        t = self.stream.trackers[index]
+        ids, scores = self.stream.prompt_ids[index], t.prompt_logprobs or ()
+        tokens, values, tops, offsets = [], [], [], []
+        for i, tok in enumerate(ids):
+            tokens.append(self._token(tok))
+            lp = scores[i] if i < len(scores) else None
+            values.append(lp.logprob if lp is not None else None)
+            if lp is None:
+                tops.append(None)
+            else:
+                top = {self._token(j): x for j, x in lp.top}
+                top[tokens[-1]] = lp.logprob
+                tops.append(top)
+            offsets.append(self._offsets[index])
+            self._offsets[index] += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+    def _echoed_logprobs(self, index: int, items) -> dict | None:
+        """Choice `index`'s completion logprobs of `items`, after its prompt's if not yet sent."""
+        if self.stream.trackers[index].params.logprobs is None:
+            return None
+        head = None
+        if index not in self._echoed:
+            head = self._prompt_logprobs(index)
+        body = self.logprobs(index, [] if self.echo.only else items)
+        if head is None:
+            return body
+        return {key: head[key] + body[key] for key in head}
+
+    def pending_echo(self, index: int) -> bool:
+        """Choice `index` still has its echoed prompt to send."""
+        return self.echo is not None and index not in self._echoed
+
     def usage(self) -> dict:
         p, c = self.stream.prompt_tokens, self.stream.completion_tokens
+        if self.echo is not None and self.echo.only:
+            c = 0  # the one token run is not returned
         return {
             "prompt_tokens": p,
             "completion_tokens": c,
@@ -78,11 +139,17 @@ class Formatter:
         choices = []
         for t in self.stream.trackers:
             out = t.output()
-            lp = self.logprobs(t.index, out.logprobs or [])
             reason = out.finish_reason
             if self.chat:
+                lp = self.logprobs(t.index, out.logprobs or [])
                 choice = {"index": t.index, "message": {"role": "assistant", "content": out.text}}
+            elif self.echo is not None:
+                lp = self._echoed_logprobs(t.index, out.logprobs or [])
+                self._echoed.add(t.index)
+                text = "" if self.echo.only or out.text is None else out.text
+                choice = {"index": t.index, "text": self.echo.texts[t.index] + text}
             else:
+                lp = self.logprobs(t.index, out.logprobs or [])
                 choice = {
                     "index": t.index,
                     "text": out.text if out.text is not None else "",
@@ -113,10 +180,16 @@ class Formatter:
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     def delta(self, u: Update) -> dict:
-        lp = self.logprobs(u.index, u.logprobs)
         if self.chat:
+            lp = self.logprobs(u.index, u.logprobs)
             d = {"index": u.index, "delta": {"content": u.text} if u.text else {}}
+        elif self.echo is not None:
+            head = self.echo.texts[u.index] if u.index not in self._echoed else ""
+            lp = self._echoed_logprobs(u.index, u.logprobs)
+            self._echoed.add(u.index)
+            d = {"index": u.index, "text": head + ("" if self.echo.only else u.text)}
         else:
+            lp = self.logprobs(u.index, u.logprobs)
             d = {"index": u.index, "text": u.text}
         d.update({"logprobs": lp, "finish_reason": u.finish_reason})
         if self.token_ids:

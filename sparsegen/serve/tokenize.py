@@ -3,6 +3,10 @@
     /tokenize    {"prompt": str} or {"messages": [...], "add_generation_prompt": bool}
                  -> {"count", "max_model_len", "tokens", "token_strs"}
     /detokenize  {"tokens": [int, ...]} -> {"prompt": str}
+    GET /tokenizer_info  -> {"tokenizer_class", "eos_token", "bos_token", "pad_token",
+                             "chat_template", "model_max_length", "vocab_size"}
+                 (vLLM's route; lm-eval's `tokenizer_backend=remote` reads it, then tokenizes
+                 through /tokenize and /detokenize)
 
 `model` is optional here (vLLM's too); when given it must be the served name. A prompt longer
 than the context is still tokenized: `count` against `max_model_len` is how a client finds out.
@@ -77,6 +81,22 @@ def add_tokenize_routes(app: FastAPI, llm, parse, prompt_ids) -> None:
             "max_model_len": llm.max_model_len,
             "tokens": ids,
             "token_strs": strs(ids) if req.return_token_strs else None,
+        }
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        tok = llm.tokenizer
+        if tok is None:
+            return error_json(404, "this checkpoint has no tokenizer")
+        names = {i: s for s, i in tok.special_tokens.items()}
+        return {
+            "tokenizer_class": type(tok).__name__,
+            "eos_token": names.get(tok.eos_token_id),
+            "bos_token": None,  # the tokenizer adds no BOS
+            "pad_token": None,
+            "chat_template": llm.chat_template.source,
+            "model_max_length": llm.max_model_len,
+            "vocab_size": llm.vocab_size,
         }
 
     @app.post("/detokenize")

@@ -14,8 +14,9 @@ server's existing names, `vllm:*` follow vLLM's V1 surface:
         engine's stats when it reports them (`prefix_cache_queries`, `prefix_cache_hits`), else 0:
         this engine has no prefix cache yet.
 
-Queue time (vllm:request_queue_time_seconds) is not exported: the engine does not report when
-a request is first scheduled.
+    vllm:request_queue_time_seconds    histogram  submit to the completion's first admission to the
+        running batch (per completion: with n > 1 each choice is a sequence of its own; a
+        completion cancelled before its first token is not counted)
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class VllmMetrics:
                               buckets=LATENCY_BUCKETS, registry=registry).labels(model)  # fmt: skip
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Between successive tokens", lab,
                              buckets=ITL_BUCKETS, registry=registry).labels(model)  # fmt: skip
+        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Submit to first scheduled", lab,
+                                    buckets=LATENCY_BUCKETS, registry=registry).labels(model)  # fmt: skip
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Submit to last token", lab,
                              buckets=LATENCY_BUCKETS, registry=registry).labels(model)  # fmt: skip
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", lab, registry=registry).labels(

@@ -9,6 +9,7 @@ from sparsegen.commands.generate import cli_finish_reason
 from sparsegen.engine import TokenEvent
 from sparsegen.engine.output_processor import OutputProcessor, RequestState
 from sparsegen.engine.outputs import Detokenizer
+from sparsegen.errors import InputError
 from sparsegen.request.sampling_params import SamplingParams, TokenLogprobs
 
 EOS, END, USER = 100, 101, 102  # <|endoftext|>, <|end|> (a turn end), <|user|> (another special)
@@ -118,7 +119,21 @@ def test_special_tokens_are_text_only_when_asked():
     steps = [[(0, 0, None)], [(0, USER, None)], [(0, 1, "length")]]
     (skipped,), _ = run(ScriptedEngine(steps), request())
     (kept,), _ = run(ScriptedEngine(steps), request(skip_special_tokens=False))
-    assert skipped.text == "hello" and kept.text == "hel<|user|>lo"
+    (joined,), _ = run(
+        ScriptedEngine(steps), request(skip_special_tokens=False, spaces_between_special_tokens=False)
+    )
+    # vLLM's spaces_between_special_tokens (default True): a shown special token is set apart
+    assert skipped.text == "hello" and kept.text == "hel <|user|> lo" and joined.text == "hel<|user|>lo"
+
+
+def test_spaces_between_special_tokens_only_where_one_is_shown():
+    steps = [[(0, USER, None)], [(0, USER, None)], [(0, 0, None)], [(0, 1, "length")]]
+    (two,), _ = run(ScriptedEngine(steps), request(skip_special_tokens=False))
+    assert two.text == "<|user|> <|user|> hello"  # no space before the first piece, none inside text
+    (skipped,), _ = run(ScriptedEngine(steps), request(spaces_between_special_tokens=True))
+    assert skipped.text == "hello"  # hidden special tokens leave no space behind
+    with pytest.raises(InputError, match="spaces_between_special_tokens"):
+        SamplingParams(spaces_between_special_tokens=1)
 
 
 def test_logprobs_stay_aligned_with_their_tokens():

@@ -23,6 +23,7 @@ EXTRA_OF = {
     "prometheus_client": "serve",
     "openai": "test",
     "httpx": "test",
+    "lm_eval": "test",
     "cuda.core": "cuda",
     "cuda.bindings.nvrtc": "cuda",
     "matplotlib": "plot",

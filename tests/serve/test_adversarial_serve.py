@@ -74,7 +74,7 @@ COMPLETION_CASES = [
     ({**OK, "min_tokens": -1}, "min_tokens"),
     *[({**OK, "stop_token_ids": v}, "stop_token_ids") for v in ([1, -1], [100000], "abc", [True], [1.0])],
     *[({**OK, "ignore_eos": v}, "ignore_eos") for v in ("true", 1)],
-    ({**OK, "echo": True}, "echo"),
+    *[({**OK, "echo": v}, "echo") for v in ("yes", 1, None)],  # echo itself is served (scoring)
     ({**OK, "suffix": "x"}, "suffix"),
     ({**OK, "best_of": 3}, "best_of"),
     *[
