@@ -147,6 +147,7 @@ class LLM:
                 f"{where}.stop_token_ids holds {bad[0]}, outside the vocabulary 0..{self.vocab_size - 1}"
             )
         check_processor_ids(params, self.vocab_size, where)
+        self.engine.structured.check(params)  # the grammar compiles for this tokenizer, or InputError
         return params
 
     def request(

@@ -299,6 +299,7 @@ class ModelRunner:
             [s.prompt_ids for s in seqs],
             eos_token_id=eos_token_id,
             num_generated=[len(s.output_ids) + ahead for s in seqs],
+            token_bitmask=plan.token_bitmask,
         )
         return InFlight(plan, out.token_ids, out.to_host() if read_back else None)
 
