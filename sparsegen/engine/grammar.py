@@ -5,8 +5,9 @@
   id, `special_tokens` and `encode`), over the model's whole logits width (ids the tokenizer
   lacks are empty and never allowed). Built once per engine: it walks the vocabulary.
 - `grammar_of(spec)`: a `StructuredOutputsParams` as llguidance's grammar text.
-- `compile_matcher(spec, info)`: a fresh matcher, or InputError naming why the schema, regex or
-  grammar does not compile (checked before the request is queued).
+- `compile_matcher(spec, info)`: a fresh matcher, its first mask computed (that builds its
+  lexer), or InputError naming why the schema, regex or grammar does not compile (checked
+  before the request is queued).
 
 Compilation is bounded by `LIMITS` (llguidance's fuel and size limits): a huge or deeply nested
 schema, or a regex whose automaton explodes, is an error in bounded time, never a hang.
@@ -35,7 +36,8 @@ def _llguidance():
 
 
 def limits():
-    """llguidance's parser limits for every grammar here (its defaults, terse error messages)."""
+    """llguidance's parser limits for every grammar here (its defaults: the same grammars compile
+    as under vLLM's guidance backend), with terse error messages."""
     return _llguidance().LLParserLimits(verbose_errors=False)
 
 
@@ -100,6 +102,7 @@ def compile_matcher(spec: StructuredOutputsParams, info):
     if error:
         raise InputError(f"structured_outputs.{spec.kind} does not compile: {messages[0][:MAX_ERROR_CHARS]}")
     matcher = llg.LLMatcher(info, grammar, log_level=0, limits=limits())
+    matcher.compute_bitmask()  # the first step builds the lexer: its limits are hit here, not in a step
     if matcher.is_error():
         raise InputError(f"structured_outputs.{spec.kind} does not compile: {first_error(matcher.get_error())}")
     return matcher
