@@ -88,6 +88,8 @@ def _from_fields(req) -> tuple[StructuredOutputsParams | None, str] | None:
                 raise RequestError(f"structured_outputs has unknown fields: {', '.join(sorted(unknown))}", field)
             return StructuredOutputsParams(**so), field
         return StructuredOutputsParams(**{GUIDED[field]: getattr(req, field)}), field
+    except RequestError:
+        raise
     except InputError as exc:
         raise RequestError(str(exc), field) from None
 
