@@ -36,7 +36,17 @@ EXTRAS = {
     "plot": ("matplotlib",),
     "serve": ("fastapi", "uvicorn", "prometheus-client"),
     "structured": ("llguidance",),
-    "test": ("pytest", "pytest-randomly", "build", "hatchling", "ruff", "openai", "httpx", "transformers", "jsonschema"),
+    "test": (
+        "pytest",
+        "pytest-randomly",
+        "build",
+        "hatchling",
+        "ruff",
+        "openai",
+        "httpx",
+        "transformers",
+        "jsonschema",
+    ),
 }
 PACKAGES = tuple(dict.fromkeys([d for dists in EXTRAS.values() for d in dists] + ["cuda-pathfinder"]))
 

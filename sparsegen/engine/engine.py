@@ -46,7 +46,7 @@ from .output_processor import run_prompts, track_prompts
 from .outputs import RequestOutput
 from .prefix_cache import cache_salt
 from .scheduler import Plan, Scheduler
-from .structured_output import GRAMMAR_FINISH, StructuredOutputs, copies
+from .structured_output import StructuredOutputs, copies
 
 
 @dataclass(frozen=True)
@@ -241,8 +241,13 @@ class LLMEngine:
             self._checked(p, sp, f"prompt {i}")
             for i, (p, sp) in enumerate(zip(prompts, expand_params(params, len(prompts)), strict=True))
         ]
-        matchers = copies(self.structured, [sp for _, sp in checked])  # every grammar compiles, or none queues
-        return [self._enqueue(ids, sp, i, m) for i, ((ids, sp), m) in enumerate(zip(checked, matchers, strict=True))]
+        matchers = copies(
+            self.structured, [sp for _, sp in checked]
+        )  # every grammar compiles, or none queues
+        return [
+            self._enqueue(ids, sp, i, m)
+            for i, ((ids, sp), m) in enumerate(zip(checked, matchers, strict=True))
+        ]
 
     def abort(self, request_id: int) -> bool:
         """Drop an unfinished request (queued or running) and free its pages now. Returns False
@@ -292,10 +297,10 @@ class LLMEngine:
         reasons = self.scheduler.postprocess(replace(plan, chunks=live, input_ids=None), tokens, now)
         events = []
         for seq, token, i, reason in zip(sampled, tokens, keep, reasons, strict=True):
-            if seq.seq_id in self.structured:
-                reason, failure = self._advance_grammar(seq, token, reason)
-                if failure is not None:
-                    failures.append(failure)
+            if seq.seq_id in self.structured:  # its grammar takes the token (or fails it alone)
+                reason, why = self.structured.book(seq, token, reason, self.scheduler.finish)
+                if why is not None:
+                    failures.append(self._fail(seq, why))
                     continue
             events.append(
                 TokenEvent(
@@ -311,24 +316,6 @@ class LLMEngine:
                 del self._index[seq.seq_id]
                 del self._live[seq.seq_id]
         return events + [e for e in failures if e is not None]
-
-    def _advance_grammar(self, seq: Sequence, token: int, reason: str | None):
-        """Feed a booked token to `seq`'s grammar: (its finish reason, None), with GRAMMAR_FINISH
-        when the grammar is complete (also over "length": the output is whole), or (None, the
-        error event) when the token is outside the grammar (the request fails alone)."""
-        why = self.structured.advance(seq.seq_id, token)
-        if why is not None:
-            if reason is None:
-                return None, self._fail(seq, why)
-            self.structured.drop(seq.seq_id)  # it ended on this token anyway
-            return reason, None
-        if self.structured.complete(seq.seq_id) and reason in (None, "length"):
-            if reason is None:
-                self.scheduler.finish(seq, GRAMMAR_FINISH)
-            seq.finish_reason = reason = GRAMMAR_FINISH
-        if reason is not None:
-            self.structured.drop(seq.seq_id)
-        return reason, None
 
     def step(self) -> list[TokenEvent]:
         """Run one step and return the tokens it produced (possibly none).

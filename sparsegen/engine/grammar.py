@@ -104,7 +104,9 @@ def compile_matcher(spec: StructuredOutputsParams, info):
     matcher = llg.LLMatcher(info, grammar, log_level=0, limits=limits())
     matcher.compute_bitmask()  # the first step builds the lexer: its limits are hit here, not in a step
     if matcher.is_error():
-        raise InputError(f"structured_outputs.{spec.kind} does not compile: {first_error(matcher.get_error())}")
+        raise InputError(
+            f"structured_outputs.{spec.kind} does not compile: {first_error(matcher.get_error())}"
+        )
     return matcher
 
 

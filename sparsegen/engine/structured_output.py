@@ -8,8 +8,9 @@
   allowed next tokens (`runner.token_mask` applies it to the logits; rows of free requests are
   left zero and ignored);
 - `advance(seq_id, token)` feeds each booked token to its matcher: None when the token was
-  allowed, else why not; `complete(seq_id)` says the grammar is finished (the engine then ends
-  the sequence, finish reason "grammar", which outputs report as "stop");
+  allowed, else why not; `complete(seq_id)` says the grammar is finished; `book(...)` does both
+  for a booked token and ends the sequence when its grammar is complete (finish reason
+  "grammar", which outputs report as "stop");
 - `drop(seq_id)` forgets a sequence that finished or was aborted.
 
 Because a mask follows from the tokens so far, a constrained sequence's step is never launched
@@ -36,7 +37,9 @@ GRAMMAR_FINISH = "grammar"  # the engine's finish reason for a completed grammar
 
 
 class StructuredOutputs:
-    def __init__(self, tokenizer: Callable[[], object], vocab_size: int, eos_token_id: Callable[[], int | None]):
+    def __init__(
+        self, tokenizer: Callable[[], object], vocab_size: int, eos_token_id: Callable[[], int | None]
+    ):
         self._tokenizer = tokenizer
         self._eos = eos_token_id
         self.vocab_size = vocab_size
@@ -104,6 +107,27 @@ class StructuredOutputs:
         """The sequence's grammar takes no more tokens (it is finished)."""
         m = self._matchers.get(seq_id)
         return m is not None and m.is_stopped()
+
+    def book(
+        self, seq: Seq, token: int, reason: str | None, finish: Callable[[Seq, str], None]
+    ) -> tuple[str | None, str | None]:
+        """Feed `seq`'s booked token to its grammar: (its finish reason, None), GRAMMAR_FINISH
+        (through `finish`, the scheduler's) when the grammar is complete, also over "length"
+        (the output is whole); or (reason, why) when the token is outside the grammar and the
+        sequence goes on (the engine fails it alone)."""
+        why = self.advance(seq.seq_id, token)
+        if why is not None:
+            if reason is None:
+                return None, why
+            self.drop(seq.seq_id)  # it ended on this token anyway
+            return reason, None
+        if self.complete(seq.seq_id) and reason in (None, "length"):
+            if reason is None:
+                finish(seq, GRAMMAR_FINISH)
+            seq.finish_reason = reason = GRAMMAR_FINISH
+        if reason is not None:
+            self.drop(seq.seq_id)
+        return reason, None
 
 
 def copies(engine_structured: StructuredOutputs, params: Sequence[SamplingParams]) -> list[object | None]:

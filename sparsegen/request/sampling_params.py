@@ -254,7 +254,9 @@ class SamplingParams:
         for name in ("structured_outputs", "guided_decoding"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, StructuredOutputsParams):
-                raise InputError(f"SamplingParams.{name} must be a StructuredOutputsParams, got {value!r:.80}")
+                raise InputError(
+                    f"SamplingParams.{name} must be a StructuredOutputsParams, got {value!r:.80}"
+                )
         if self.guided_decoding is not None and self.guided_decoding != self.structured_outputs:
             raise InputError("SamplingParams.guided_decoding and structured_outputs disagree; give one")
 

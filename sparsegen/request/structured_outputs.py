@@ -64,7 +64,9 @@ def _schema_text(value) -> str:
 
 def _text(name: str, value, limit: int = MAX_GRAMMAR_CHARS) -> str:
     if not isinstance(value, str):
-        raise InputError(f"structured_outputs.{name} must be a str, got {type(value).__name__}: {value!r:.80}")
+        raise InputError(
+            f"structured_outputs.{name} must be a str, got {type(value).__name__}: {value!r:.80}"
+        )
     if not value:
         raise InputError(f"structured_outputs.{name} must not be empty")
     if len(value) > limit:
@@ -109,7 +111,9 @@ class StructuredOutputsParams:
         if self.json is not None:
             object.__setattr__(self, "json", _schema_text(self.json))
         if self.json_object is not None and self.json_object is not True:
-            raise InputError(f"structured_outputs.json_object must be True or None, got {self.json_object!r:.40}")
+            raise InputError(
+                f"structured_outputs.json_object must be True or None, got {self.json_object!r:.40}"
+            )
         if self.regex is not None:
             _text("regex", self.regex)
         if self.grammar is not None:
@@ -148,7 +152,9 @@ def as_structured(value, name: str) -> StructuredOutputsParams | None:
     if isinstance(value, dict):
         unknown = set(value) - set(StructuredOutputsParams.__dataclass_fields__)
         if unknown:
-            raise InputError(f"SamplingParams.{name} has unknown fields: {', '.join(sorted(map(str, unknown)))}")
+            raise InputError(
+                f"SamplingParams.{name} has unknown fields: {', '.join(sorted(map(str, unknown)))}"
+            )
         return StructuredOutputsParams(**value)
     raise InputError(
         f"SamplingParams.{name} must be a StructuredOutputsParams (or a dict of its fields), "

@@ -253,7 +253,9 @@ class DeviceSample:
         return SamplerOutput(token_ids, logprobs, self.failed)
 
 
-def sample(logits, params, output_ids, prompt_ids=None, *, eos_token_id=None, token_bitmask=None) -> SamplerOutput:
+def sample(
+    logits, params, output_ids, prompt_ids=None, *, eos_token_id=None, token_bitmask=None
+) -> SamplerOutput:
     """One token per row, read back to the host: `sample_on_device(...).output()` (see it for the
     arguments, and the module docstring for the order of the steps)."""
     return sample_on_device(

@@ -70,7 +70,9 @@ def apply_token_bitmask(
         return x
     b, v = x.shape
     if bitmask.dim() != 2 or bitmask.shape[0] != b or bitmask.dtype != torch.int32:
-        raise InputError(f"a token bitmask must be [{b}, W] int32, got {tuple(bitmask.shape)} {bitmask.dtype}")
+        raise InputError(
+            f"a token bitmask must be [{b}, W] int32, got {tuple(bitmask.shape)} {bitmask.dtype}"
+        )
     dev = x.device
     words = to_device(bitmask[rows], dev)  # [R, W]
     shifts = torch.arange(32, dtype=torch.int32, device=dev)  # [32]

@@ -17,7 +17,12 @@ from __future__ import annotations
 from ..errors import InputError, RequestError
 from ..request.structured_outputs import StructuredOutputsParams
 
-GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
 SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 
 
@@ -25,14 +30,18 @@ def _from_response_format(rf: dict) -> StructuredOutputsParams | None:
     kind = rf.get("type")
     extra = set(rf) - {"type", "json_schema"}
     if extra:
-        raise RequestError(f"response_format has unknown fields: {', '.join(sorted(extra))}", "response_format")
+        raise RequestError(
+            f"response_format has unknown fields: {', '.join(sorted(extra))}", "response_format"
+        )
     if kind == "text":
         if "json_schema" in rf:
             raise RequestError("response_format of type 'text' takes no json_schema", "response_format")
         return None
     if kind == "json_object":
         if "json_schema" in rf:
-            raise RequestError("response_format of type 'json_object' takes no json_schema", "response_format")
+            raise RequestError(
+                "response_format of type 'json_object' takes no json_schema", "response_format"
+            )
         return StructuredOutputsParams(json_object=True)
     if kind != "json_schema":
         raise RequestError(
@@ -41,11 +50,14 @@ def _from_response_format(rf: dict) -> StructuredOutputsParams | None:
         )
     spec = rf.get("json_schema")
     if not isinstance(spec, dict):
-        raise RequestError("response_format.json_schema must be an object with a schema", "response_format.json_schema")
+        raise RequestError(
+            "response_format.json_schema must be an object with a schema", "response_format.json_schema"
+        )
     extra = set(spec) - SCHEMA_KEYS
     if extra:
         raise RequestError(
-            f"response_format.json_schema has unknown fields: {', '.join(sorted(extra))}", "response_format.json_schema"
+            f"response_format.json_schema has unknown fields: {', '.join(sorted(extra))}",
+            "response_format.json_schema",
         )
     name = spec.get("name")
     if not isinstance(name, str) or not name or len(name) > 64:
@@ -53,7 +65,9 @@ def _from_response_format(rf: dict) -> StructuredOutputsParams | None:
                            "response_format.json_schema.name")  # fmt: skip
     for key, kinds in (("strict", (bool, type(None))), ("description", (str, type(None)))):
         if not isinstance(spec.get(key), kinds):
-            raise RequestError(f"response_format.json_schema.{key} has the wrong type", f"response_format.json_schema.{key}")
+            raise RequestError(
+                f"response_format.json_schema.{key} has the wrong type", f"response_format.json_schema.{key}"
+            )
     schema = spec.get("schema")
     if not isinstance(schema, dict):
         raise RequestError("response_format.json_schema.schema must be a JSON schema object",
@@ -85,7 +99,9 @@ def _from_fields(req) -> tuple[StructuredOutputsParams | None, str] | None:
             so = req.structured_outputs
             unknown = set(so) - set(StructuredOutputsParams.__dataclass_fields__)
             if unknown:
-                raise RequestError(f"structured_outputs has unknown fields: {', '.join(sorted(unknown))}", field)
+                raise RequestError(
+                    f"structured_outputs has unknown fields: {', '.join(sorted(unknown))}", field
+                )
             return StructuredOutputsParams(**so), field
         return StructuredOutputsParams(**{GUIDED[field]: getattr(req, field)}), field
     except RequestError:

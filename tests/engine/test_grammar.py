@@ -51,7 +51,9 @@ def _first_mask(tok, spec: S, vocab_size: int) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["byte", "tiktoken", "hf"])
 def test_first_mask_is_every_token_the_regex_can_start_with(kind, tmp_path):
-    tok = {"byte": _byte_tok, "tiktoken": lambda: _tiktoken_tok(tmp_path), "hf": lambda: _hf_tok(tmp_path)}[kind]()
+    tok = {"byte": _byte_tok, "tiktoken": lambda: _tiktoken_tok(tmp_path), "hf": lambda: _hf_tok(tmp_path)}[
+        kind
+    ]()
     vocab = tok.vocab()
     width = len(vocab) + 37  # the model's logits may be wider than the tokenizer
     specials = set(tok.special_tokens.values())
@@ -126,8 +128,15 @@ def test_bad_and_adversarial_grammars_fail_typed_and_bounded(spec, match):
     "schema",
     [
         {"$ref": "#"},  # the schema is itself: any nesting of itself
-        {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
-         "$ref": "#/$defs/n"},
+        {
+            "$defs": {
+                "n": {
+                    "type": "object",
+                    "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                }
+            },
+            "$ref": "#/$defs/n",
+        },
         {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
     ],
     ids=["self", "tree", "loop"],

@@ -27,16 +27,29 @@ SCHEMAS = {
     },
     "numbers": {
         "type": "object",
-        "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 99},
-                       "score": {"type": "number", "minimum": -1, "maximum": 1}},
+        "properties": {
+            "age": {"type": "integer", "minimum": 0, "maximum": 99},
+            "score": {"type": "number", "minimum": -1, "maximum": 1},
+        },
         "required": ["age", "score"],
         "additionalProperties": False,
     },  # fmt: skip
-    "array": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 3},
+    "array": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 9},
+        "minItems": 1,
+        "maxItems": 3,
+    },
     "nested": {
         "type": "object",
-        "properties": {"p": {"type": "object", "properties": {"x": {"type": "string", "maxLength": 3}},
-                             "required": ["x"], "additionalProperties": False}},
+        "properties": {
+            "p": {
+                "type": "object",
+                "properties": {"x": {"type": "string", "maxLength": 3}},
+                "required": ["x"],
+                "additionalProperties": False,
+            }
+        },
         "required": ["p"],
         "additionalProperties": False,
     },  # fmt: skip

@@ -78,7 +78,9 @@ def test_greedy_and_sampled_rows_stay_inside_their_masks(seed):
     params = []
     for r, a in enumerate(allowed):
         so = C if a is not None else None
-        params.append(SamplingParams(structured_outputs=so, temperature=0.0 if r % 2 else 1.0, seed=seed * 10 + r))
+        params.append(
+            SamplingParams(structured_outputs=so, temperature=0.0 if r % 2 else 1.0, seed=seed * 10 + r)
+        )
     out = sample(x, params, [[] for _ in range(b)], token_bitmask=_bitmask(allowed))
     for r, (tok, a) in enumerate(zip(out.token_ids, allowed, strict=True)):
         if a is not None:

@@ -36,7 +36,9 @@ def _fmt(schema: dict, name: str = "answer") -> dict:
 
 
 def _chat(client, **kw):
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "json please"}], **kw)
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "json please"}], **kw
+    )
 
 
 @pytest.mark.slow
@@ -59,7 +61,9 @@ def test_json_object_and_vllm_fields_on_both_endpoints(client):
     assert text.startswith("{")
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
-    c = client.completions.create(model=MODEL, prompt="pick", max_tokens=10, extra_body={"guided_choice": ["left", "right"]})
+    c = client.completions.create(
+        model=MODEL, prompt="pick", max_tokens=10, extra_body={"guided_choice": ["left", "right"]}
+    )
     assert c.choices[0].text in ("left", "right") and c.choices[0].finish_reason == "stop"
     c = client.completions.create(model=MODEL, prompt="code", max_tokens=12, temperature=1.0, seed=1,
                                   extra_body={"structured_outputs": {"regex": "[A-Z]{2}[0-9]{2}"}})  # fmt: skip
@@ -90,20 +94,51 @@ def _deep(n: int) -> dict:
     "body,param,match",
     [
         ({"response_format": _fmt({"type": "nope"})}, "response_format", "does not compile"),
-        ({"response_format": _fmt({"type": "integer", "minimum": 2, "maximum": 1})}, "response_format", "minimum"),
+        (
+            {"response_format": _fmt({"type": "integer", "minimum": 2, "maximum": 1})},
+            "response_format",
+            "minimum",
+        ),
         ({"response_format": _fmt(_deep(70))}, "response_format", "recursion"),
-        ({"response_format": _fmt({"type": "object", "properties": {f"p{i}": {"enum": list(map(str, range(20)))}
-                                                                    for i in range(5000)}})},
-         "response_format", "too (big|large)"),
+        (
+            {
+                "response_format": _fmt(
+                    {
+                        "type": "object",
+                        "properties": {f"p{i}": {"enum": list(map(str, range(20)))} for i in range(5000)},
+                    }
+                )
+            },
+            "response_format",
+            "too (big|large)",
+        ),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "must be an object"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
-         "response_format.json_schema.schema", "JSON schema object"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
-         "response_format.json_schema.name", "name"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "extra": 1}}},
-         "response_format.json_schema", "unknown fields: extra"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+            "response_format.json_schema.schema",
+            "JSON schema object",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+            "response_format.json_schema.name",
+            "name",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {}, "extra": 1},
+                }
+            },
+            "response_format.json_schema",
+            "unknown fields: extra",
+        ),
         ({"response_format": {"type": "xml"}}, "response_format.type", "must be 'text'"),
-        ({"response_format": {"type": "json_object", "bogus": 1}}, "response_format", "unknown fields: bogus"),
+        (
+            {"response_format": {"type": "json_object", "bogus": 1}},
+            "response_format",
+            "unknown fields: bogus",
+        ),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex", "give one"),
         ({"guided_regex": "(unclosed"}, "guided_regex", "unclosed"),
         ({"guided_choice": []}, "guided_choice", "1..4096"),
