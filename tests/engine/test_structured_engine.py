@@ -143,3 +143,28 @@ def test_one_requests_grammar_failure_fails_it_alone(llm):
     assert len(engine.structured) == 0
     alloc = engine.cache.allocator
     assert alloc.num_free == alloc.capacity  # every page back
+
+
+@pytest.mark.slow
+def test_preempted_constrained_requests_resume_their_grammar():
+    """A sequence preempted for pages is recomputed with its output kept: its matcher's state
+    still fits it, and its seeded output is the one an unpreempted run gives."""
+    from sparsegen import LLM
+
+    rx = "[a-z]{18}[0-9]{18}"
+    params = [
+        SamplingParams(max_tokens=50, temperature=1.0, seed=s, structured_outputs=S(regex=rx))
+        for s in range(4)
+    ]
+    roomy = LLM(random="tiny", max_num_seqs=4)
+    want = [r.outputs[0].token_ids for r in roomy.generate(["p"] * 3, params, use_tqdm=False)]
+    # each request grows to 3 pages of 16 tokens: the three, admitted at once, outgrow 7 pages
+    tight = LLM(random="tiny", max_num_seqs=4, num_pages=7)
+    preempted = []
+    real = tight.engine.scheduler._preempt
+    tight.engine.scheduler._preempt = lambda seq: (preempted.append(seq.seq_id), real(seq))[1]
+    outs = [r.outputs[0] for r in tight.generate(["p"] * 3, params, use_tqdm=False)]
+    assert preempted, "the cache was meant to be too small for every request at once"
+    assert [o.token_ids for o in outs] == want
+    for out in outs:
+        assert re.fullmatch(rx, out.text) and out.finish_reason == "stop"
