@@ -68,11 +68,18 @@ def tokenizer_info(tokenizer, vocab_size: int, eos: int):
     return llg.LLTokenizer(llg.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size, eos)))
 
 
+# Whitespace between two JSON tokens, unless the request says otherwise: at most this many of
+# space, newline, tab, CR (a newline and 4-space indents 5 levels deep fit). vLLM allows any
+# amount; a model (greedy, or a random one) can then emit whitespace until max_tokens, which a
+# bound turns into a finite detour.
+MAX_JSON_WHITESPACE = 24
+JSON_WHITESPACE = f"[\\x20\\x0A\\x0D\\x09]{{0,{MAX_JSON_WHITESPACE}}}"
+
+
 def _json_options(spec: StructuredOutputsParams) -> dict:
-    options: dict = {"whitespace_flexible": not spec.disable_any_whitespace}
-    if spec.whitespace_pattern is not None:
-        options["whitespace_pattern"] = spec.whitespace_pattern
-    return options
+    if spec.disable_any_whitespace:
+        return {"whitespace_flexible": False}
+    return {"whitespace_flexible": True, "whitespace_pattern": spec.whitespace_pattern or JSON_WHITESPACE}
 
 
 def grammar_of(spec: StructuredOutputsParams) -> str:

@@ -166,3 +166,23 @@ def test_check_compiles_without_a_tokenizer():
     grammar.check_compiles(S(json={"type": "object"}))
     with pytest.raises(InputError, match="json does not compile"):
         grammar.check_compiles(S(json={"type": "nope"}))
+
+
+@pytest.mark.parametrize(
+    "spec,most",
+    [
+        (S(json_object=True), grammar.MAX_JSON_WHITESPACE),
+        (S(json_object=True, disable_any_whitespace=True), 0),
+        (S(json_object=True, whitespace_pattern=" ?"), 1),
+    ],
+    ids=["bounded", "none", "pattern"],
+)
+def test_json_whitespace_between_tokens_is_bounded(spec, most):
+    info = grammar.tokenizer_info(_byte_tok(), 300, 256)
+    m = grammar.compile_matcher(spec, info)
+    assert m.consume_token(ord("{"))
+    for _ in range(most):
+        assert ord(" ") in allowed_ids(np.frombuffer(m.compute_bitmask(), dtype="<i4"), 300)
+        assert m.consume_token(ord(" "))
+    after = allowed_ids(np.frombuffer(m.compute_bitmask(), dtype="<i4"), 300)
+    assert ord(" ") not in after and ord('"') in after and ord("}") in after
