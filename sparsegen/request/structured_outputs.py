@@ -8,8 +8,8 @@ Exactly one of:
 - `grammar`: a context-free grammar in Lark syntax (or llama.cpp's GBNF), as llguidance reads it.
 
 `disable_any_whitespace` (vLLM's meaning): JSON outputs take no whitespace between their tokens
-(`{"a":1}`), instead of any amount of it. `whitespace_pattern`: a regex for the whitespace
-between JSON tokens instead (vLLM's too). The older spelling `GuidedDecodingParams` (vLLM
+(`{"a":1}`), instead of up to `engine.grammar.MAX_JSON_WHITESPACE` characters of it.
+`whitespace_pattern`: a regex for the whitespace between JSON tokens instead (vLLM's too). The older spelling `GuidedDecodingParams` (vLLM
 before 0.10) is the same class with an ignored `backend` name.
 
 Everything is checked here, without the grammar library: types, bounds, and that a schema is

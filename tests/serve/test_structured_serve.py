@@ -156,3 +156,18 @@ def test_bad_constraints_are_400_naming_the_field(client, server, body, param, m
     assert err["param"] == param and re.search(match, err["message"]), err
     assert time.perf_counter() - start < 30  # compiled in bounded time, never a hang
     assert all_pages_free(server)
+
+
+def test_a_streamed_choice_arrives_whole(client, server):
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "pick"}],
+        max_tokens=10,
+        stream=True,
+        extra_body={"guided_choice": ["north", "south"]},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text in ("north", "south")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert all_pages_free(server)
