@@ -168,3 +168,17 @@ def test_preempted_constrained_requests_resume_their_grammar():
     assert [o.token_ids for o in outs] == want
     for out in outs:
         assert re.fullmatch(rx, out.text) and out.finish_reason == "stop"
+
+
+def test_n_completions_and_chat_each_follow_the_grammar(llm):
+    from sparsegen import GuidedDecodingParams
+
+    choices = ["aa", "bb", "cc"]
+    p = SamplingParams(
+        n=3, temperature=1.0, seed=1, max_tokens=10, guided_decoding=GuidedDecodingParams(choice=choices)
+    )
+    (r,) = llm.generate(["x"], sampling_params=p, use_tqdm=False)
+    assert len(r.outputs) == 3 and all(o.text in choices and o.finish_reason == "stop" for o in r.outputs)
+    (c,) = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=10, structured_outputs=S(regex="[0-9]{4}")),
+                    use_tqdm=False)  # fmt: skip
+    assert re.fullmatch("[0-9]{4}", c.outputs[0].text)
