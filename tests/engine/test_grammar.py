@@ -186,3 +186,19 @@ def test_json_whitespace_between_tokens_is_bounded(spec, most):
         assert m.consume_token(ord(" "))
     after = allowed_ids(np.frombuffer(m.compute_bitmask(), dtype="<i4"), 300)
     assert ord(" ") not in after and ord('"') in after and ord("}") in after
+
+
+def test_without_llguidance_the_error_names_the_extra(monkeypatch):
+    import sys
+
+    from sparsegen.errors import MissingExtraError
+
+    grammar._llguidance.cache_clear()
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # import llguidance raises ImportError
+    try:
+        with pytest.raises(MissingExtraError, match=r"sparsegen\[structured\]"):
+            grammar.check_compiles(S(json_object=True))
+    finally:
+        monkeypatch.undo()
+        grammar._llguidance.cache_clear()
+    grammar.check_compiles(S(json_object=True))  # back again
