@@ -50,6 +50,8 @@ _LAZY = {
     # the serving API loads the model code and jinja2's sandbox: only when first asked for
     "LLM": ".llm",
     "SamplingParams": ".request.sampling_params",
+    "StructuredOutputsParams": ".request.structured_outputs",
+    "GuidedDecodingParams": ".request.structured_outputs",
 }
 
 
@@ -75,6 +77,7 @@ __all__ = [
     "DistributedError",
     "EngineError",
     "EnvError",
+    "GuidedDecodingParams",
     "HeadSpec",
     "ImplUnavailableError",
     "InputError",
@@ -90,6 +93,7 @@ __all__ = [
     "ServerOverloaded",
     "SparsegenError",
     "SpecError",
+    "StructuredOutputsParams",
     "TemplateLimitError",
     "TokenizerError",
     "density",

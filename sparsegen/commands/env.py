@@ -36,7 +36,18 @@ EXTRAS = {
     "model": ("tiktoken", "tokenizers"),
     "plot": ("matplotlib",),
     "serve": ("fastapi", "uvicorn", "prometheus-client"),
-    "test": ("pytest", "pytest-randomly", "build", "hatchling", "ruff", "openai", "httpx", "transformers"),
+    "structured": ("llguidance",),
+    "test": (
+        "pytest",
+        "pytest-randomly",
+        "build",
+        "hatchling",
+        "ruff",
+        "openai",
+        "httpx",
+        "transformers",
+        "jsonschema",
+    ),
 }
 PACKAGES = tuple(dict.fromkeys([d for dists in EXTRAS.values() for d in dists] + ["cuda-pathfinder"]))
 

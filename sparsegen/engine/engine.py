@@ -47,6 +47,7 @@ from .outputs import RequestOutput
 from .prefix_cache import cache_salt
 from .prompt_scores import book_prompt_logprobs, first_prompt_logprobs
 from .scheduler import Plan, Scheduler
+from .structured_output import StructuredOutputs, copies
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ class LLMEngine:
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ids = itertools.count()
         self._inflight: InFlight | None = None  # a launched step not yet booked (async_decode)
+        # grammar matchers of constrained requests (SamplingParams.structured_outputs)
+        self.structured = StructuredOutputs(lambda: self.tokenizer, cfg.vocab_size, lambda: self.eos_token_id)
 
     def _cache_salt(self, model) -> bytes:
         """What, besides the tokens, decides a KV page's content: the cache's dtype (fp8 pages
@@ -214,12 +217,16 @@ class LLMEngine:
         ids = check_prompt(prompt, vocab, where)
         params = check_params(params, vocab, f"params of {where}")
         self.scheduler.check(len(ids), params.max_tokens, where)
+        if params.has_structured_output and self.runner is None:
+            raise InputError(f"params of {where}: structured_outputs runs with tensor_parallel_size=1 only")
         return ids, params
 
-    def _enqueue(self, ids: list[int], params: SamplingParams, index: int | None) -> Sequence:
+    def _enqueue(self, ids: list[int], params: SamplingParams, index: int | None, matcher=None) -> Sequence:
         seq = Sequence(next(self._ids), ids, params)
         self._index[seq.seq_id] = seq.seq_id if index is None else index
         self._live[seq.seq_id] = seq
+        if matcher is not None:
+            self.structured.add(seq.seq_id, matcher)
         self.scheduler.add(seq)
         return seq
 
@@ -230,7 +237,8 @@ class LLMEngine:
         if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
             raise InputError(f"index must be None or an int, got {index!r}")
         ids, params = self._checked(prompt_ids, params, "prompt")
-        return self._enqueue(ids, params, index)
+        (matcher,) = copies(self.structured, [params])
+        return self._enqueue(ids, params, index, matcher)
 
     def submit(self, prompts: Seq[list[int]], params: SamplingParams | Seq[SamplingParams]) -> list[Sequence]:
         """Check every prompt and parameter, then queue them all (index = position in `prompts`).
@@ -243,7 +251,13 @@ class LLMEngine:
             self._checked(p, sp, f"prompt {i}")
             for i, (p, sp) in enumerate(zip(prompts, expand_params(params, len(prompts)), strict=True))
         ]
-        return [self._enqueue(ids, sp, index=i) for i, (ids, sp) in enumerate(checked)]
+        matchers = copies(
+            self.structured, [sp for _, sp in checked]
+        )  # every grammar compiles, or none queues
+        return [
+            self._enqueue(ids, sp, i, m)
+            for i, ((ids, sp), m) in enumerate(zip(checked, matchers, strict=True))
+        ]
 
     def abort(self, request_id: int) -> bool:
         """Drop an unfinished request (queued or running) and free its pages now. Returns False
@@ -252,6 +266,7 @@ class LLMEngine:
         if seq is None:
             return False
         self._index.pop(request_id, None)
+        self.structured.drop(request_id)
         return self.scheduler.abort(seq)
 
     @property
@@ -262,12 +277,16 @@ class LLMEngine:
     def _launch(self, plan: Plan, after: InFlight | None = None) -> InFlight:
         """Hand `plan` to the executor: its forward pass and sampler run without the tokens being
         read back. `after` is the in-flight step whose sampled tokens are `plan`'s input ids (a
-        lookahead plan)."""
+        lookahead plan). Constrained rows get their grammar masks here (never in a lookahead
+        plan: `overlappable` keeps them out)."""
+        if after is None and len(self.structured):
+            plan = replace(plan, token_bitmask=self.structured.bitmask(plan.sampled))
         return self.executor.launch(plan, after, self.eos_token_id)
 
     def _fail(self, seq: Sequence, why: str) -> TokenEvent | None:
         """End `seq` (its sampling failed) and free its pages; its error event, if it was live."""
         index = self._index.get(seq.seq_id, seq.seq_id)
+        why = self.structured.error_of(seq.seq_id) or why
         if not self.abort(seq.seq_id):
             return None
         seq.finish_reason = "error"
@@ -289,6 +308,11 @@ class LLMEngine:
         reasons = self.scheduler.postprocess(replace(plan, chunks=live, input_ids=None), tokens, now)
         events = []
         for seq, token, i, reason in zip(sampled, tokens, keep, reasons, strict=True):
+            if seq.seq_id in self.structured:  # its grammar takes the token (or fails it alone)
+                reason, why = self.structured.book(seq, token, reason, self.scheduler.finish)
+                if why is not None:
+                    failures.append(self._fail(seq, why))
+                    continue
             events.append(
                 TokenEvent(
                     self._index[seq.seq_id],

@@ -12,8 +12,9 @@ join of special tokens and the text between them).
 
 Finish reasons are one vocabulary for every front end, vLLM's and OpenAI's: "stop" (EOS, a stop
 token or a stop string, with `stop_reason` None, the token id or the string), "length", and
-"abort" for a cancelled request. (The engine's own `TokenEvent`s say "eos" | "stop" | "length";
-this module is where they become the vocabulary above.)
+"abort" for a cancelled request. (The engine's own `TokenEvent`s say "eos" | "stop" | "length",
+or "grammar" when a constrained request's grammar is complete: "stop" with its last token kept
+in the text; this module is where they become the vocabulary above.)
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class CompletionTracker:
             self.logprobs.append(logprobs)
         if engine_reason == "length":
             self.finish_reason = "length"
+        elif engine_reason == "grammar":  # the output is complete; its last token is text
+            self.finish_reason = "stop"
         elif engine_reason in ("eos", "stop"):
             self.finish_reason = "stop"
             self.stop_reason = None if token_id in self.eos_token_ids else token_id

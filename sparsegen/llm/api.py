@@ -153,6 +153,7 @@ class LLM:
                 raise InputError(
                     f"{where}.{name} is {k}, more than the vocabulary's {self.vocab_size} tokens"
                 )
+        self.engine.structured.check(params)  # the grammar compiles for this tokenizer, or InputError
         return params
 
     def request(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..utf8 import check_utf8
+from .structured_outputs import StructuredOutputsParams, as_structured
 
 MAX_LOGPROBS = 20  # most top-k log-probabilities a request may ask for per step
 SEED_LIMIT = 2**64  # seeds are 0..2**64-1, as torch.Generator.manual_seed takes them
@@ -164,6 +165,9 @@ class SamplingParams:
     - `allowed_token_ids`: if given, every other token is masked out (after `logit_bias`).
     Token ids in these two are checked against the model's vocabulary when the engine takes
     the request (`engine.checks.check_params`).
+    - `structured_outputs`: a `StructuredOutputsParams` (JSON schema, JSON object, regex, choice
+      or grammar) that every token must keep the output within; the request ends ("stop") when
+      the grammar is complete. `guided_decoding` is vLLM's older name for it.
     """
 
     n: int = 1
@@ -189,8 +193,12 @@ class SamplingParams:
     # -- logit processors (runner.sampling applies them per row, batched) --
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
+    # -- constrained decoding (engine.structured_output) --
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None  # vLLM's older spelling of the same
 
     def __post_init__(self) -> None:
+        self._fold_structured()
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids, int))
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -255,6 +263,28 @@ class SamplingParams:
             )
 
         _check_logit_processors(self)
+        for name in ("structured_outputs", "guided_decoding"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, StructuredOutputsParams):
+                raise InputError(
+                    f"SamplingParams.{name} must be a StructuredOutputsParams, got {value!r:.80}"
+                )
+        if self.guided_decoding is not None and self.guided_decoding != self.structured_outputs:
+            raise InputError("SamplingParams.guided_decoding and structured_outputs disagree; give one")
+
+    def _fold_structured(self) -> None:
+        """structured_outputs and guided_decoding as params (a dict of fields is taken too), the
+        one given copied into the other."""
+        so = as_structured(self.structured_outputs, "structured_outputs")
+        gd = as_structured(self.guided_decoding, "guided_decoding")
+        if so is not None and gd is not None and so != gd:
+            raise InputError("SamplingParams.guided_decoding and structured_outputs disagree; give one")
+        object.__setattr__(self, "structured_outputs", so or gd)
+        object.__setattr__(self, "guided_decoding", gd)
+
+    @property
+    def has_structured_output(self) -> bool:
+        return self.structured_outputs is not None
 
     @property
     def has_logit_processors(self) -> bool:

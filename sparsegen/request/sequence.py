@@ -95,6 +95,9 @@ class Plan:
     # not on the host (a lookahead step: the previous step's sampled tokens). None: each
     # sequence's last token.
     input_ids: torch.Tensor | None = field(default=None, compare=False)
+    # Grammar masks of the sampled rows whose requests are constrained, [len(sampled), W] int32 on
+    # the host (runner.token_mask); None when no sampled row is.
+    token_bitmask: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def scores_prompt(self) -> bool:

@@ -54,5 +54,8 @@ class InFlight:
 def overlappable(plan: Plan) -> bool:
     """May the next step be launched before `plan`'s tokens are on the host? Only after a decode
     step, and only if no row needs its previous token's value on the host to be sampled
-    (repetition, presence and frequency penalties count the output tokens)."""
-    return plan.is_decode and not any(c.seq.params.has_penalties for c in plan.chunks)
+    (repetition, presence and frequency penalties count the output tokens; a grammar's mask
+    follows from the tokens so far)."""
+    return plan.is_decode and not any(
+        c.seq.params.has_penalties or c.seq.params.has_structured_output for c in plan.chunks
+    )

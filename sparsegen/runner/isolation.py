@@ -27,6 +27,7 @@ def sample_isolating(
     *,
     eos_token_id: int | None,
     num_generated: Sequence[int],
+    token_bitmask: torch.Tensor | None = None,  # [B, W] int32 host: grammar masks
 ) -> sampling.DeviceSample:
     """`sampling.sample_on_device` over the batch, with `failed` naming the rows that failed
     alone and why ("TypeName: message", plain text, so it crosses a process boundary); their
@@ -44,6 +45,7 @@ def sample_isolating(
             [prompt_ids[r] for r in rows],
             eos_token_id=eos_token_id,
             num_generated=[num_generated[r] for r in rows],
+            token_bitmask=None if token_bitmask is None else token_bitmask[rows],
         )
 
     everyone = list(range(logits.shape[0]))

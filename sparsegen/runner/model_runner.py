@@ -324,6 +324,7 @@ class ModelRunner:
             [s.prompt_ids for s in seqs],
             eos_token_id=eos_token_id,
             num_generated=[len(s.output_ids) + ahead for s in seqs],
+            token_bitmask=plan.token_bitmask,
         )
         if prompt is not None:
             out = replace(out, prompt=prompt)

@@ -3,6 +3,7 @@
 `sample()` turns one step's logits into one token per row:
 
 1. raw log-probabilities (`log_softmax` of the model's logits) for rows that ask for `logprobs`;
+   then each constrained row's grammar mask (`runner.token_mask`: forbidden tokens to -inf);
 2. `logit_bias` added, then `allowed_token_ids` (every other token to -inf);
 3. `min_tokens`: EOS and the stop tokens are masked until a row has that many new tokens;
 4. penalties: repetition (prompt and output tokens, CTRL style), presence and frequency (output
@@ -41,6 +42,7 @@ from ..request.sampling_params import (
     TokenLogprobs,
 )
 from .prompt_logprobs import DevicePromptLogprobs
+from .token_mask import apply_token_bitmask, check_masks, mask_allows_beyond
 from .transfer import on_device
 
 # The parameters and result types live in sampling_params; callers may import them from here too.
@@ -255,10 +257,14 @@ class DeviceSample:
         return SamplerOutput(token_ids, logprobs, self.failed, prompt)
 
 
-def sample(logits, params, output_ids, prompt_ids=None, *, eos_token_id=None) -> SamplerOutput:
+def sample(
+    logits, params, output_ids, prompt_ids=None, *, eos_token_id=None, token_bitmask=None
+) -> SamplerOutput:
     """One token per row, read back to the host: `sample_on_device(...).output()` (see it for the
     arguments, and the module docstring for the order of the steps)."""
-    return sample_on_device(logits, params, output_ids, prompt_ids, eos_token_id=eos_token_id).output()
+    return sample_on_device(
+        logits, params, output_ids, prompt_ids, eos_token_id=eos_token_id, token_bitmask=token_bitmask
+    ).output()
 
 
 def sample_on_device(
@@ -269,6 +275,7 @@ def sample_on_device(
     *,
     eos_token_id: int | None = None,
     num_generated: Sequence[int] | None = None,
+    token_bitmask: torch.Tensor | None = None,  # [B, W] int32 host: grammar masks (runner.token_mask)
 ) -> DeviceSample:
     """`sample()` without reading anything back: the tokens stay on the logits' device.
 
@@ -276,6 +283,8 @@ def sample_on_device(
     before this one, which is all that `min_tokens` and a seed's stream need. A decode step
     launched before the previous step's tokens reach the host passes counts one above its
     `output_ids`; rows with penalties need the tokens themselves and must then not be passed.
+    `token_bitmask` holds a grammar mask for each row whose params have `structured_outputs`
+    (the other rows' words are ignored); required when any row has them.
     """
     b, v = logits.shape
     if len(params) != b or len(output_ids) != b:
@@ -298,6 +307,12 @@ def sample_on_device(
     if any(p.logprobs is not None for p in params):
         raw_logprobs = torch.log_softmax(x, dim=-1)  # [B, V]
 
+    masked = any(p.has_structured_output for p in params)
+    if masked:
+        if token_bitmask is None:
+            raise InputError("a row with structured_outputs was sampled without its grammar mask")
+        check_masks(token_bitmask, params, v)  # a row that no token satisfies fails alone
+        x = apply_token_bitmask(x, token_bitmask, params)
     x = apply_logit_processors(x, params)
 
     # min_tokens: mask EOS and the stop tokens of rows that have not produced enough yet.
@@ -312,6 +327,8 @@ def sample_on_device(
                 continue
             if p.allowed_token_ids is not None and banned.issuperset(p.allowed_token_ids):
                 continue  # the same when every allowed token would be banned
+            if p.has_structured_output and not mask_allows_beyond(token_bitmask[r], banned, v):
+                continue  # and when the grammar allows nothing else (it must end now)
             rows += [r] * len(banned)
             cols += sorted(banned)
     if rows:

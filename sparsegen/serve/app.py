@@ -42,6 +42,7 @@ from .metrics import Metrics
 from .openai_errors import error_json, sampling_error, validation_error
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .request_counter import CountRequests
+from .response_format import constraint_field
 from .responses import Echo, Formatter
 from .tokenize import add_tokenize_routes
 from .unknown_fields import UnknownFields
@@ -157,6 +158,8 @@ def create_app(
         except RequestError:
             raise
         except SparsegenError as exc:  # SamplingParams' own checks name the field in the message
+            if str(exc).startswith("structured_outputs"):  # the grammar does not compile
+                raise RequestError(str(exc), constraint_field(req)) from None
             raise sampling_error(exc) from None
 
     def prompt_ids(make, param: str) -> list[list[int]]:

@@ -11,9 +11,10 @@ Besides OpenAI's fields, vLLM's extras are accepted (`top_k`, `min_p`, `repetiti
 `min_tokens`, `stop_token_ids`, `ignore_eos`), as the openai client sends them through
 `extra_body`, and `allowed_token_ids`. `logit_bias` takes OpenAI's shape (token id as a
 string -> bias in [-100, 100]); its ids are checked against the model's vocabulary when the
-engine takes the request. Features the server does not have (`suffix`, tools, response
-formats other than text) are refused by name. `echo` with `logprobs` scores the prompt (the
-prompt's log-probabilities come first), and `max_tokens: 0` is allowed with `echo` only.
+engine takes the request. `response_format` (text, json_object, json_schema) and vLLM's
+`structured_outputs` / `guided_*` fields constrain the output (`response_format.py`). Features
+the server does not have (`suffix`, tools) are refused by name. `echo` with `logprobs` scores the
+prompt (the prompt's log-probabilities come first), and `max_tokens: 0` is allowed with `echo` only.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..request.sampling_params import (
     SEED_LIMIT,
     SamplingParams,
 )
+from .response_format import structured_outputs_of
 
 MAX_N = 16  # completions per request
 MAX_STOP = 16  # stop strings per request
@@ -93,9 +95,17 @@ class _SamplingFields(_Strict):
     store: bool | None = None
     service_tier: str | None = None
     reasoning_effort: str | None = None
+    # output constraints (response_format.py)
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def _refuse_unsupported(self) -> None:
         self._bias_pairs()
+        structured_outputs_of(self)
         if self.stream_options is not None and not self.stream:
             raise RequestError("stream_options is only allowed with stream: true", "stream_options")
 
@@ -136,6 +146,7 @@ class _SamplingFields(_Strict):
             seed=self.seed,
             logit_bias=self._bias_pairs(),
             allowed_token_ids=None if self.allowed_token_ids is None else tuple(self.allowed_token_ids),
+            structured_outputs=structured_outputs_of(self),
         )
 
 
@@ -216,7 +227,6 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
-    response_format: dict | None = None
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -227,8 +237,6 @@ class ChatCompletionRequest(_SamplingFields):
             raise RequestError("tools are not supported", "tools")
         if self.tool_choice not in (None, "none"):
             raise RequestError("tool_choice is not supported", "tool_choice")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise RequestError("only response_format {'type': 'text'} is supported", "response_format")
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
         if self.max_tokens is not None and self.max_completion_tokens is not None:

@@ -29,6 +29,8 @@ EXTRA_OF = {
     "matplotlib": "plot",
     "transformers": "hf",
     "tokenizers": "model",
+    "llguidance": "structured",
+    "jsonschema": "test",
 }
 
 

@@ -110,7 +110,7 @@ CHAT_CASES = [
     ({**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}, "messages"),
     ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
     ({**CHAT, "tool_choice": "auto"}, "tool_choice"),
-    ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**CHAT, "response_format": {"type": "json_object", "bogus": 1}}, "response_format"),
     ({**CHAT, "top_logprobs": 2}, "top_logprobs"),
     ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({**CHAT, "logprobs": 5}, "logprobs"),
