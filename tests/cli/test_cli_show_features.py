@@ -33,7 +33,10 @@ def test_padded_and_tl_head_dims(tmp_path):
     assert "prefill kernel on sm_90: gluon (head_dim 160 in 256-wide tiles)" in out
     (tmp_path / "b").mkdir()
     out = _show(tmp_path / "b", {**GEMMA2, "head_dim": 32})
-    assert "prefill kernel on sm_90: tl (Gluon does not cover head_dim 32 (the Gluon kernel covers 48..256)" in out
+    assert (
+        "prefill kernel on sm_90: tl (Gluon does not cover head_dim 32 (the Gluon kernel covers 48..256)"
+        in out
+    )
 
 
 def test_gpt_oss_learned_sinks_json(tmp_path):

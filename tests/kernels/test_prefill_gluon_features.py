@@ -100,7 +100,11 @@ def test_features_render_only_where_asked():
     assert "s = _tanh(s * (qk_scale / SOFTCAP_LOG2)) * SOFTCAP_LOG2" in capped
     # the cap comes before the mask, and the capped scores are already in log2 units
     body = capped[capped.index("def _softmax(") :]
-    assert body.index("_tanh(") < body.index("gl.where(_visible_0") < body.index("m_new = gl.maximum(m_i, gl.max(s, 1))")
+    assert (
+        body.index("_tanh(")
+        < body.index("gl.where(_visible_0")
+        < body.index("m_new = gl.maximum(m_i, gl.max(s, 1))")
+    )
     assert "p = gl.exp2(s - m_ref[:, None])" in body and "s * qk_scale - m_ref" not in body
     sinks = tpl.render_source(GPT_OSS, "bf16")
     assert "def prefill_kernel(Q, O, Sinks, k_desc," in sinks
@@ -225,6 +229,8 @@ def test_aot_sink_tokens_with_a_window():
 def test_aot_padded_hd160_every_feature():
     kernel, ptx, meta = _built(MIXED160, torch.float16)
     assert "cp.async.bulk.tensor.3d" in ptx and "tanh.approx.f32" in ptx
-    assert [m["block_size"] for m in meta["tensordesc_meta"]] == [[64, 1, 64]] * 2  # 256-wide box in 64-col messages
+    assert [m["block_size"] for m in meta["tensordesc_meta"]] == [
+        [64, 1, 64]
+    ] * 2  # 256-wide box in 64-col messages
     assert meta["shared"] <= tpl.SMEM_LIMIT
     _no_spills(ptx)

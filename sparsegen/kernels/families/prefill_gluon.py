@@ -27,9 +27,9 @@ from ...jit import triton_build
 from ...spec import LayerSpec
 from .. import gluon_api
 from .. import prefill_gluon_template as tpl
-from ..prefill_template import feature_suffix
 from ..family import Family, Request, register
 from ..naming import pattern_name
+from ..prefill_template import feature_suffix
 from .prefill_tl import Launch, PrefillKernel
 
 ARCH = "sm_90"
