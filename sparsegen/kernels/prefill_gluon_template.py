@@ -57,6 +57,11 @@ VERTICAL_BLOCK_N = 64  # the key chunk of layers with vertical-stride heads (con
 # grows with their number (CPU, AOT: 8 patterns ~1.4x the build of 1, 32 patterns ~5x); layers with
 # more go to the tl kernel, whose build is flat in the number of distinct heads.
 MAX_PATHS = 8
+# In 256-wide tiles O alone takes 128 of a consumer thread's 240 registers. ptxas (sm_90) spills
+# 24 bytes with 4 distinct head patterns, and with a vertical-stride pattern beside a window one;
+# not with one vertical pattern alone, nor with a window beside a dense one. So 256-wide tiles take
+# up to 2 patterns, and a vertical-stride one only alone; other layers go to the tl kernel.
+MAX_PATHS_WIDE = 2
 DTYPES = ("bf16", "fp16")
 
 
@@ -121,8 +126,20 @@ def covers(layer: LayerSpec, dtype: str) -> str | None:
                 "in the vertical tiles' slots)"
             )
     n_paths = len({_path_key(head) for head in layer.heads})
+    vertical = any(h.vert_stride and not h.dense for h in layer.heads)
     if n_paths > MAX_PATHS:
         return f"{n_paths} distinct head patterns (the Gluon kernel takes up to {MAX_PATHS})"
+    if tile_dim(layer.head_dim) == 256 and n_paths > 1:
+        if n_paths > MAX_PATHS_WIDE:
+            return (
+                f"{n_paths} distinct head patterns at head_dim {layer.head_dim} (the Gluon kernel takes up to "
+                f"{MAX_PATHS_WIDE} in 256-wide tiles: more spill registers)"
+            )
+        if vertical:
+            return (
+                f"a vertical-stride head pattern beside another at head_dim {layer.head_dim} (in 256-wide "
+                "tiles that spills registers)"
+            )
     for h, head in enumerate(layer.heads):
         if head.vert_stride and not head.dense and head.block_size % VERTICAL_BLOCK_N:
             return (
