@@ -5,7 +5,10 @@
 `templates/prefill_gluon.py.jinja` (which includes its key-tile schedule,
 `prefill_gluon_schedule.py.jinja`), one "path" per distinct head pattern, and `render_source`
 renders it. The key-tile schedule the template computes is mirrored, as a pure function, in
-`gluon_schedule.py`.
+`gluon_schedule.py`. The layer features render only where a layer has them (`FEATURES`): soft-cap
+(tanh.approx on the scaled fp32 scores, before the mask), learned sinks (one more term of the
+final denominator) and sink tokens (key tiles from key 0 below the near range); a layer without
+them renders exactly as before.
 """
 
 from __future__ import annotations
@@ -58,10 +61,11 @@ VERTICAL_BLOCK_N = 64  # the key chunk of layers with vertical-stride heads (con
 # more go to the tl kernel, whose build is flat in the number of distinct heads.
 MAX_PATHS = 8
 # In 256-wide tiles O alone takes 128 of a consumer thread's 240 registers. ptxas (sm_90) spills
-# 24 bytes with 4 distinct head patterns, and with a vertical-stride pattern beside a window one;
-# not with one vertical pattern alone, nor with a window beside a dense one. So 256-wide tiles take
-# up to 2 patterns, and a vertical-stride one only alone; other layers go to the tl kernel.
-MAX_PATHS_WIDE = 2
+# 16-24 bytes with 2 or more distinct head patterns once there are layer features or a vertical-
+# stride pattern, and with 4 patterns without either; one pattern (dense, window, local, vertical,
+# with every feature) builds without spills. So 256-wide tiles take one head pattern; layers with
+# more go to the tl kernel (the models with head_dim 256, Gemma-2/3, have one per layer).
+MAX_PATHS_WIDE = 1
 DTYPES = ("bf16", "fp16")
 
 
@@ -126,20 +130,13 @@ def covers(layer: LayerSpec, dtype: str) -> str | None:
                 "in the vertical tiles' slots)"
             )
     n_paths = len({_path_key(head) for head in layer.heads})
-    vertical = any(h.vert_stride and not h.dense for h in layer.heads)
     if n_paths > MAX_PATHS:
         return f"{n_paths} distinct head patterns (the Gluon kernel takes up to {MAX_PATHS})"
-    if tile_dim(layer.head_dim) == 256 and n_paths > 1:
-        if n_paths > MAX_PATHS_WIDE:
-            return (
-                f"{n_paths} distinct head patterns at head_dim {layer.head_dim} (the Gluon kernel takes up to "
-                f"{MAX_PATHS_WIDE} in 256-wide tiles: more spill registers)"
-            )
-        if vertical:
-            return (
-                f"a vertical-stride head pattern beside another at head_dim {layer.head_dim} (in 256-wide "
-                "tiles that spills registers)"
-            )
+    if tile_dim(layer.head_dim) == 256 and n_paths > MAX_PATHS_WIDE:
+        return (
+            f"{n_paths} distinct head patterns at head_dim {layer.head_dim} (in 256-wide tiles the Gluon "
+            f"kernel takes {MAX_PATHS_WIDE}: more spill registers)"
+        )
     for h, head in enumerate(layer.heads):
         if head.vert_stride and not head.dense and head.block_size % VERTICAL_BLOCK_N:
             return (

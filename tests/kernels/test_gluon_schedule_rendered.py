@@ -278,11 +278,12 @@ def test_sink_tiles_count_every_visible_pair_once(case):
 
 
 def test_hd256_tiles_count_every_visible_pair_once():
-    """head_dim 256's own tile shape (64-key tiles, no vpair) on a sink head beside a vertical one."""
-    heads = (HeadSpec(block_size=64, sliding_window=90, sink_tokens=7),
-             HeadSpec(block_size=64, local_blocks=2, vert_stride=4, vert_offset=1))  # fmt: skip
-    layer = LayerSpec(4, 2, 256, heads * 2, logit_softcap=30.0, learned_sinks=True)
-    assert tpl.covers(layer, "bf16") is None
-    cfg = tpl.config(layer)
-    assert (cfg["block_n"], cfg["stages"], cfg["vpair"], cfg["q_smem"]) == (64, 2, False, True)
-    _check(layer, cfg, [700, 3], [700, 500])
+    """head_dim 256's own tile shape (64-key tiles, no vpair) on sink heads and on vertical ones."""
+    sinks = (HeadSpec(block_size=64, sliding_window=90, sink_tokens=7),) * 4
+    vert = tuple(HeadSpec(block_size=64, local_blocks=2, vert_stride=4, vert_offset=h % 4) for h in range(4))
+    for heads in (sinks, vert):
+        layer = LayerSpec(4, 2, 256, heads, logit_softcap=30.0, learned_sinks=True)
+        assert tpl.covers(layer, "bf16") is None
+        cfg = tpl.config(layer)
+        assert (cfg["block_n"], cfg["stages"], cfg["vpair"], cfg["q_smem"]) == (64, 2, False, True)
+        _check(layer, cfg, [700, 3], [700, 500])

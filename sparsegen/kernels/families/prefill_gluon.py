@@ -10,7 +10,8 @@
 ahead of time through Gluon's AST source for sm_90: no GPU is needed to build it, only to run
 it. K and V reach the kernel as TMA descriptors made per call on the host: over a 2-D view for
 head_dim 64, 128 and 256, over K and V themselves (3-D, zero-filled past head_dim) for the padded
-head dims (48..240 but those). A learned-sinks layer takes `Sinks` ([H] float32) after O.
+head dims (the other multiples of 16 from 48 to 240). A learned-sinks layer takes `Sinks` ([H]
+float32) after O.
 """
 
 from __future__ import annotations
