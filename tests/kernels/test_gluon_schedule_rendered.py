@@ -287,3 +287,24 @@ def test_hd256_tiles_count_every_visible_pair_once():
         cfg = tpl.config(layer)
         assert (cfg["block_n"], cfg["stages"], cfg["vpair"], cfg["q_smem"]) == (64, 2, False, True)
         _check(layer, cfg, [700, 3], [700, 500])
+
+
+def test_rendered_softmax_soft_caps_the_scaled_scores():
+    """The rendered `_softmax` of a soft-capped layer (tanh stood in by torch.tanh) on raw scores:
+    p = exp(c * tanh(scale * s / c) - row max), masked after the cap, in the kernel's log2 units."""
+    c, scale = 5.0, 0.3
+    layer = LayerSpec(2, 1, 64, (HeadSpec(block_size=64, sliding_window=40),) * 2, logit_softcap=c)
+    ns, _ = _rendered(layer, tpl.config(layer))
+    block_m, block_n = 128, 128
+    s = torch.randn(block_m, block_n, dtype=torch.float64) * 20  # raw q.k, far past the cap
+    rows = (200 + torch.arange(block_m))[:, None]
+    cols = (180 + torch.arange(block_n))[None, :]
+    m0 = torch.full((block_m,), float("-inf"), dtype=torch.float64)
+    l0 = torch.zeros(block_m, dtype=torch.float64)
+    qk_scale = scale * 1.4426950408889634
+    p, m, denom, _ = ns["_softmax"](s, m0, l0, qk_scale, True, 0, rows, cols, 0)
+    vis = (cols <= rows) & (rows - cols < 40)
+    capped = torch.where(vis, c * torch.tanh(scale * s / c), float("-inf"))  # natural-log units
+    want = torch.exp(capped - capped.amax(1, keepdim=True))
+    assert torch.allclose(p, want, atol=1e-12), (p - want).abs().max()
+    assert torch.allclose(m, capped.amax(1) * 1.4426950408889634) and torch.allclose(denom, want.sum(1))

@@ -145,8 +145,12 @@ _SINK_HEADS = st.builds(  # a drawn head without its vertical blocks (if any), w
     q_frac=st.floats(0.0, 1.0),
     tile=st.sampled_from([(128, 64), (128, 128), (64, 32)]),
 )
-@example(head=HeadSpec(block_size=64, sliding_window=100, sink_tokens=4), k_len=700, q_frac=1.0, tile=(128, 64))
-@example(head=HeadSpec(block_size=64, local_blocks=1, sink_tokens=200), k_len=900, q_frac=0.5, tile=(128, 128))
+@example(
+    head=HeadSpec(block_size=64, sliding_window=100, sink_tokens=4), k_len=700, q_frac=1.0, tile=(128, 64)
+)
+@example(
+    head=HeadSpec(block_size=64, local_blocks=1, sink_tokens=200), k_len=900, q_frac=0.5, tile=(128, 128)
+)
 def test_sink_tiles_cover_exactly_the_visible_tiles(head, k_len, q_frac, tile):
     """Both schedules with sink tokens (heads without vertical blocks: covers() sends the others to tl)."""
     block_m, block_n = tile

@@ -106,15 +106,15 @@ def test_features_render_only_where_asked():
     for word in ("tanh", "SOFTCAP_LOG2", "Sinks", "sk =", "LOG2E"):
         assert word not in plain, word
     assert "SOFTCAP_LOG2 = gl.constexpr(50 / 1 * 1.4426950408889634)" in capped
-    assert "s = _tanh(s * (qk_scale / SOFTCAP_LOG2)) * SOFTCAP_LOG2" in capped
-    # the cap comes before the mask, and the capped scores are already in log2 units
+    assert "s = _tanh(s * (qk_scale / SOFTCAP_LOG2))\n" in capped
+    # the cap comes before the mask; C2 = c * log2(e) scales tanh in the max and in the exponent
     body = capped[capped.index("def _softmax(") :]
     assert (
         body.index("_tanh(")
         < body.index("gl.where(_visible_0")
-        < body.index("m_new = gl.maximum(m_i, gl.max(s, 1))")
+        < body.index("m_new = gl.maximum(m_i, gl.max(s, 1) * SOFTCAP_LOG2)")
     )
-    assert "p = gl.exp2(s - m_ref[:, None])" in body and "s * qk_scale - m_ref" not in body
+    assert "p = gl.exp2(s * SOFTCAP_LOG2 - m_ref[:, None])" in body and "s * qk_scale - m_ref" not in body
     sinks = tpl.render_source(GPT_OSS, "bf16")
     assert "def prefill_kernel(Q, O, Sinks, k_desc," in sinks
     assert "l_i = l_i + gl.exp2(gl.load(Sinks + h) * LOG2E - m_i)" in sinks
