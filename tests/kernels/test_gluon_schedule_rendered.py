@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import pytest
 import torch
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
@@ -266,7 +267,8 @@ _MIXED = LayerSpec(
 )  # fmt: skip
 
 
-@settings(max_examples=25, deadline=None)
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None)
 @given(_sink_cases())
 @example((_STREAM, tpl.config(_STREAM), [600, 5], [600, 700]))
 @example((_MIXED, tpl.config(_MIXED), [650], [650]))  # vpair tiles: sink chunks in pairs
@@ -277,6 +279,14 @@ def test_sink_tiles_count_every_visible_pair_once(case):
     _check(*case)
 
 
+def test_sink_tiles_fast_cases():
+    """Two short sequences through the plain and the vpair schedule with sink tiles (the fuzzed
+    test above is marked slow)."""
+    _check(_STREAM, tpl.config(_STREAM), [130, 1], [300, 200])
+    _check(_MIXED, tpl.config(_MIXED), [280], [280])
+
+
+@pytest.mark.slow
 def test_hd256_tiles_count_every_visible_pair_once():
     """head_dim 256's own tile shape (64-key tiles, no vpair) on sink heads and on vertical ones."""
     sinks = (HeadSpec(block_size=64, sliding_window=90, sink_tokens=7),) * 4
@@ -308,3 +318,25 @@ def test_rendered_softmax_soft_caps_the_scaled_scores():
     want = torch.exp(capped - capped.amax(1, keepdim=True))
     assert torch.allclose(p, want, atol=1e-12), (p - want).abs().max()
     assert torch.allclose(m, capped.amax(1) * 1.4426950408889634) and torch.allclose(denom, want.sum(1))
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("        n_vert = (sk + BLOCK_N - 1) // BLOCK_N\n", "        n_vert = sk * 0\n"),  # no sink tiles
+        ("    seen = seen | (cols < 4)  # sink tokens\n", ""),  # sinks in the near range not seen
+        ("(n0 + BLOCK_N > sk)", "(n0 > sk)"),  # a partial sink tile unmasked
+    ],
+    ids=["no_sink_tiles", "no_sink_mask", "partial_tile_unmasked"],
+)
+def test_a_wrong_sink_schedule_is_caught(monkeypatch, old, new):
+    render = tpl.render_source
+
+    def wrong(*args, **kwargs):
+        src = render(*args, **kwargs)
+        assert old in src, old
+        return src.replace(old, new)
+
+    monkeypatch.setattr(tpl, "render_source", wrong)
+    with pytest.raises(AssertionError, match="counted"):
+        _check(_STREAM, tpl.config(_STREAM), [130, 1], [300, 200])
