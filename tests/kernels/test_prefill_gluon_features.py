@@ -198,6 +198,7 @@ def _wgmma(ptx: str, n: int, dtype: str = "bf16") -> bool:
     return bool(re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.{dtype}\.{dtype}", ptx))
 
 
+@pytest.mark.slow
 def test_aot_gpt_oss_layer():
     kernel, ptx, meta = _built(GPT_OSS)
     assert kernel.name == "prefill_gluon_bf16_hd64_h64kv8_bs64_w128_lsink"
