@@ -64,7 +64,9 @@ MAX_PATHS = 8
 # 16-24 bytes with 2 or more distinct head patterns once there are layer features or a vertical-
 # stride pattern, and with 4 patterns without either; one pattern (dense, window, local, vertical,
 # with every feature) builds without spills. So 256-wide tiles take one head pattern; layers with
-# more go to the tl kernel (the models with head_dim 256, Gemma-2/3, have one per layer).
+# more go to the tl kernel (the models with head_dim 256, Gemma-2/3, have one per layer). In
+# 128-wide tiles today's kernels spill too (4 bytes on hd 128 dense causal, ~700 bytes with 4
+# head patterns), with or without the features; those stay as they were measured.
 MAX_PATHS_WIDE = 1
 DTYPES = ("bf16", "fp16")
 
