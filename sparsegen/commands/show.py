@@ -152,11 +152,14 @@ def _decode_kv(spec, kv_cache_dtype: str, page_size: int) -> dict:
 
 def _features(spec) -> dict:
     """The layer's attention features and which prefill kernel variant it gets on sm_90 (the
-    Gluon kernel when it covers the layer, else the tl kernel, with the reason)."""
+    Gluon kernel when it covers the layer, with the tile width a padded head_dim runs in, else
+    the tl kernel, with the reason)."""
     from ..kernels import prefill_gluon_template
 
     why = prefill_gluon_template.covers(spec, "bf16")
-    variant = "gluon" if why is None else f"tl (Gluon does not cover {why})"
+    tile = prefill_gluon_template.tile_dim(spec.head_dim)
+    padded = f" (head_dim {spec.head_dim} in {tile}-wide tiles)" if tile != spec.head_dim else ""
+    variant = f"gluon{padded}" if why is None else f"tl (Gluon does not cover {why})"
     return {
         "logit_softcap": spec.logit_softcap,
         "learned_sinks": spec.learned_sinks,

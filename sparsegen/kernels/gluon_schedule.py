@@ -2,8 +2,9 @@
 
 `tiles(head, ...)` computes, in plain Python, the same numbers the template's `_schedule` and
 `_tile_start` compute on the GPU: which BLOCK_N-wide key tiles a query tile loads, in order, and
-which of them need a token mask. The CPU tests check it against `sparsegen.visible_mask` on
-fuzzed specs: every visible (query, key) pair is in some tile, an unmasked tile is fully visible
+which of them need a token mask (sink tokens on a head without vertical blocks: tiles from key 0
+below the near range, in the vertical tiles' place). The CPU tests check it against
+`sparsegen.visible_mask` on fuzzed specs: every visible (query, key) pair is in some tile, an unmasked tile is fully visible
 to every live row, and no loaded tile is invisible to all of them. Keep it in step with
 `templates/prefill_gluon_schedule.py.jinja`, the part of the Gluon template it mirrors (the GPU
 tests then check the kernel itself).
@@ -69,6 +70,9 @@ def tiles(
         kb0 = vert - 1 - head.vert_offset
         n_vert = max(kb_lo - kb0 + vert - 1, 0) // vert * tpb
         out += [(kb0 * bs + (j // tpb) * vert * bs + (j % tpb) * block_n, False) for j in range(n_vert)]
+    elif head.sink_tokens:  # sink tiles from key 0 below the near range, masked past sk
+        sk = min(a, head.sink_tokens)
+        out += [(n0, n0 + block_n > sk) for n0 in range(0, sk, block_n)]
     for n0 in range(a, hi, block_n):
         out.append((n0, n0 < b or n0 >= d))
     return out
@@ -100,6 +104,12 @@ def pair_tiles(
         for j in range((n_chunks + 1) // 2):
             c1 = min(2 * j + 1, n_chunks - 1)
             out.append((start(2 * j), start(c1), False, c1 == 2 * j))
+    elif head.sink_tokens:  # sink chunks from key 0 below the near range, paired; masked past sk
+        sk = min(a, head.sink_tokens)
+        n_chunks = -(-sk // half)
+        for j in range((n_chunks + 1) // 2):
+            c1 = min(2 * j + 1, n_chunks - 1)
+            out.append((2 * j * half, c1 * half, 2 * j * half + block_n > sk, c1 == 2 * j))
     for n0 in range(a, hi, block_n):
         out.append((n0, n0 + half, n0 < b or n0 >= d, False))
     return out, lo

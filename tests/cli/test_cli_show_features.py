@@ -21,17 +21,29 @@ def _show(tmp_path, cfg, *extra):
     return result.output
 
 
-def test_gemma2_softcap_scale_and_tl_fallback(tmp_path):
+def test_gemma2_softcap_scale_and_gluon(tmp_path):
     out = _show(tmp_path, GEMMA2)
     assert "soft-cap 50.0, learned sinks off, scale 0.0625 (the layer)" in out
-    assert "prefill kernel on sm_90: tl (Gluon does not cover head_dim 256" in out
+    assert "prefill kernel on sm_90: gluon\n" in out
+
+
+def test_padded_and_tl_head_dims(tmp_path):
+    (tmp_path / "a").mkdir()
+    out = _show(tmp_path / "a", {**GEMMA2, "head_dim": 160})
+    assert "prefill kernel on sm_90: gluon (head_dim 160 in 256-wide tiles)" in out
+    (tmp_path / "b").mkdir()
+    out = _show(tmp_path / "b", {**GEMMA2, "head_dim": 32})
+    assert (
+        "prefill kernel on sm_90: tl (Gluon does not cover head_dim 32 (the Gluon kernel covers 48..256)"
+        in out
+    )
 
 
 def test_gpt_oss_learned_sinks_json(tmp_path):
     data = json.loads(_show(tmp_path, GPT_OSS, "--json"))
     assert data["learned_sinks"] is True and data["logit_softcap"] == 0.0
     assert data["scale"] == 64**-0.5
-    assert data["prefill_sm90"].startswith("tl (Gluon does not cover learned_sinks")
+    assert data["prefill_sm90"] == "gluon"
 
 
 def test_phi3small_gets_gluon():

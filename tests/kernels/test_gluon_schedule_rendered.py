@@ -11,7 +11,9 @@ The schedule's integer operands are never negative, so Python's `//` and `%` agr
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
+import pytest
 import torch
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
@@ -79,6 +81,11 @@ class _GL:
     def load(ptr):
         return ptr.values[ptr.at]
 
+    @staticmethod
+    def inline_asm_elementwise(asm, constraints, args, dtype, is_pure, pack):
+        assert asm == "tanh.approx.f32 $0, $1;", asm  # the soft-cap's one asm op
+        return torch.tanh(args[0])
+
     def __getattr__(self, name):
         return _Any()
 
@@ -103,9 +110,10 @@ def _expr(src: str, pattern: str) -> str:
 def _check(layer: LayerSpec, cfg: dict, q_lens: list[int], k_lens: list[int]) -> None:
     ns, src = _rendered(layer, cfg)
     vpair, block_m, block_n = cfg["vpair"], cfg["block_m"], cfg["block_n"]
+    sinks = any(head.sink_tokens for head in layer.heads)
     # the consumer's own expressions: tile 0, then tile j of the loop
-    masked0 = _expr(src, r"^\s*masked = (\(n_vert == 0\).*)$")
-    masked_j = _expr(src, r"^\s*masked = (\(j >= n_vert\).*)$")
+    masked0 = _expr(src, r"^\s*masked = (\(+n_vert == 0\).*)$")
+    masked_j = _expr(src, r"^\s*masked = (\(+j >= n_vert\).*)$")
     hole0 = _expr(src, r"^\s*s = _hole\(s, (\(n_vert == 1\).*), offs_n\)$") if vpair else None
     hole_j = _expr(src, r"^\s*s = _hole\(s, (\(j == n_vert - 1\).*), offs_n\)$") if vpair else None
     cu_q, cu_k = [0], [0]
@@ -128,11 +136,14 @@ def _check(layer: LayerSpec, cfg: dict, q_lens: list[int], k_lens: list[int]) ->
         items.add((seq, h, m0))
         out = ns["_schedule"](q_len, k_len, m0, h)
         path, vo, n_vert, vbase, vstep, tpb, a, b, d, n_tiles = out[:10]
-        n_chunks, lo = out[10:] if vpair else (None, None)
+        n_chunks, lo = out[10:12] if vpair else (None, None)
+        sk = out[-1] if sinks else None  # sink tokens: the last value
+        assert len(out) == 10 + 2 * vpair + sinks, f"_schedule returned {len(out)} values"
         first = k_len - q_len
         rows = (m0 + torch.arange(block_m))[:, None]  # [BLOCK_M, 1] positions
         live_rows = ((rows[:, 0] >= first) & (rows[:, 0] < k_len)).nonzero().flatten()
-        names = dict(n_vert=n_vert, b=b, d=d, n_chunks=n_chunks)
+        names = dict(n_vert=n_vert, b=b, d=d, n_chunks=n_chunks, sk=sk, BLOCK_N=block_n)
+        starts_seen = set()
         for j in range(n_tiles):
             if vpair:
                 n0, n1 = ns["_tile_start"](j, n_vert, n_chunks, vbase, vstep, tpb, a)
@@ -140,6 +151,8 @@ def _check(layer: LayerSpec, cfg: dict, q_lens: list[int], k_lens: list[int]) ->
             else:
                 n0 = ns["_tile_start"](j, n_vert, vbase, vstep, tpb, a)
                 starts = (n0,)
+            assert starts not in starts_seen, f"item {(seq, h, m0)} visits key tile {starts} twice"
+            starts_seen.add(starts)
             env = dict(names, j=j, n0=n0)
             masked = bool(eval(masked0 if j == 0 else masked_j, {}, env))
             s = torch.zeros(block_m, block_n)
@@ -221,3 +234,109 @@ def test_a_wrong_rendered_schedule_is_caught(monkeypatch):
         assert "counted 0 times, visible 1" in str(exc)
     else:
         raise AssertionError("a schedule that skips a visible tile passed")
+
+
+@st.composite
+def _sink_cases(draw):
+    """Layers whose window / local heads carry sink tokens (vertical-stride heads may sit beside
+    them, without sinks: covers() sends sinks on a vertical head to the tl kernel)."""
+    layer = draw(layer_specs(head_dims=(64,), max_kv_heads=2, gqa_ratios=(1, 2, 4), block_sizes=(64, 128)))
+    heads = tuple(
+        replace(h, sink_tokens=draw(st.sampled_from((1, 4, 63, 64, 65, 130, 300))))
+        if not h.dense and not h.vert_stride and draw(st.booleans())
+        else h
+        for h in layer.heads
+    )
+    assume(any(h.sink_tokens for h in heads))
+    layer = replace(layer, heads=heads)
+    assume(tpl.covers(layer, "bf16") is None)
+    try:
+        cfg = tpl.config(layer, **draw(st.sampled_from(OVERRIDES)))
+    except InputError:
+        assume(False)
+    k_lens = draw(st.lists(st.integers(1, 700), min_size=1, max_size=2))
+    q_lens = [draw(st.integers(1, n)) for n in k_lens]
+    return layer, cfg, q_lens, k_lens
+
+
+_STREAM = LayerSpec(4, 2, 64, (HeadSpec(block_size=64, sliding_window=100, sink_tokens=4),) * 4)
+_MIXED = LayerSpec(
+    4, 2, 64,
+    (HeadSpec(block_size=64, local_blocks=1, sink_tokens=200), HeadSpec(block_size=64, local_blocks=2, vert_stride=3),
+     HeadSpec(dense=True), HeadSpec(block_size=64, sliding_window=50, sink_tokens=64)),
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None)
+@given(_sink_cases())
+@example((_STREAM, tpl.config(_STREAM), [600, 5], [600, 700]))
+@example((_MIXED, tpl.config(_MIXED), [650], [650]))  # vpair tiles: sink chunks in pairs
+@example((_MIXED, tpl.config(_MIXED, block_n=64, vpair=False), [1, 390], [513, 390]))
+def test_sink_tiles_count_every_visible_pair_once(case):
+    """Sink tokens: the tiles from key 0 below the near range, in the vertical tiles' slots, masked
+    past min(sink_tokens, a); each (query, key) counted once, no key tile visited twice."""
+    _check(*case)
+
+
+def test_sink_tiles_fast_cases():
+    """Two short sequences through the plain and the vpair schedule with sink tiles (the fuzzed
+    test above is marked slow)."""
+    _check(_STREAM, tpl.config(_STREAM), [130, 1], [300, 200])
+    _check(_MIXED, tpl.config(_MIXED), [280], [280])
+
+
+@pytest.mark.slow
+def test_hd256_tiles_count_every_visible_pair_once():
+    """head_dim 256's own tile shape (64-key tiles, no vpair) on sink heads and on vertical ones."""
+    sinks = (HeadSpec(block_size=64, sliding_window=90, sink_tokens=7),) * 4
+    vert = tuple(HeadSpec(block_size=64, local_blocks=2, vert_stride=4, vert_offset=h % 4) for h in range(4))
+    for heads in (sinks, vert):
+        layer = LayerSpec(4, 2, 256, heads, logit_softcap=30.0, learned_sinks=True)
+        assert tpl.covers(layer, "bf16") is None
+        cfg = tpl.config(layer)
+        assert (cfg["block_n"], cfg["stages"], cfg["vpair"], cfg["q_smem"]) == (64, 2, False, True)
+        _check(layer, cfg, [700, 3], [700, 500])
+
+
+def test_rendered_softmax_soft_caps_the_scaled_scores():
+    """The rendered `_softmax` of a soft-capped layer (tanh stood in by torch.tanh) on raw scores:
+    p = exp(c * tanh(scale * s / c) - row max), masked after the cap, in the kernel's log2 units."""
+    c, scale = 5.0, 0.3
+    layer = LayerSpec(2, 1, 64, (HeadSpec(block_size=64, sliding_window=40),) * 2, logit_softcap=c)
+    ns, _ = _rendered(layer, tpl.config(layer))
+    block_m, block_n = 128, 128
+    s = torch.randn(block_m, block_n, dtype=torch.float64) * 20  # raw q.k, far past the cap
+    rows = (200 + torch.arange(block_m))[:, None]
+    cols = (180 + torch.arange(block_n))[None, :]
+    m0 = torch.full((block_m,), float("-inf"), dtype=torch.float64)
+    l0 = torch.zeros(block_m, dtype=torch.float64)
+    qk_scale = scale * 1.4426950408889634
+    p, m, denom, _ = ns["_softmax"](s, m0, l0, qk_scale, True, 0, rows, cols, 0)
+    vis = (cols <= rows) & (rows - cols < 40)
+    capped = torch.where(vis, c * torch.tanh(scale * s / c), float("-inf"))  # natural-log units
+    want = torch.exp(capped - capped.amax(1, keepdim=True))
+    assert torch.allclose(p, want, atol=1e-12), (p - want).abs().max()
+    assert torch.allclose(m, capped.amax(1) * 1.4426950408889634) and torch.allclose(denom, want.sum(1))
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("        n_vert = (sk + BLOCK_N - 1) // BLOCK_N\n", "        n_vert = sk * 0\n"),  # no sink tiles
+        ("    seen = seen | (cols < 4)  # sink tokens\n", ""),  # sinks in the near range not seen
+        ("(n0 + BLOCK_N > sk)", "(n0 > sk)"),  # a partial sink tile unmasked
+    ],
+    ids=["no_sink_tiles", "no_sink_mask", "partial_tile_unmasked"],
+)
+def test_a_wrong_sink_schedule_is_caught(monkeypatch, old, new):
+    render = tpl.render_source
+
+    def wrong(*args, **kwargs):
+        src = render(*args, **kwargs)
+        assert old in src, old
+        return src.replace(old, new)
+
+    monkeypatch.setattr(tpl, "render_source", wrong)
+    with pytest.raises(AssertionError, match="counted"):
+        _check(_STREAM, tpl.config(_STREAM), [130, 1], [300, 200])

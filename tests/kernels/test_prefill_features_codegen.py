@@ -93,10 +93,13 @@ def test_head_dims_outside_the_family_are_refused(head_dim):
         sparsegen.get_kernel(layer, "prefill", dtype=torch.float16, arch="sm_90")
 
 
-def test_gluon_default_falls_back_to_tl_for_features():
+def test_gluon_default_takes_the_features_it_covers():
+    """The Gluon kernel covers these features (test_prefill_gluon_features.py); sink tokens on a
+    vertical-stride head stay with the tl kernel."""
     from sparsegen.kernels import base
 
-    assert base.default_variant("prefill", "sm_90", VARIANTS["learned_sinks"], "bf16") == "tl"
+    assert base.default_variant("prefill", "sm_90", VARIANTS["learned_sinks"], "bf16") == "gluon"
+    assert base.default_variant("prefill", "sm_90", VARIANTS["hd48_vert_sinks"], "bf16") == "tl"
 
 
 @pytest.mark.slow
@@ -105,7 +108,7 @@ def test_aot_build_for_sm90(name, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if torch.cuda.is_available():
         pytest.skip("the GPU tier builds and runs these (test_prefill_features_gpu.py)")
-    kernel = sparsegen.get_kernel(VARIANTS[name], "prefill", dtype=torch.bfloat16, arch="sm_90")
+    kernel = sparsegen.get_kernel(VARIANTS[name], "prefill", dtype=torch.bfloat16, arch="sm_90", variant="tl")
     assert kernel.request.variant == "tl"
     assert (kernel.path / "prefill_kernel.cubin").stat().st_size > 0
     assert kernel.name == tpl.kernel_name(VARIANTS[name], "bf16")

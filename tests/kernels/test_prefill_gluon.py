@@ -4,6 +4,7 @@ and coverage rules, and an ahead-of-time sm_90 build whose PTX must hold async w
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -96,7 +97,8 @@ def _check_pair_schedule(head: HeadSpec, q_len: int, k_len: int, block_m: int, b
                 cols = slice(c0, c0 + half)
                 if masked:
                     keep = vis[rows, c0 : min(c0 + half, k_len)].clone()
-                    keep[:, : max(0, lo - c0)] = 0  # keys below lo are not counted
+                    if not head.sink_tokens:  # a sink head's mask is the token mask alone
+                        keep[:, : max(0, lo - c0)] = 0  # keys below lo are not counted
                     counted[rows, c0 : c0 + keep.shape[1]] += keep
                 else:
                     assert c0 + half <= k_len and vis[rows, cols].all(), (
@@ -128,6 +130,33 @@ def test_pair_schedule_counts_every_visible_pair_once(head, k_len, q_frac, tile)
     if head.vert_stride and not head.dense and head.block_size % (block_n // 2):
         return  # config() refuses vertical blocks narrower than a chunk
     _check_pair_schedule(head, max(1, round(q_frac * k_len)), k_len, block_m, block_n)
+
+
+_SINK_HEADS = st.builds(  # a drawn head without its vertical blocks (if any), with sink tokens
+    lambda head, n: head if head.dense else replace(head, vert_stride=0, vert_offset=0, sink_tokens=n),
+    head_specs(),
+    st.sampled_from((1, 4, 63, 64, 65, 129, 300)),
+)
+
+
+@given(
+    head=_SINK_HEADS,
+    k_len=st.integers(1, 900),
+    q_frac=st.floats(0.0, 1.0),
+    tile=st.sampled_from([(128, 64), (128, 128), (64, 32)]),
+)
+@example(
+    head=HeadSpec(block_size=64, sliding_window=100, sink_tokens=4), k_len=700, q_frac=1.0, tile=(128, 64)
+)
+@example(
+    head=HeadSpec(block_size=64, local_blocks=1, sink_tokens=200), k_len=900, q_frac=0.5, tile=(128, 128)
+)
+def test_sink_tiles_cover_exactly_the_visible_tiles(head, k_len, q_frac, tile):
+    """Both schedules with sink tokens (heads without vertical blocks: covers() sends the others to tl)."""
+    block_m, block_n = tile
+    q_len = max(1, round(q_frac * k_len))
+    _check_schedule(head, q_len, k_len, block_m, block_n)
+    _check_pair_schedule(head, q_len, k_len, block_m, block_n)
 
 
 def test_schedule_phi3small_long_rows():

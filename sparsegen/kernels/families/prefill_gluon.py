@@ -9,7 +9,9 @@
 `templates/prefill_gluon.py.jinja` (constants from `prefill_gluon_template.plan`) and compiled
 ahead of time through Gluon's AST source for sm_90: no GPU is needed to build it, only to run
 it. K and V reach the kernel as TMA descriptors made per call on the host: over a 2-D view for
-head_dim 64 and 128, over K and V themselves (3-D, zero-filled past head_dim) for head_dim 96.
+head_dim 64, 128 and 256, over K and V themselves (3-D, zero-filled past head_dim) for the padded
+head dims (the other multiples of 16 from 48 to 240). A learned-sinks layer takes `Sinks` ([H]
+float32) after O.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .. import gluon_api
 from .. import prefill_gluon_template as tpl
 from ..family import Family, Request, register
 from ..naming import pattern_name
+from ..prefill_template import feature_suffix
 from .prefill_tl import Launch, PrefillKernel
 
 ARCH = "sm_90"
@@ -42,6 +45,11 @@ ARG_NAMES = (
 ALIGNED_ARGS = ("Q", "O", "stride_qt", "stride_qh", "stride_ot", "stride_oh")
 
 
+def arg_names(layer: LayerSpec) -> tuple[str, ...]:
+    """prefill_kernel's parameters for `layer`: a learned-sinks layer adds `Sinks` after O."""
+    return (*ARG_NAMES[:2], "Sinks", *ARG_NAMES[2:]) if layer.learned_sinks else ARG_NAMES
+
+
 def _kv_block(layer: LayerSpec, cfg: dict[str, Any]) -> list[int]:
     """One TMA box: a key tile, or half of one when tiles are two chunks (vpair). A padded head_dim
     (96) has a 3-D box [keys, 1, tile width] over [Tk, Hkv, D]: the columns past D are zero fill."""
@@ -53,12 +61,12 @@ def _kv_block(layer: LayerSpec, cfg: dict[str, Any]) -> list[int]:
 def signature(layer: LayerSpec, dtype: str, cfg: dict[str, Any]) -> dict[str, str]:
     layout = gluon_api.shared_layout(_kv_block(layer, cfg), dtype)
     desc = gluon_api.descriptor_type(dtype, _kv_block(layer, cfg), layout)
-    types = {"Q": POINTERS[dtype], "O": POINTERS[dtype], "k_desc": desc, "v_desc": desc}
+    types = {"Q": POINTERS[dtype], "O": POINTERS[dtype], "Sinks": "*fp32", "k_desc": desc, "v_desc": desc}
     types.update({"cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "qk_scale": "fp32"})
     types.update(
         {s: "i32" for s in ARG_NAMES[7:]}  # strides (elements) and the work-item counts
     )
-    return types
+    return {name: types[name] for name in arg_names(layer)}  # in the kernel's parameter order
 
 
 def aot_compile(
@@ -91,8 +99,14 @@ class GluonPrefillKernel(PrefillKernel):
     def ptx(self) -> str:
         return (self.path / f"{KERNEL_FN}.ptx").read_text()
 
-    def prepare(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None) -> Launch:
-        """The output, TMA descriptors, grid and arguments of a launch (see PrefillKernel.prepare)."""
+    def prepare(self, q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, *, max_seqlen_k=None,
+                sinks=None) -> Launch:  # fmt: skip
+        """The output, TMA descriptors, grid and arguments of a launch (see PrefillKernel.prepare);
+        `sinks` ([H] float32, checked by validate.check_features) exactly when the layer has
+        learned sinks."""
+        if (sinks is not None) != self.layer.learned_sinks:
+            raise InputError(f"sinks= must be given exactly when the layer has learned_sinks "
+                             f"(learned_sinks={self.layer.learned_sinks})")  # fmt: skip
         if isinstance(self._entry, dict):
             raise ImplUnavailableError(
                 f"kernel {self.key} was compiled ahead of time for {ARCH}; it runs only on an sm_90 GPU"
@@ -116,8 +130,9 @@ class GluonPrefillKernel(PrefillKernel):
         n_items = bh_count * n_q_tiles
         programs = self.config["persistent"] and (self.config["programs"] or _sm_count(q.device))
         grid = (min(n_items, programs) if programs else n_items, 1, 1)
+        feature_args = (sinks,) if self.layer.learned_sinks else ()
         args = (
-            q, out, k_desc, v_desc, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
+            q, out, *feature_args, k_desc, v_desc, cu_seqlens_q, cu_seqlens_k, scale * LOG2E,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), stride_kh, stride_vh, bh_count, n_q_tiles,
         )  # fmt: skip
         return Launch(out, self._entry[grid], args, q.device)
@@ -160,6 +175,8 @@ class GluonPrefill(Family):
     kind = "prefill"
     variant = "gluon"
     source_file = SOURCE_FILE
+    features = tpl.FEATURES
+    head_dims = tpl.HEAD_DIMS
 
     def check(self, request: Request) -> None:
         if request.arch != ARCH:
@@ -182,11 +199,11 @@ class GluonPrefill(Family):
         return tpl.config(request.layer, **request.knobs)
 
     def name(self, request: Request) -> str:
-        """prefill_gluon_<dtype>_<shapes>_<pattern>, then each config knob of the request (`_stages2`)."""
+        """prefill_gluon_<dtype>_<shapes>_<pattern><features>, then each config knob of the request (`_stages2`)."""
         layer = request.layer
         shapes = f"hd{layer.head_dim}_h{layer.num_heads}kv{layer.num_kv_heads}"
         knobs = "".join(f"_{k}{int(v)}" for k, v in request.params.knobs)
-        return f"prefill_gluon_{request.dtype}_{shapes}_{pattern_name(layer)}{knobs}"
+        return f"prefill_gluon_{request.dtype}_{shapes}_{pattern_name(layer)}{feature_suffix(layer)}{knobs}"
 
     def render(self, request: Request) -> str:
         return tpl.render_source(request.layer, request.dtype, self.config(request))

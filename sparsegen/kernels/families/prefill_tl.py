@@ -115,7 +115,7 @@ class PrefillKernel(Kernel):
 
 
 def _sinks(sinks) -> dict:
-    """sinks= for `prepare` only when given: a subclass without learned sinks (Gluon) takes none."""
+    """sinks= for `prepare` only when given (a layer without learned sinks takes none)."""
     return {} if sinks is None else {"sinks": sinks}
 
 
