@@ -22,7 +22,12 @@ SCHEMA = {
     "properties": {
         "id": {"type": "integer", "minimum": 0, "maximum": 999},
         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
-        "inner": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+        "inner": {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+            "additionalProperties": False,  # else a sampled random model may write a key until max_tokens
+        },
     },
     "required": ["id", "tags", "inner"],
     "additionalProperties": False,
@@ -52,7 +57,7 @@ def test_schemas_validate_over_cuda_graphs_and_free_rows_are_untouched():
     llm = LLM(random="tiny", device="cuda", max_num_seqs=16, kv_cache_bytes=1 << 30)
     assert llm.engine.graphs is not None  # decode steps replay CUDA graphs
     constrained = [
-        SamplingParams(max_tokens=200, temperature=1.0, seed=s, structured_outputs=S(json=SCHEMA))
+        SamplingParams(max_tokens=1000, temperature=1.0, seed=s, structured_outputs=S(json=SCHEMA))
         for s in range(8)
     ]
     free = [

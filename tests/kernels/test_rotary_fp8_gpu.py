@@ -39,8 +39,13 @@ def test_fused_rotary_fp8_bytes_equal_the_torch_path(fp8, dtype, t, head_major):
     q, k, v = fused.rotary_qkv(qkv, cos, sin, cache, slots, scales)
     torch.testing.assert_close(k, Rotary.apply(qkv[:, :, g], cos, sin))
     kc, vc = (c.reshape(pages * page, hkv, d) for c in cache)  # [slots, Hkv, D]
-    for got, x, s in ((kc[slots], k, scales.k), (vc[slots], v, scales.v)):
-        assert torch.equal(got.view(torch.uint8), quantize(x, s, fp8).view(torch.uint8))
+    for name, got, x, s in (("k", kc[slots], k, scales.k), ("v", vc[slots], v, scales.v)):
+        want = quantize(x, s, fp8)
+        bad = got.view(torch.uint8) != want.view(torch.uint8)
+        assert not bad.any(), (
+            f"{name}: {int(bad.sum())} of {bad.numel()} bytes differ, e.g. got {got[bad][:4].float().tolist()} "
+            f"for {want[bad][:4].float().tolist()} from {(x.float() / s[:, None])[bad][:4].tolist()}"
+        )
     untouched = torch.ones(pages * page, dtype=torch.bool, device="cuda")
     untouched[slots] = False
     assert kc[untouched].float().isnan().all() and vc[untouched].float().isnan().all()

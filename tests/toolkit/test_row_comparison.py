@@ -118,3 +118,18 @@ def test_the_tolerance_follows_the_dtype():
         assert_close_rows(off, ref)
     with pytest.raises(AssertionError, match="shape"):
         assert_close_rows(ref[:, :4].half(), ref)
+
+
+def test_rows_below_the_dtypes_normal_range_are_judged_against_that_floor():
+    """An fp16 row whose reference is ~1e-5 (subnormal in fp16) cannot hold 2^-8 relative
+    precision; one rounding to fp16 passes, a real error at that scale still fails, and rows in
+    the normal range keep their relative tolerance."""
+    ref = torch.randn(4, 2, 144, dtype=torch.float64)
+    ref[0, 1] *= 1e-5  # stored in fp16 subnormals
+    assert row_errors(ref.to(torch.float16) * 1.0, ref)[0, 1] < 1e-3
+    assert_close_rows(ref.to(torch.float16), ref)
+    off = ref.to(torch.float16)
+    off[0, 1] *= 3.0  # wrong by 200 % at the subnormal scale: still a failure
+    with pytest.raises(AssertionError, match=r"\(0, 1\)"):
+        assert_close_rows(off, ref)
+    assert row_errors(ref.float(), ref)[0, 1] < 1e-6  # float32 holds 1e-5 rows normally

@@ -98,7 +98,7 @@ def _plan(qkv, cos, sin, cache, slots, target: Target, scales=None):
             f"the K and V caches need equal strides and a contiguous last dim, got {cache[0].stride()} "
             f"and {cache[1].stride()}"
         )
-    kc, vc = cache if write else (k, v)
+    kc, vc = (cache[0], cache[1]) if write else (k, v)  # a (k, v) pair or a KVLayer (k, v, scales)
     cache_strides = (kc.shape[1], kc.stride(0), kc.stride(1), kc.stride(2)) if write else (1, 0, 0, 0)
     slot_ptr = slots if write else cos
     ks, vs, fp8_max = _fp8_scales(cache, scales, hkv, qkv.device)
