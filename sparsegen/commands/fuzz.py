@@ -54,10 +54,10 @@ def _draw(strategy, seed: int, count: int) -> list:
 def _specs(pattern: str | None, count: int, seed: int, on_gpu: bool) -> list:
     """A pattern's distinct layers, or `count` random ones drawn by `sparsegen.testing.layer_specs`
     (Phi-3 style and hybrid layers; the interpreter gets head dim 64 and group sizes 1-2)."""
-    from hypothesis import strategies as st
-
-    from ..testing import layer_specs
+    from ..testing import layer_specs  # MissingExtraError without [fuzz], before hypothesis is imported
     from .options import load_pattern
+
+    from hypothesis import strategies as st  # isort: skip
 
     if pattern:
         return [layer for layer, _ in load_pattern(pattern).distinct_layers()]
@@ -70,9 +70,9 @@ def _specs(pattern: str | None, count: int, seed: int, on_gpu: bool) -> list:
 
 def _page_sizes(seed: int, count: int) -> list[int]:
     """One page size per spec (each decode spec is one compile), drawn from the seed."""
-    from hypothesis import strategies as st
-
     from ..testing import PAGE_SIZES
+
+    from hypothesis import strategies as st  # isort: skip
 
     return _draw(st.lists(st.sampled_from(PAGE_SIZES), min_size=count, max_size=count), seed + 1, 1)[0]
 
