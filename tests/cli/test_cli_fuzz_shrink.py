@@ -131,3 +131,20 @@ def test_a_kernel_error_is_a_failure_and_is_shrunk(monkeypatch):
     q, k, _, _ = _shapes(result.output)
     assert sum(q) == 101 and "RuntimeError: out of shared memory" in result.output
     assert "second line" not in result.output
+
+
+def test_feature_problems_shrink_and_report(monkeypatch):
+    """--features draws FeatureProblems (a PrefillProblem plus learned sinks): they shrink and
+    report the same way, sinks passed to the kernel double."""
+    from sparsegen.testing_features import feature_problems
+
+    monkeypatch.setattr(ops, "prefill", one_wrong_tile_prefill)
+    layer = LayerSpec(num_heads=2, num_kv_heads=1, head_dim=32, heads=(HeadSpec(block_size=16, dense=True),) * 2,
+                      learned_sinks=True)  # fmt: skip
+    strategy = feature_problems(st.just(layer), max_batch=2, max_len=150)
+    result = fuzz_check.check_spec("prefill", strategy, examples=15, dtype=torch.float16, exact=True, seed=2,
+                                   shrink=True)  # fmt: skip
+    assert result.first is not None and result.minimal is not None
+    assert result.minimal.problem.problem.q_lens == [TILE + 1]
+    lines = fuzz_check.report("prefill", 1, 1, 2, result)
+    assert '"learned_sinks":true' in lines[1] and "q_lens=[65]" in lines[2] and "sinks=[" in lines[4]
