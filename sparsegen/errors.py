@@ -25,6 +25,16 @@ class CompileError(SparsegenError, RuntimeError):
     """Rendering or compiling a kernel failed."""
 
 
+class RenderLimitError(CompileError):
+    """A kernel template rendered more source than `jit.render.RENDER_BUDGET` allows (a runaway
+    template or spec); refused before anything compiles. `template`, `limit` and `spec` (the
+    kernel's name and spec JSON, where the kernel cache knows them) name what was refused."""
+
+    def __init__(self, message: str, *, template: str, limit: int, spec: str | None = None):
+        super().__init__(message)
+        self.template, self.limit, self.spec = template, limit, spec
+
+
 class CacheError(SparsegenError, RuntimeError):
     """The kernel cache cannot be used (unsafe directory, unreadable entry...)."""
 

@@ -280,6 +280,10 @@ def load_tokenizer(
     """From a `.tiktoken` file or a folder holding one (special tokens from tokenizer_config.json,
     else Phi-3-Small's table for a full cl100k file, else placed right after the ranks).
     `expected_hash`: the file's SHA-256 (default: the published one for a known file name)."""
+    if not isinstance(path, (str, Path)):
+        raise TokenizerError(
+            f"a tokenizer path must be a str or Path, got {type(path).__name__} {path!r:.40}"
+        )
     file = find_tiktoken_file(path)
     if file is None:
         raise TokenizerError(f"no .tiktoken file at {path}")

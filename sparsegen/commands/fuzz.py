@@ -1,18 +1,21 @@
 """`sparsegen fuzz`: hypothesis-driven checks of the generated kernels against the reference.
 
 The specs are fixed first (a pattern's distinct layers, or `--specs N` random layers drawn from
-the seed), so each costs one compile per kernel; hypothesis then draws `--examples` shapes for
-every spec and kernel. On a GPU the compiled kernels run in bf16 and are checked against the
-reference in float32 on the GPU; on a CPU the prefill kernel runs in Triton's interpreter (fp16,
-small shapes) against float64, and the CUDA decode kernel is not run. Outputs are NaN-poisoned
-before every launch, so a row a kernel forgets to write fails. Each failure prints as a one-line
-repro; the run ends with one line per kernel (cases, failures, worst error) and the seed.
+the seed by `sparsegen.testing`'s strategies), so each costs one compile per kernel; hypothesis
+then draws up to `--examples` shapes and data for every spec and kernel (`fuzz_check`). On a GPU
+the compiled kernels run in bf16 and are checked against the reference in float32 on the GPU;
+on a CPU the prefill kernel runs in Triton's interpreter (fp16, small shapes) against float64,
+and the CUDA decode kernel is not run. Outputs are NaN-poisoned before every launch, so a row a
+kernel forgets to write fails, and every (row, head) is held to its dtype's tolerance. A spec's
+first failure prints as a one-line repro; hypothesis then shrinks it, and the minimal failing
+example is reported (spec JSON, shapes, data seed). The run ends with one line per kernel
+(cases, failing specs, worst global error) and the seed; any failure exits 1.
 """
 
 from __future__ import annotations
 
 import os
-import random
+import secrets
 from unittest import mock
 
 import click
@@ -29,55 +32,49 @@ log = get_logger(__name__)
 KERNELS = ("prefill", "decode")
 
 
-def _run(
-    kernel: str, strategy, examples: int, tol: float, exact: bool, seed: int, bar, tally: dict
-) -> tuple[int, float, list]:
-    """(cases run, worst relative error, failure lines) for one spec's strategy; every case
-    advances `bar`, and `tally["failed"]` counts failures over the whole run."""
+def _draw(strategy, seed: int, count: int) -> list:
+    """`count` distinct values of a hypothesis `strategy`, drawn reproducibly from `seed` (the
+    first is the strategy's simplest value, as hypothesis tries that first)."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hseed
 
-    from .. import ops
-    from ..testing import rel_err
-
-    launch = ops.prefill if kernel == "prefill" else ops.paged_decode
-    impl = "triton" if kernel == "prefill" else "cuda"
-    failures: list[str] = []
-    stats = {"cases": 0, "worst": 0.0}
+    out: list = []
 
     @hseed(seed)
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=20 * count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(strategy)
-    def check(problem):
-        stats["cases"] += 1
-        try:
-            kwargs = problem.kwargs() if hasattr(problem, "kwargs") else {}  # sinks= of a feature problem
-            err = rel_err(launch(*problem.args(), impl=impl, **kwargs), problem.reference(exact=exact))
-            stats["worst"] = max(stats["worst"], err)
-            reason = None if err < tol else f"rel err {err:.3g}"
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
-            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        if reason:
-            failures.append(f"FAIL {kernel} ({reason}): {problem.repro()}")
-            bar.echo(failures[-1])
-            tally["failed"] += 1
-        bar.update(1, postfix=f"{kernel}, {tally['failed']} failed")
+    def draw(value):
+        if len(out) < count and value not in out:
+            out.append(value)
 
-    check()
-    return stats["cases"], stats["worst"], failures
+    draw()
+    return out
 
 
 def _specs(pattern: str | None, count: int, seed: int, on_gpu: bool) -> list:
-    from ..testing import sample_layer_spec
+    """A pattern's distinct layers, or `count` random ones drawn by `sparsegen.testing.layer_specs`
+    (Phi-3 style and hybrid layers; the interpreter gets head dim 64 and group sizes 1-2)."""
+    from ..testing import layer_specs  # MissingExtraError without [fuzz], before hypothesis is imported
     from .options import load_pattern
+
+    from hypothesis import strategies as st  # isort: skip
 
     if pattern:
         return [layer for layer, _ in load_pattern(pattern).distinct_layers()]
-    rng = random.Random(seed)
-    if on_gpu:
-        return [sample_layer_spec(rng, hybrid=bool(i % 2)) for i in range(count)]
-    # The interpreter is slow: small heads, few of them.
-    return [sample_layer_spec(rng, hybrid=bool(i % 2), head_dims=(64,), ratios=(1, 2)) for i in range(count)]
+    region = {"head_dims": (64, 96, 128), "gqa_ratios": (1, 2, 3, 4, 8)} if on_gpu else {
+        "head_dims": (64,), "gqa_ratios": (1, 2)}  # fmt: skip
+    return _draw(
+        st.one_of(layer_specs(hybrid=False, **region), layer_specs(hybrid=True, **region)), seed, count
+    )
+
+
+def _page_sizes(seed: int, count: int) -> list[int]:
+    """One page size per spec (each decode spec is one compile), drawn from the seed."""
+    from ..testing import PAGE_SIZES
+
+    from hypothesis import strategies as st  # isort: skip
+
+    return _draw(st.lists(st.sampled_from(PAGE_SIZES), min_size=count, max_size=count), seed + 1, 1)[0]
 
 
 def _precompile(specs: list, kernels: list[str], page_sizes: list[int]) -> None:
@@ -133,7 +130,13 @@ def _precompile(specs: list, kernels: list[str], page_sizes: list[int]) -> None:
     help="With --random --kernel prefill: draw sink tokens, soft-cap, learned sinks, a layer scale and "
     "head dims 32-256, as far as the tl prefill kernel declares them.",
 )
-def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed, features=False):
+@click.option(
+    "--shrink/--no-shrink",
+    default=True,
+    show_default=True,
+    help="Shrink a spec's first failure to a minimal failing example (the spec JSON, shapes, seed).",
+)
+def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed, features=False, shrink=True):
     """Fuzz the generated kernels against the reference on this device."""
     if bool(pattern) == random_specs:
         raise click.UsageError("give exactly one of --pattern P or --random")
@@ -149,30 +152,34 @@ def command(pattern, random_specs, kernel, num_specs, examples, max_len, seed, f
     # TRITON_INTERPRET is read when the kernel is fetched; outputs are NaN-poisoned.
     overrides = {"SPARSEGEN_POISON_OUTPUT": "1", **({} if on_gpu else {"TRITON_INTERPRET": "1"})}
     with mock.patch.dict(os.environ, overrides), progress.quiet_cache_log():  # the bar shows progress
-        _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu, features)
+        _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu, features, shrink)
 
 
-def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu, features=False) -> None:
-    from ..testing import PAGE_SIZES, decode_problems, prefill_problems  # MissingExtraError without [fuzz]
+def _fuzz(
+    pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu, features=False, shrink=True
+) -> None:
+    from ..testing import decode_problems, prefill_problems  # MissingExtraError without [fuzz]
 
     from hypothesis import strategies as st  # isort: skip
 
-    seed = random.randrange(2**31) if seed is None else seed
+    from . import fuzz_check
+
+    seed = secrets.randbelow(2**31) if seed is None else seed
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float16)
-    tol = 2e-2 if on_gpu else 5e-3
     max_len = max_len or (2048 if on_gpu else 200)
-    specs = _specs(pattern, num_specs, seed, on_gpu)
     if features:
         from ..testing_features import sample_feature_layers
 
         specs = sample_feature_layers(seed, num_specs, on_gpu)
+    else:
+        specs = _specs(pattern, num_specs, seed, on_gpu)
     where = "GPU, bf16" if on_gpu else "CPU interpreter, fp16"
     skipped = " (decode needs a GPU: not run)" if kernel == "all" and not on_gpu else ""
     log.info(
         f"fuzzing {', '.join(kernels)}{skipped}: {len(specs)} spec(s) x {examples} shapes on the {where}, "
         f"sequences up to {max_len} tokens, seed {seed}"
     )
-    page_sizes = [random.Random(seed + i).choice(PAGE_SIZES) for i in range(len(specs))]
+    page_sizes = _page_sizes(seed, len(specs))
     if on_gpu:
         log.info(f"building {len(specs) * len(kernels)} kernels ...")  # the cache's own lines are left out
         _precompile(specs, kernels, page_sizes)
@@ -180,7 +187,7 @@ def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu, 
     bar = progress.bar(len(kernels) * len(specs) * examples, "fuzz", unit="case")
     tally = {"failed": 0}
     for name in kernels:
-        cases, worst, failures = 0, 0.0, []
+        cases, worst, reports = 0, 0.0, []
         for i, layer in enumerate(specs):
             if name == "prefill" and features:
                 from ..testing_features import feature_problems
@@ -201,13 +208,28 @@ def _fuzz(pattern, kernel, kernels, num_specs, examples, max_len, seed, on_gpu, 
                     dtype=dtype,
                     device=device,
                 )
-            n, w, f = _run(
-                name, strategy, examples, tol, exact=not on_gpu, seed=seed + i, bar=bar, tally=tally
-            )
-            cases, worst, failures = cases + n, max(worst, w), failures + f
-        failed += len(failures)
+
+            def first(failure, name=name):
+                tally["failed"] += 1
+                bar.echo(f"FAIL {name} ({failure.reason}): {failure.problem.repro()}")
+                if shrink:
+                    bar.note(f"{name}: shrinking a failure")
+
+            result = fuzz_check.check_spec(
+                name, strategy, examples=examples, dtype=dtype, exact=not on_gpu, seed=seed + i, shrink=shrink,
+                on_case=lambda name=name: bar.update(1, postfix=f"{name}, {tally['failed']} failed"),
+                on_first=first,
+            )  # fmt: skip
+            bar.update(examples - result.cases)  # a spec stops exploring at its first failure
+            cases, worst = cases + result.cases, max(worst, result.worst)
+            if result.first is not None:
+                reports.append(fuzz_check.report(name, i + 1, len(specs), seed, result))
+        failed += len(reports)
+        for lines in reports:
+            for line in lines:
+                bar.echo(line)
         bar.echo(
-            f"{name}: {cases} cases over {len(specs)} spec(s), {len(failures)} failed, worst rel err {worst:.2e}"
+            f"{name}: {cases} cases over {len(specs)} spec(s), {len(reports)} failed, worst rel err {worst:.2e}"
         )
     bar.close()
     if skipped:  # part of the result: say what was not checked

@@ -12,8 +12,8 @@ Per-layer mapping (`model_spec_from_hf`), read as transformers' config class for
 2. `layer_types`: `full_attention` is dense causal, `sliding_attention` a window of
    `sliding_window` keys (dense if the window is null or off).
 3. Without `layer_types`, the family's rule: Mistral windows every layer (`sliding_window`
-   absent: 4096); Qwen2/3 window layers from `max_window_layers` (28) on, only with
-   `use_sliding_window`; Gemma-2 and gpt-oss alternate (even layers windowed; windows 4096 and
+   absent: 4096); Qwen2/3 window layers from `max_window_layers` (28) on, Qwen2-MoE the even
+   layers below it, Qwen3-MoE every layer, only with `use_sliding_window`; Gemma-2 and gpt-oss alternate (even layers windowed; windows 4096 and
    128); Gemma-3 and Cohere-2 make layer l dense iff `(l + 1) % p == 0`, p =
    `sliding_window_pattern` (6 and 4); Llama has no window. A field the family's config
    ignores (`_sliding_window_pattern`, Gemma-2's `sliding_window_pattern`) must agree with what

@@ -23,7 +23,11 @@ class Family:
     - "dense": the model has no sliding window (Llama ignores `sliding_window`);
     - "window": every layer is windowed (Mistral, Ministral);
     - "qwen": with `use_sliding_window` (default false), layers from `max_window_layers`
-      (default 28) on are windowed;
+      (default 28) on are windowed (Qwen2, Qwen3);
+    - "qwen2_moe": with `use_sliding_window`, the even layers below `max_window_layers` (28)
+      are windowed (Qwen2MoeConfig's own rule);
+    - "qwen3_moe": with `use_sliding_window`, every layer is windowed (Qwen3MoeConfig has no
+      `layer_types` and its model ignores `max_window_layers`);
     - "pattern": layer l is dense iff (l + 1) % p == 0, p read from `pattern_key` (or fixed).
     `window` is `sliding_window`'s default when the key is absent (null is no window)."""
 
@@ -37,7 +41,10 @@ FAMILIES = {
     "llama": Family("dense"),
     "mistral": Family("window", 4096),
     "ministral": Family("window", 4096),
-    **{t: Family("qwen", 4096) for t in QWEN_MODEL_TYPES},
+    "qwen2": Family("qwen", 4096),
+    "qwen3": Family("qwen", 4096),
+    "qwen2_moe": Family("qwen2_moe", 4096),
+    "qwen3_moe": Family("qwen3_moe", 4096),
     "gemma2": Family("pattern", 4096, 2),
     "gemma3_text": Family("pattern", 4096, 6, "sliding_window_pattern"),
     "cohere2": Family("pattern", 4096, 4, "sliding_window_pattern"),
@@ -109,7 +116,8 @@ def layer_kinds(cfg: dict[str, Any], num_layers: int, source: str) -> list[int |
     if family.layers == "dense":
         return [None] * num_layers
     window = _int_or_none(cfg, "sliding_window", family.window, source)
-    if family.layers == "qwen":
+    qwen = family.layers.startswith("qwen")
+    if qwen:
         if not get_bool(cfg, "use_sliding_window", False, source=source, error=SpecError):
             window = None
     elif window is not None and _value(cfg, "use_sliding_window", None) is not None:
@@ -117,16 +125,28 @@ def layer_kinds(cfg: dict[str, Any], num_layers: int, source: str) -> list[int |
     types = _value(cfg, "layer_types", None)
     if types is not None:
         kinds = _typed_kinds(types, window, num_layers, source)
-        if model_type == "mistral" and len(set(kinds)) > 1:  # MistralModel windows every layer,
-            raise SpecError(  # while AutoConfig reads the file as Ministral's, layer by layer
-                f"{source}: field 'layer_types' mixes layer kinds in a mistral config: transformers' "
+        if model_type == "mistral" and kinds != [window] * num_layers:  # MistralModel windows every
+            raise SpecError(  # layer, while AutoConfig reads the file as Ministral's, layer by layer
+                f"{source}: field 'layer_types' disagrees with 'sliding_window' in a mistral config: transformers' "
                 "MistralModel ignores it, its AutoConfig reads the file as ministral; sparsegen cannot tell which"
             )
+        if family.layers == "qwen3_moe" and kinds != [window] * num_layers:
+            raise SpecError(  # Qwen3MoeModel windows every layer or none, whatever the file says
+                f"{source}: field 'layer_types' is {types!r:.60}, but transformers' qwen3_moe model ignores it "
+                f"(and windows {'every layer' if window else 'no layer'}); sparsegen cannot tell which is meant"
+            )
+        if family.layers == "qwen2_moe" and window is None and "sliding_attention" in types:
+            raise SpecError(  # Qwen2MoeConfig sets sliding_window to 0 then: no key would be seen
+                f"{source}: field 'layer_types' has sliding_attention layers, but use_sliding_window is false "
+                "(transformers' qwen2_moe config reads a window of 0 keys for them)"
+            )
         return kinds
-    if family.layers == "window":
+    if family.layers in ("window", "qwen3_moe"):
         return [window] * num_layers
-    if family.layers == "qwen":
+    if qwen:
         first = get_int(cfg, "max_window_layers", 28, minimum=0, source=source, error=SpecError)
+        if family.layers == "qwen2_moe":
+            return [window if (i + 1) % 2 and i < first else None for i in range(num_layers)]
         return [window if i >= first else None for i in range(num_layers)]
     p = family.pattern
     if family.pattern_key is not None:

@@ -15,7 +15,13 @@ from typing import Any
 import jinja2
 import jinja2.meta
 
-from ..errors import CompileError
+from ..errors import CompileError, RenderLimitError
+
+# The most characters one render may produce. The largest kernels sparsegen renders today are
+# the presets' CUDA decode kernels (about 33,000 characters); a legal spec at the edge (1,024
+# query heads, each with its own pattern) renders about 430,000. Anything past this bound is a
+# runaway template or spec, refused before it reaches a compiler.
+RENDER_BUDGET = 2_000_000
 
 # Words a template may receive as strings: dtype names, C types, pattern kinds, kernel names.
 ALLOWED_WORDS = frozenset(
@@ -105,10 +111,24 @@ def check_constant(name: str, value: Any) -> None:
 
 
 def render(template: str, **constants: Any) -> str:
-    """Render `templates/<template>` with validated constants."""
+    """Render `templates/<template>` with validated constants; RenderLimitError as soon as the
+    output passes RENDER_BUDGET characters (rendering streams, so a runaway never fills memory)."""
     for name, value in constants.items():
         check_constant(name, value)
+    limit = RENDER_BUDGET
+    parts: list[str] = []
+    total = 0
     try:
-        return _environment().get_template(template).render(**constants)
+        for part in _environment().get_template(template).generate(**constants):
+            total += len(part)
+            if total > limit:
+                raise RenderLimitError(
+                    f"rendering {template} produced more than {limit:,} characters (the render budget; the "
+                    f"largest real kernels are about 33,000): refused before compiling",
+                    template=template,
+                    limit=limit,
+                )
+            parts.append(part)
     except jinja2.TemplateError as exc:
         raise CompileError(f"rendering {template} failed: {exc}") from None
+    return "".join(parts)

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import dtypes, env
-from ..errors import ArchError, InputError
+from ..errors import ArchError, InputError, RenderLimitError
 from ..jit import cache
 from ..spec import LayerSpec
 from .family import INTERPRETER_ARCH, AttentionParams, Family, Kernel, Request, register, registered
@@ -208,7 +208,13 @@ def key_of(request: KernelRequest) -> Keyed:
     fam = family(request)
     name = fam.name(request)
     config = fam.config(request)
-    source = fam.render(request)
+    try:
+        source = fam.render(request)
+    except RenderLimitError as exc:  # name the spec: the renderer knows only its constants
+        spec = fam.spec_json(request)
+        shown = spec if len(spec) <= 600 else f"{spec[:600]}... ({len(spec):,} characters)"
+        raise RenderLimitError(f"kernel {name}: {exc}; spec {shown}", template=exc.template, limit=exc.limit,
+                               spec=spec) from None  # fmt: skip
     key = cache.make_key(
         name,
         spec_json=fam.spec_json(request),

@@ -154,7 +154,9 @@ class HFTokenizer(_BytesVocabTokenizer):
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         _check_text(text)
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch, not encode: the same ids, but it lets go of the GIL while it works, so a
+        # long text tokenized in a worker thread (the server's) does not stall the other threads
+        return list(self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
 
 def load_hf_tokenizer(folder: str | Path, vocab_size: int | None = None) -> HFTokenizer:

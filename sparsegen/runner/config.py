@@ -16,6 +16,10 @@ from ..errors import InputError
 # The compiled decode kernel takes pages of 8..128 tokens; the reference takes any size, but
 # pages longer than 128 tokens only waste the tail page of every sequence.
 MAX_PAGE_SIZE = 128
+# A collective's timeout becomes a `datetime.timedelta` and then whole milliseconds in torch's
+# process groups: below a millisecond it rounds to 0, and past `timedelta.max` it overflows.
+MIN_COLLECTIVE_TIMEOUT_S = 1e-3
+MAX_COLLECTIVE_TIMEOUT_S = 365 * 24 * 3600.0
 KERNEL_PAGE_SIZES = range(8, MAX_PAGE_SIZE + 1)
 KV_LAYOUTS = ("head", "token")  # the KV pages' memory order: head-major or token-major (runner.kv_cache)
 # the KV cache's element type: "auto" is the model's dtype; the fp8 names are vLLM's (dtypes)
@@ -106,9 +110,14 @@ class EngineConfig:
             raise InputError(f"gpu_memory_utilization must be None or a number in (0, 1], got {u!r:.40}")
         t = self.collective_timeout_s
         if t is not None and (
-            isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")
+            isinstance(t, bool)
+            or not isinstance(t, (int, float))
+            or not MIN_COLLECTIVE_TIMEOUT_S <= t <= MAX_COLLECTIVE_TIMEOUT_S
         ):
-            raise InputError(f"collective_timeout_s must be None or a number of seconds > 0, got {t!r}")
+            raise InputError(
+                f"collective_timeout_s must be None or a number of seconds in {MIN_COLLECTIVE_TIMEOUT_S:g}.."
+                f"{MAX_COLLECTIVE_TIMEOUT_S:g}, got {t!r:.40}"
+            )
         if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
             raise InputError(
                 f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported with tensor_parallel_size > 1 "

@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -180,14 +181,20 @@ def create_app(
     async def respond(request: Request, model: type[BaseModel], chat: bool):
         try:
             req = await parse(request, model)
+            # Rendering and tokenizing run in a worker thread (the tokenizer lets go of the GIL),
+            # so one long prompt does not hold up the event loop and every other request with it.
             if chat:
-                ids = prompt_ids(
-                    lambda: [llm.render_chat(req.conversation(), req.add_generation_prompt)], "messages"
+                ids = await run_in_threadpool(
+                    prompt_ids,
+                    lambda: [llm.render_chat(req.conversation(), req.add_generation_prompt)],
+                    "messages",
                 )
                 max_tokens = fit(ids, req.requested_max_tokens, None, "conversation")
                 params = params_of(req, max_tokens, req.logprobs_k)
             else:
-                ids = prompt_ids(lambda: [llm.encode(p, "prompt") for p in req.prompts()], "prompt")
+                ids = await run_in_threadpool(
+                    prompt_ids, lambda: [llm.encode(p, "prompt") for p in req.prompts()], "prompt"
+                )
                 asked = 1 if req.echo_only else req.max_tokens  # echo only: one token run, not returned
                 max_tokens = fit(ids, asked, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
                 params = params_of(req, max_tokens, req.logprobs, req.logprobs if req.echo else None)

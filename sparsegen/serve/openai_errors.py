@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from .. import jsonio
 from ..errors import RequestError, SparsegenError
 from ..utf8 import lone_surrogate
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import _Strict
 
 _SAMPLING_FIELD = re.compile(r"SamplingParams\.(\w+)")
 _REQUEST_FIELD = re.compile(r"request\.(\w+)")
@@ -44,16 +44,24 @@ def _field_names(*models: type[BaseModel]) -> set[str]:
     return names
 
 
-FIELDS = _field_names(CompletionRequest, ChatCompletionRequest)
+def request_fields() -> set[str]:
+    """The field names of every request body model: `protocol._Strict` and its subclasses, those
+    of the tokenize routes included (read when an error is made, so a route's own model counts)."""
+    todo, models = [_Strict], []
+    while todo:
+        models.append(todo.pop())
+        todo += models[-1].__subclasses__()
+    return _field_names(*models)
 
 
 def field_path(loc: tuple) -> str | None:
     """('messages', 0, 'role') -> 'messages[0].role'; union-branch tags such as 'list[int]' stop it."""
     out = ""
+    fields = request_fields()
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in FIELDS:
+        elif part in fields:
             out += f".{part}" if out else part
         else:
             break

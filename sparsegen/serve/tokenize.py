@@ -20,6 +20,7 @@ from typing import Annotated
 
 from fastapi import FastAPI, Request
 from pydantic import Field
+from starlette.concurrency import run_in_threadpool
 
 from ..errors import InputError, RequestError
 from .openai_errors import error_json
@@ -73,7 +74,8 @@ def add_tokenize_routes(app: FastAPI, llm, parse, prompt_ids) -> None:
     async def tokenize(request: Request):
         try:
             req = await parse(request, TokenizeRequest, any_model=True)
-            ids = prompt_ids(lambda: tokens_of(req), "messages" if req.messages is not None else "prompt")
+            param = "messages" if req.messages is not None else "prompt"
+            ids = await run_in_threadpool(prompt_ids, lambda: tokens_of(req), param)  # off the event loop
         except RequestError as exc:
             return error_json(exc.status, str(exc), exc.param, exc.code)
         return {

@@ -152,6 +152,7 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
         value = val(key)
         return 0.0 if value is None else get_float({key: value}, key, positive=True, **kw)
 
+    experts = num("num_local_experts", hi=4096) if traits.moe else 0
     global_rope, local_rope = read_ropes(cfg, d, head_dim, max_pos, traits.local_rope, source)
     return DecoderConfig(
         model_type=traits.model_type,
@@ -175,8 +176,8 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
         else None,
         local_rope=local_rope,
         sinks=traits.sinks,
-        num_experts=num("num_local_experts", hi=4096) if traits.moe else 0,
-        experts_per_tok=num("num_experts_per_tok", hi=4096) if traits.moe else 0,
+        num_experts=experts,
+        experts_per_tok=num("num_experts_per_tok", hi=experts) if traits.moe else 0,  # top-k of the experts
         swiglu_limit=get_float({"swiglu_limit": val("swiglu_limit")}, "swiglu_limit", positive=True, **kw)
         if traits.moe
         else 7.0,
