@@ -69,13 +69,16 @@ DEFAULT_PAGE_SIZE = 16
 
 def default_variant(kind: str, arch: str, layer: LayerSpec | None = None, dtype: str | None = None) -> str:
     """The variant used when the caller names none: for prefill on sm_90, the Gluon kernel
-    whenever it covers the layer and dtype (SPARSEGEN_PREFILL_TL=1 keeps the tl kernel), else tl;
-    every other kind has one variant."""
+    whenever it covers the layer and dtype (SPARSEGEN_PREFILL_TL=1 keeps the tl kernel), except a
+    narrow-window layer whose query heads the tl kernel packs (`prefill_template.
+    packs_query_heads`: faster there), else tl; every other kind has one variant."""
     if kind != "prefill":
         return next(v for k, v in FAMILY_MODULES if k == kind)
     if arch == "sm_90" and layer is not None and not env.flag("SPARSEGEN_PREFILL_TL"):
-        from . import gluon_api, gluon_fallback, prefill_gluon_template
+        from . import gluon_api, gluon_fallback, prefill_gluon_template, prefill_template
 
+        if prefill_template.packs_query_heads(layer, arch):
+            return "tl"
         missing = gluon_api.available()
         if missing is None and prefill_gluon_template.covers(layer, dtype) is None:
             return "gluon"

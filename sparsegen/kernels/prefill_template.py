@@ -101,6 +101,14 @@ def narrow_config(layer: LayerSpec, config: dict[str, int], arch: str) -> dict[s
     return out
 
 
+def packs_query_heads(layer: LayerSpec, arch: str) -> bool:
+    """Whether `narrow_config` packs a KV group's query heads into one tile for `layer` on `arch`
+    (a GPU's 128-row tiles). On sm_90 such a layer runs faster in the tl kernel than in Gluon's
+    128 x 128 tiles, which are mostly masked there (gpt-oss's window-128 layer at 8K: 0.123 against
+    0.218 ms on the H200; docs/performance.md), so `base.default_variant` takes tl for it."""
+    return narrow_config(layer, {"block_m": 128, "block_n": 64, "num_warps": 8}, arch).get("pack", 1) > 1
+
+
 def signature(dtype: str, learned_sinks: bool = False) -> dict[str, str]:
     """Triton's argument types of prefill_kernel for `dtype` ('fp16' / 'bf16' / 'fp32'); with
     `learned_sinks` the `Sinks` pointer (float32 [H]) follows O."""

@@ -49,16 +49,39 @@ def test_graph_replay_equals_eager_on_an_fp8_cache(model, prompts):
     assert all(s.ready for s in graphed.cache.scales)
 
 
-def test_fp8_greedy_tokens_start_like_the_bf16_caches(model, prompts):
-    bf16 = [r.token_ids for r in engine(model, True, "auto").generate(prompts, PARAMS)]
-    fp8 = [r.token_ids for r in engine(model, True).generate(prompts, PARAMS)]
-    assert all(a[:4] == b[:4] for a, b in zip(fp8, bf16, strict=True))
+SCORED = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=2)  # greedy, with the top-2 per step
+NEAR_TIE = 0.25  # nats between the reference run's top two tokens: below it, a flip is rounding
+
+
+def agreed_until_a_near_tie(got, want) -> tuple[list[str], int]:
+    """Greedy runs `got` vs the reference runs `want` (RequestOutputs with top-2 logprobs): each
+    must equal the reference token for token up to the reference's first near-tie step (top-1
+    minus top-2 below NEAR_TIE), where bf16-level rounding of the K/V may pick either. Returns
+    the disagreements found and how many tokens were compared."""
+    bad, compared = [], 0
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        steps = w.outputs[0].logprobs
+        until = next((j for j, s in enumerate(steps) if s.top[0][1] - s.top[1][1] < NEAR_TIE), len(steps))
+        compared += until
+        if g.token_ids[:until] != w.token_ids[:until]:
+            bad.append(
+                f"prompt {i}: {g.token_ids[:until]} != {w.token_ids[:until]} (first near-tie at {until})"
+            )
+    return bad, compared
+
+
+def test_fp8_greedy_tokens_follow_the_bf16_caches_until_a_near_tie(model, prompts):
+    bf16 = engine(model, True, "auto").generate(prompts, SCORED)
+    fp8 = engine(model, True).generate(prompts, SCORED)
+    bad, compared = agreed_until_a_near_tie(fp8, bf16)
+    assert not bad and compared >= 3, (bad, compared)
 
 
 def test_chunked_prefill_over_an_fp8_prefix(model, prompts):
-    whole = [r.token_ids for r in engine(model, True).generate(prompts, PARAMS)]
-    chunked = [r.token_ids for r in engine(model, True, max_num_batched_tokens=64).generate(prompts, PARAMS)]
-    assert all(a[:4] == b[:4] for a, b in zip(chunked, whole, strict=True))
+    whole = engine(model, True).generate(prompts, SCORED)
+    chunked = engine(model, True, max_num_batched_tokens=64).generate(prompts, SCORED)
+    bad, compared = agreed_until_a_near_tie(chunked, whole)
+    assert not bad and compared >= 3, (bad, compared)
 
 
 def test_decode_kernel_equals_the_reference_on_the_engines_fp8_pages(model, prompts):

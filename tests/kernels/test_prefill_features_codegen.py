@@ -95,10 +95,13 @@ def test_head_dims_outside_the_family_are_refused(head_dim):
 
 def test_gluon_default_takes_the_features_it_covers():
     """The Gluon kernel covers these features (test_prefill_gluon_features.py); sink tokens on a
-    vertical-stride head stay with the tl kernel."""
+    vertical-stride head stay with the tl kernel, and so does a window-128 layer whose query heads
+    the tl kernel packs (faster there)."""
     from sparsegen.kernels import base
 
-    assert base.default_variant("prefill", "sm_90", VARIANTS["learned_sinks"], "bf16") == "gluon"
+    wide = LayerSpec(8, 1, 64, (HeadSpec(block_size=64, sliding_window=1024),) * 8, learned_sinks=True)
+    assert base.default_variant("prefill", "sm_90", wide, "bf16") == "gluon"
+    assert base.default_variant("prefill", "sm_90", VARIANTS["learned_sinks"], "bf16") == "tl"
     assert base.default_variant("prefill", "sm_90", VARIANTS["hd48_vert_sinks"], "bf16") == "tl"
 
 

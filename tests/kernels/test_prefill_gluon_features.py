@@ -50,7 +50,10 @@ def test_the_target_layers_are_covered_and_picked_on_sm90(monkeypatch):
     monkeypatch.delenv("SPARSEGEN_PREFILL_TL", raising=False)
     for layer in (GPT_OSS, GEMMA2, DENSE256, STREAM, MIXED160):
         assert tpl.covers(layer, "bf16") is None and tpl.covers(layer, "fp16") is None, layer
+    for layer in (GEMMA2, DENSE256, STREAM, MIXED160):
         assert default_variant("prefill", "sm_90", layer, "bf16") == "gluon"
+    # gpt-oss's window-128 GQA-8 layer: covered, but the tl kernel's packed query heads are faster
+    assert default_variant("prefill", "sm_90", GPT_OSS, "bf16") == "tl"
 
 
 def test_family_declares_what_the_template_covers():
