@@ -1,10 +1,9 @@
 """GPU tier for the engine's fp8 KV cache (bf16 model, the compiled kernels): CUDA-graph replay
 equals eager decode on the same fp8 cache, the kernels' decode over the engine's fp8 pages
-equals the reference's on the same bytes (NaN-poisoned unused pages), greedy tokens stay close to
-the bf16 cache's, chunked prefill over the dequantised prefix runs the Triton kernel, and the
-scales keep their addresses (the graphs captured them). Runs the fp8 CUDA decode kernel
-(`paged_decode` on fp8 pages: kernels.decode with an fp8 kv_dtype) and the fused rotary's fp8
-write."""
+equals the reference's on the same bytes (NaN-poisoned unused pages), decode and chunked-prefill
+log-probabilities stay within 1e-2 nats (mean) of the bf16 cache's, and the scales keep their
+addresses (the graphs captured them). Runs the fp8 CUDA decode kernel (`paged_decode` on fp8
+pages: kernels.decode with an fp8 kv_dtype) and the fused rotary's fp8 write."""
 
 from __future__ import annotations
 
@@ -49,39 +48,46 @@ def test_graph_replay_equals_eager_on_an_fp8_cache(model, prompts):
     assert all(s.ready for s in graphed.cache.scales)
 
 
-SCORED = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=2)  # greedy, with the top-2 per step
-NEAR_TIE = 0.25  # nats between the reference run's top two tokens: below it, a flip is rounding
+# The random tiny model's next-token distributions are nearly flat (top-1 minus top-2 is often
+# below 0.01 nats), so greedy tokens are no measure: bf16 rounding alone flips them. The tests
+# compare log-probabilities instead. On a CPU (float32 and bf16 models) fp8 pages move them by
+# 7e-4 to 1.1e-3 nats on average and 7e-3 at most; the bounds leave 10x for the GPU kernels.
+MEAN_NATS, MAX_NATS = 1e-2, 1e-1
+SCORED = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=1)  # greedy, with the top-1 per step
 
 
-def agreed_until_a_near_tie(got, want) -> tuple[list[str], int]:
-    """Greedy runs `got` vs the reference runs `want` (RequestOutputs with top-2 logprobs): each
-    must equal the reference token for token up to the reference's first near-tie step (top-1
-    minus top-2 below NEAR_TIE), where bf16-level rounding of the K/V may pick either. Returns
-    the disagreements found and how many tokens were compared."""
-    bad, compared = [], 0
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        steps = w.outputs[0].logprobs
-        until = next((j for j, s in enumerate(steps) if s.top[0][1] - s.top[1][1] < NEAR_TIE), len(steps))
-        compared += until
-        if g.token_ids[:until] != w.token_ids[:until]:
-            bad.append(
-                f"prompt {i}: {g.token_ids[:until]} != {w.token_ids[:until]} (first near-tie at {until})"
-            )
-    return bad, compared
-
-
-def test_fp8_greedy_tokens_follow_the_bf16_caches_until_a_near_tie(model, prompts):
+def test_fp8_decode_logprobs_follow_the_bf16_caches(model, prompts):
+    """Greedy over the fp8 cache against the bf16 cache: at every decode step whose tokens so far
+    agree (so the two distributions are over the same prefix), the top token's log-probability
+    agrees within the bounds."""
     bf16 = engine(model, True, "auto").generate(prompts, SCORED)
     fp8 = engine(model, True).generate(prompts, SCORED)
-    bad, compared = agreed_until_a_near_tie(fp8, bf16)
-    assert not bad and compared >= 3, (bad, compared)
+    diffs = []
+    for got, want in zip(fp8, bf16, strict=True):
+        for j, (g, w) in enumerate(zip(got.outputs[0].logprobs, want.outputs[0].logprobs, strict=True)):
+            if got.token_ids[:j] != want.token_ids[:j]:
+                break
+            if j:  # step 0 comes from the prefill, which attends to the fresh K/V in both
+                diffs.append(abs(g.top[0][1] - w.top[0][1]))
+    assert len(diffs) >= 3, f"only {len(diffs)} decode steps over a shared prefix"
+    d = torch.tensor(diffs)
+    assert d.mean() <= MEAN_NATS and d.max() <= MAX_NATS, (d.mean().item(), d.max().item())
 
 
 def test_chunked_prefill_over_an_fp8_prefix(model, prompts):
-    whole = engine(model, True).generate(prompts, SCORED)
-    chunked = engine(model, True, max_num_batched_tokens=64).generate(prompts, SCORED)
-    bad, compared = agreed_until_a_near_tie(chunked, whole)
-    assert not bad and compared >= 3, (bad, compared)
+    """Prompt log-probabilities (teacher-forced over every prompt token) of a prefill in 64-token
+    chunks, each chunk attending to the dequantised fp8 prefix, against one bf16-cache prefill."""
+    sp = SamplingParams(max_tokens=1, ignore_eos=True, prompt_logprobs=0)
+
+    def prompt_logprobs(**kw) -> torch.Tensor:
+        outs = engine(model, True, **kw).generate(prompts, sp)
+        return torch.tensor([e.logprob for o in outs for e in o.prompt_logprobs[1:]])
+
+    want = prompt_logprobs(kv="auto")
+    got = prompt_logprobs(max_num_batched_tokens=64)
+    d = (got - want).abs()
+    assert d.numel() == sum(len(p) - 1 for p in prompts)
+    assert d.mean() <= MEAN_NATS and d.max() <= MAX_NATS, (d.mean().item(), d.max().item())
 
 
 def test_decode_kernel_equals_the_reference_on_the_engines_fp8_pages(model, prompts):
