@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from helpers.poison import poison_next_alloc
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec, reference
@@ -55,11 +56,6 @@ def _specs() -> list[LayerSpec]:
 SPECS = _specs()
 
 
-def _poison(shape) -> None:
-    junk = torch.full(shape, float("nan"), device="cuda")
-    del junk
-
-
 def _reference(p: DecodeProblem, sinks) -> torch.Tensor:
     q, kc, vc, bt, sl, layer, scale = p.args()
     return reference.paged_decode(q.cpu().double(), kc.cpu().double(), vc.cpu().double(), bt.cpu(), sl.cpu(),
@@ -85,7 +81,7 @@ def test_features_fuzz_against_reference(idx):
         s = s if s is not None else layer.head_dim**-0.5
         for name, splits, merge in (("auto", None, None), ("s1", 1, None), ("s5_fused", 5, "fused"),
                                     ("s7_separate", 7, "separate")):  # fmt: skip
-            _poison((len(lens), layer.num_heads, layer.head_dim))
+            poison_next_alloc((len(lens), layer.num_heads, layer.head_dim))
             if splits is None:  # the public entry, its own split count
                 out = sparsegen.paged_decode(*p.args(), impl="cuda", sinks=sinks)
             else:

@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from helpers.poison import poison_next_alloc
 
 import sparsegen
 from sparsegen import HeadSpec, LayerSpec, reference
@@ -48,11 +49,6 @@ def _specs() -> list[LayerSpec]:
 
 
 SPECS = _specs()
-
-
-def _poison(shape) -> None:
-    junk = torch.full(shape, float("nan"), device="cuda")
-    del junk
 
 
 def _scales(rng: random.Random, hkv: int, per_head: bool, amax: float, fp8) -> torch.Tensor:
@@ -109,7 +105,7 @@ def test_fp8_fuzz_against_reference_on_the_same_bytes(idx):
         s = s if s is not None else layer.head_dim**-0.5
         for name, splits, merge in (("auto", None, None), ("s1", 1, None), ("s5_fused", 5, "fused"),
                                     ("s7_separate", 7, "separate")):  # fmt: skip
-            _poison((len(lens), layer.num_heads, layer.head_dim))
+            poison_next_alloc((len(lens), layer.num_heads, layer.head_dim))
             if splits is None:  # the public entry, its own split count
                 out = sparsegen.paged_decode(q, k8, v8, bt, sl, layer, scale, impl="cuda", sinks=sinks,
                                              k_scale=ks, v_scale=vs)  # fmt: skip
@@ -136,7 +132,7 @@ def test_fp8_e4m3_on_gaussian_data_is_close_to_unquantised_attention(layer_idx, 
     vs = (vc.float().abs().amax(dim=(0, 1, 3)) / top).contiguous()
     k8, v8 = _quantize(kc, ks, torch.float8_e4m3fn), _quantize(vc, vs, torch.float8_e4m3fn)
     kernel = get_decode_kernel(layer, dtype=torch.bfloat16, page_size=16, kv_dtype=torch.float8_e4m3fn)
-    _poison((4, layer.num_heads, layer.head_dim))
+    poison_next_alloc((4, layer.num_heads, layer.head_dim))
     out = kernel.launch(q, k8, v8, bt, sl, layer.head_dim**-0.5, splits=splits, k_scale=ks, v_scale=vs)
     exact = p.reference()  # float64 over the bf16 K/V, never quantised
     wrong = row_mismatch(out, exact, tol=6e-2)

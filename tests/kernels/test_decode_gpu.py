@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from helpers.poison import poison_next_alloc
 from helpers.specs import eight_class_hybrid_layer
 
 import sparsegen
@@ -46,12 +47,6 @@ SPECS = _specs()
 CASES_PER_KERNEL = 13
 
 
-def _poison(shape, device) -> None:
-    """Leave NaNs in the allocator block the kernel's output will most likely reuse."""
-    junk = torch.full(shape, float("nan"), device=device)
-    del junk
-
-
 @pytest.mark.parametrize("idx", range(len(SPECS)))
 def test_fuzz_against_reference(idx):
     layer = SPECS[idx]
@@ -69,7 +64,7 @@ def test_fuzz_against_reference(idx):
         p = DecodeProblem(
             layer, lens, page_size, seed=1000 * idx + c, dtype=dtype, device="cuda", scale=scale
         )
-        _poison((batch, layer.num_heads, layer.head_dim), "cuda")
+        poison_next_alloc((batch, layer.num_heads, layer.head_dim), "cuda")
         out = sparsegen.paged_decode(*p.args(), impl="cuda")
         torch.cuda.synchronize()
         wrong = row_mismatch(out, p.reference())
@@ -93,7 +88,7 @@ def test_long_contexts(which, dtype):
     layer, page_size = LONG[which]
     lens = [131072, 40000] if which == 0 else [100003]
     p = DecodeProblem(layer, lens, page_size, seed=7 + which, dtype=dtype, device="cuda")
-    _poison((len(lens), layer.num_heads, layer.head_dim), "cuda")
+    poison_next_alloc((len(lens), layer.num_heads, layer.head_dim), "cuda")
     out = sparsegen.paged_decode(*p.args(), impl="cuda")
     assert_close_rows(out, p.reference(exact=False), context=p.repro())
 
@@ -206,7 +201,7 @@ def test_template_variants_against_reference(knobs):
             ref = p.reference()
             outs = {"heuristic": kernel(q, kc, vc, bt, sl, scale=scale)}
             for s in (1, 3, 17):
-                _poison(q.shape, "cuda")
+                poison_next_alloc(q.shape, "cuda")
                 outs[s] = kernel.launch(
                     q, kc, vc, bt, sl, 1.0 / layer.head_dim**0.5 if scale is None else scale, splits=s
                 )
@@ -236,9 +231,9 @@ def test_head_major_pages_equal_token_major(idx):
     assert heads[0].stride(1) == layer.head_dim and torch.equal(heads[0], kc)
     ref = p.reference()
     for s in (None, 1, 3, 16):
-        _poison(q.shape, "cuda")
+        poison_next_alloc(q.shape, "cuda")
         token = kernel.launch(q, kc, vc, bt, sl, scale, splits=s)
-        _poison(q.shape, "cuda")
+        poison_next_alloc(q.shape, "cuda")
         head = kernel.launch(q, *heads, bt, sl, scale, splits=s)
         torch.cuda.synchronize()
         assert torch.equal(head, token), f"splits {s}: {p.repro()}"
@@ -283,7 +278,7 @@ def test_pdl_launch_waits_for_the_kernel_that_writes_q(splits):
         for i in range(3):
             q_in.copy_(qs[i])
             k_in.copy_(k_new[i])
-            _poison(q0.shape, "cuda")
+            poison_next_alloc(q0.shape, "cuda")
             graph.replay()
             torch.cuda.synchronize()
             outs[pdl].append(out.clone())
@@ -309,7 +304,7 @@ def test_split_counts_agree_phi3small():
     ref = sparsegen.reference.paged_decode(q.float(), kc.float(), vc.float(), bt, sl, layer, scale)
     kernel = sparsegen.get_kernel(layer, "decode", dtype=torch.bfloat16, page_size=16)
     for s in (1, 2, 5, 16, 64, 256):
-        _poison(q.shape, "cuda")
+        poison_next_alloc(q.shape, "cuda")
         out = kernel.launch(q, kc, vc, bt, sl, scale, splits=s)
         torch.cuda.synchronize()
         assert_close_rows(out, ref, context=f"splits {s}")
@@ -395,7 +390,7 @@ def test_merge_phi3small_1x8k_heuristic(which):
     assert _heuristic(kernel, q, bt, 16) == 48
     failures = []
     _check_merges(kernel, p, (48, 32, 64), failures, args=(q, kc, vc, bt, sl))
-    _poison(q.shape, "cuda")
+    poison_next_alloc(q.shape, "cuda")
     ruled = kernel(q, kc, vc, bt, sl, scale=scale)  # heuristic split, rule's merge
     torch.cuda.synchronize()
     assert_close_rows(ruled, p.reference())
