@@ -98,3 +98,8 @@ class TemplateLimitError(InputError):
     """A chat template from a checkpoint went over one of the render sandbox's bounds (size,
     steps, int arguments); `llm.template_sandbox` raises it, and the render reports it naming the
     template."""
+
+
+class FuzzMismatch(SparsegenError, AssertionError):
+    """A `sparsegen fuzz` case failed (a kernel error, or rows over the tolerance); the message
+    says how. Raised inside the hypothesis test so that hypothesis shrinks the case."""

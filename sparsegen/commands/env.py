@@ -40,6 +40,7 @@ EXTRAS = {
     "test": (
         "pytest",
         "pytest-randomly",
+        "pytest-xdist",
         "build",
         "hatchling",
         "ruff",
@@ -47,6 +48,7 @@ EXTRAS = {
         "httpx",
         "transformers",
         "jsonschema",
+        "lm-eval",
     ),
 }
 PACKAGES = tuple(dict.fromkeys([d for dists in EXTRAS.values() for d in dists] + ["cuda-pathfinder"]))

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-class Mismatch(AssertionError):
-    """A fuzz case failed (kernel error or rows over tolerance); the message says how."""
+from ..errors import FuzzMismatch as Mismatch
 
 
 @dataclass

@@ -183,8 +183,8 @@ def test_hd256_launch_arguments_use_the_2d_view():
     assert launch.fn == ("launcher", (16 * 2, 1, 1))
 
 
-def _built(layer: LayerSpec, dtype=torch.bfloat16):
-    found = sparsegen.lookup_kernel(layer, "prefill", dtype=dtype, arch="sm_90")
+def _built(layer: LayerSpec, dtype=torch.bfloat16, variant=None):
+    found = sparsegen.lookup_kernel(layer, "prefill", dtype=dtype, arch="sm_90", variant=variant)
     kernel = found.kernel
     assert kernel.request.variant == "gluon", kernel.name
     meta = json.loads((kernel.path / "prefill_kernel.json").read_text())
@@ -203,7 +203,7 @@ def _wgmma(ptx: str, n: int, dtype: str = "bf16") -> bool:
 
 @pytest.mark.slow
 def test_aot_gpt_oss_layer():
-    kernel, ptx, meta = _built(GPT_OSS)
+    kernel, ptx, meta = _built(GPT_OSS, variant="gluon")  # named: the default takes tl's packed heads
     assert kernel.name == "prefill_gluon_bf16_hd64_h64kv8_bs64_w128_lsink"
     assert _wgmma(ptx, 128) and _wgmma(ptx, 64)  # S = Q K^T over 128 keys, O over 64 columns
     assert "tanh.approx" not in ptx and meta["shared"] <= tpl.SMEM_LIMIT
