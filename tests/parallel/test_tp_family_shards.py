@@ -19,7 +19,7 @@ from helpers.hf_families import FAMILY_CASES, write_family_checkpoint
 from sparsegen.engine import LLMEngine
 from sparsegen.errors import InputError
 from sparsegen.models import load_checkpoint, random_model
-from sparsegen.models.families import config_from_file
+from sparsegen.models.families import config_from_dict, config_from_file
 from sparsegen.parallel import decoder_sharding
 from sparsegen.parallel.decoder_sharding import ShardedMixtureOfExperts, random_tp_decoder
 from sparsegen.parallel.loader import load_tp_checkpoint
@@ -76,14 +76,17 @@ def test_loaded_ranks_hold_their_cut_of_the_fused_model(folders, family):
             assert moe.experts.down_bias_on == (model.shard.rank == 0)  # the bias added once
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
-def test_random_ranks_are_cuts_of_random_model(folders, family):
-    config = config_from_file(folders[family] / "config.json")
+@pytest.mark.parametrize("family, edit", [("gemma2", {}), ("gpt_oss", {}), ("qwen2", {"vocab_size": 95})])
+def test_random_ranks_are_cuts_of_random_model(folders, family, edit):
+    """(A vocabulary of 95: the second rank's lm_head rows end in one row of zero padding.)"""
+    config = config_from_dict({**json.loads((folders[family] / "config.json").read_text()), **edit})
     whole = random_model(config, seed=5, dtype=torch.float32, device="cpu")
     ranks = [
         random_tp_decoder(config, TPShard(r, 2), seed=5, dtype=torch.float32, device="cpu") for r in range(2)
     ]
     _check_cuts(whole, ranks, config)
+    if edit:
+        assert ranks[1].lm_head.weight.shape[0] == 48 and not ranks[1].lm_head.weight[47].any()
 
 
 def test_tied_embeddings_give_each_rank_its_vocabulary_rows(folders, tmp_path):
