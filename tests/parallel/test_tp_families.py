@@ -2,17 +2,22 @@
 random transformers checkpoint (windows of 8 keys inside the prompts, biases, q/k norms, soft-caps,
 sinks, gpt-oss's experts), greedy and seeded tokens equal the one-process engine's in float32
 (through a chunked prefill over a cached prefix), and the ranks' last-position logits equal the
-one-process model's to float32 rounding. Each test starts one 2-rank engine (spawned processes:
+one-process model's to float32 rounding; `sparsegen generate --tp 2` gives transformers' own
+greedy tokens for gpt-oss (experts, sinks, windows). Each test starts one 2-rank engine (spawned processes:
 several seconds each on a small machine)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from click.testing import CliRunner
 from helpers.extras import require
-from helpers.hf_families import FAMILY_CASES, write_family_checkpoint
+from helpers.hf_families import FAMILY_CASES, hf_greedy, write_family_checkpoint
 from helpers.tp import last_logits
 
+from sparsegen.cli import cli
 from sparsegen.engine import LLMEngine, SamplingParams
 from sparsegen.models import ForwardBatch, load_checkpoint
 from sparsegen.parallel.source import ModelSource
@@ -43,3 +48,14 @@ def test_two_ranks_generate_the_one_process_tokens(tmp_path, family):
     assert got == want
     assert len({tuple(t) for t in want}) > 1  # the prompts lead to different tokens
     torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_tp2_cli_equals_transformers_generate(tmp_path):
+    folder, hf = write_family_checkpoint(tmp_path / "ckpt", "gpt_oss")
+    want = hf_greedy(hf, PROMPTS[0], 8)
+    args = ["generate", "--model", str(folder), "--tp", "2", "--device", "cpu", "--dtype", "fp32",
+            "--prompt-ids", ",".join(map(str, PROMPTS[0])), "--max-tokens", "8", "--temperature", "0",
+            "--json"]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["output_ids"] == want
