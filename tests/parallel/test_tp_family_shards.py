@@ -30,11 +30,21 @@ require("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
+class _Folders(dict):
+    """family -> its tiny checkpoint folder, written on first use."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self.factory = factory
+
+    def __missing__(self, family):
+        self[family] = write_family_checkpoint(self.factory.mktemp(family) / "ckpt", family)[0]
+        return self[family]
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    return {
-        f: write_family_checkpoint(tmp_path_factory.mktemp(f) / "ckpt", f)[0] for f in sorted(FAMILY_CASES)
-    }
+    return _Folders(tmp_path_factory)
 
 
 def _check_cuts(whole, ranks, config):
