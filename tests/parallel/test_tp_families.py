@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 from helpers.extras import require
 from helpers.hf_families import FAMILY_CASES, hf_greedy, write_family_checkpoint
-from helpers.tp import last_logits
+from helpers.tp import last_logits, rank_facts
 
 from sparsegen.cli import cli
 from sparsegen.engine import LLMEngine, SamplingParams
@@ -45,9 +45,13 @@ def test_two_ranks_generate_the_one_process_tokens(tmp_path, family):
     with LLMEngine(source, tensor_parallel_size=2, device="cpu", **ENGINE) as engine:
         got = [r.token_ids for r in engine.generate(PROMPTS, PARAMS)]
         logits = engine.executor.call(last_logits, PROMPTS[0])
+        facts = engine.executor.call(rank_facts)
     assert got == want
     assert len({tuple(t) for t in want}) > 1  # the prompts lead to different tokens
     torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
+    for f in facts:  # each rank: its 2 query heads, its 1 KV head cached, half the vocabulary
+        assert (f["num_heads"], f["kv_cache_shape"][2], f["lm_head_rows"]) == (2, 1, 48)
+        assert f["offsets"] == [offs[2 * f["rank"] : 2 * f["rank"] + 2] for offs in f["global_offsets"]]
 
 
 def test_generate_tp2_cli_equals_transformers_generate(tmp_path):
