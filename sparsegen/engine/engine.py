@@ -217,8 +217,6 @@ class LLMEngine:
         ids = check_prompt(prompt, vocab, where)
         params = check_params(params, vocab, f"params of {where}")
         self.scheduler.check(len(ids), params.max_tokens, where)
-        if params.has_structured_output and self.runner is None:
-            raise InputError(f"params of {where}: structured_outputs runs with tensor_parallel_size=1 only")
         return ids, params
 
     def _enqueue(self, ids: list[int], params: SamplingParams, index: int | None, matcher=None) -> Sequence:

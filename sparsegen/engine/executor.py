@@ -73,9 +73,6 @@ def model_facts(model: object, config: EngineConfig, device) -> ModelFacts:
         raise InputError(f"model must be a Phi3SmallForCausalLM or a ModelSource, got {type(model).__name__}")
     dev = _source_device(device)
     cfg = model.load_config()
-    if config.tensor_parallel_size != 1 and isinstance(cfg, DecoderConfig):
-        raise InputError(f"tensor_parallel_size={config.tensor_parallel_size}: sparsegen shards Phi-3-Small "
-                         f"only, not a {cfg.model_type} model")  # fmt: skip
     if config.tensor_parallel_size != 1:
         # imported here, not at the top: a spawned rank imports parallel.rank first, which
         # imports sparsegen.engine, whose __init__ imports this module; a top-level import of

@@ -61,7 +61,7 @@ def check_tp_size(tp: object, num_kv_heads: int, device_type: str, device_count:
     if num_kv_heads % tp:
         raise InputError(
             f"tensor_parallel_size {tp} does not divide the model's {num_kv_heads} KV heads "
-            "(each rank holds whole KV groups)"
+            "(config.json's num_key_value_heads; each rank holds whole KV groups)"
         )
     if device_type == "cuda":
         count = torch.cuda.device_count() if device_count is None else device_count

@@ -37,6 +37,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import DistributedError, InputError
+from ..models.config import Phi3SmallConfig
 from ..request.sampling_params import SamplerOutput
 from ..request.sequence import Plan
 from ..runner.config import EngineConfig
@@ -54,11 +55,13 @@ STOP_S = 10.0  # how long close() waits for ranks to exit before killing them
 
 def check_tensor_parallel(config, tensor_parallel_size: object, device_type: str) -> int:
     """The tensor-parallel size, checked against the model and the devices before any rank starts:
-    it must divide the KV heads (whole KV groups per rank) and the GeGeLU units, and fit the GPUs."""
+    it must divide the KV heads (whole KV groups per rank) and the MLP's (or every expert's)
+    intermediate units, and fit the GPUs. The field named is config.json's."""
     world = distributed.check_tp_size(tensor_parallel_size, config.num_key_value_heads, device_type)
+    field = "ff_intermediate_size" if isinstance(config, Phi3SmallConfig) else "intermediate_size"
     if config.ff_intermediate_size % world:
         raise InputError(
-            f"tensor_parallel_size {world} does not divide ff_intermediate_size {config.ff_intermediate_size}"
+            f"tensor_parallel_size {world} does not divide {field} {config.ff_intermediate_size}"
         )
     return world
 

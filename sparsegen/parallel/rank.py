@@ -41,7 +41,7 @@ class RankContext:
     """What a function sent with `MultiprocExecutor.call` gets on each rank."""
 
     info: distributed.RankInfo
-    model: Any  # sharding.TensorParallelPhi3Small
+    model: Any  # sharding.TensorParallelPhi3Small or decoder_sharding.TensorParallelDecoder
     runner: ModelRunner
 
 

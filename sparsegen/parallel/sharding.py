@@ -79,11 +79,9 @@ def shard_layer_spec(layer: LayerSpec, shard: TPShard) -> LayerSpec:
     """Rank's heads of `layer` with their global HeadSpecs (global vertical offsets)."""
     k0, k1 = shard.span(layer.num_kv_heads, "KV heads")
     g = layer.group_size
-    return LayerSpec(
-        num_heads=(k1 - k0) * g,
-        num_kv_heads=k1 - k0,
-        head_dim=layer.head_dim,
-        heads=layer.heads[k0 * g : k1 * g],
+    # replace, not a new LayerSpec: the layer's soft-cap and learned sinks hold for every head
+    return dataclasses.replace(
+        layer, num_heads=(k1 - k0) * g, num_kv_heads=k1 - k0, heads=layer.heads[k0 * g : k1 * g]
     )
 
 
@@ -93,21 +91,23 @@ def shard_model_spec(spec: ModelSpec, shard: TPShard) -> ModelSpec:
 
 
 class RowParallelLinear(nn.Module):
-    """y = all_reduce(x @ W_r^T) + b: W_r is this rank's columns of W, b the whole bias."""
+    """y = all_reduce(x @ W_r^T) + b: W_r is this rank's columns of W, b the whole bias (added
+    once, after the reduction; `bias=False`: none)."""
 
     def __init__(
-        self, in_local: int, out_features: int, world_size: int, group=None, device=None, dtype=None
-    ):
+        self, in_local: int, out_features: int, world_size: int, group=None, device=None, dtype=None,
+        bias: bool = True,
+    ):  # fmt: skip
         super().__init__()
         self.world_size, self.group = world_size, group
         self.weight = nn.Parameter(torch.empty(out_features, in_local, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in_local] -> [T, out]
         y = F.linear(x, self.weight)  # [T, out], this rank's partial sum
         if self.world_size > 1:
             distributed.all_reduce_(y, self.group)
-        return y.add_(self.bias)
+        return y if self.bias is None else y.add_(self.bias)
 
 
 class VocabParallelLMHead(nn.Module):
@@ -181,15 +181,20 @@ def take_shard(
 ) -> torch.Tensor:
     """This rank's part of `full` (a tensor, or a safetensors `get_slice` of a sharded one),
     padded to `local`'s shape."""
-    rng = shard_range(name, config, shard)
+    return cut_padded(full, shard_range(name, config, shard), local)
+
+
+def cut_padded(full, rng: tuple[int, int, int] | None, local: torch.Tensor | None = None) -> torch.Tensor:
+    """full[..., start:stop, ...] along `dim` of rng = (dim, start, stop) (None: `full` itself),
+    zero-padded at the end of `dim` to `local`'s shape (the vocabulary's padded tail)."""
     if rng is None:
         return full
     dim, start, stop = rng
     index = (slice(None),) * dim + (slice(start, stop),)
     part = full[index]
     if local is not None and tuple(part.shape) != tuple(local.shape):  # the vocabulary's padded tail
-        padded = torch.zeros(local.shape, dtype=part.dtype, device=part.device)
-        padded[: part.shape[0]] = part
+        padded = torch.zeros(tuple(local.shape), dtype=part.dtype, device=part.device)
+        padded[(slice(None),) * dim + (slice(0, part.shape[dim]),)] = part
         part = padded
     return part
 

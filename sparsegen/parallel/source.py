@@ -60,8 +60,11 @@ class ModelSource:
         return random_model(self.load_config(), seed=self.seed, **fields)
 
     def build(self, shard, device: torch.device, group=None):
-        """One rank's shard (a `sharding.TensorParallelPhi3Small`) of the same weights."""
+        """One rank's shard (a `sharding.TensorParallelPhi3Small` or a
+        `decoder_sharding.TensorParallelDecoder`) of the same weights."""
+        from ..models.families.config import DecoderConfig
         from ..models.options import ModelOptions
+        from .decoder_sharding import random_tp_decoder
         from .loader import load_tp_checkpoint
         from .sharding import random_tp_model
 
@@ -75,4 +78,6 @@ class ModelSource:
         )
         if self.model_dir is not None:
             return load_tp_checkpoint(self.model_dir, shard, options, group=group)
-        return random_tp_model(self.load_config(), shard, options, seed=self.seed, group=group)
+        config = self.load_config()
+        build = random_tp_decoder if isinstance(config, DecoderConfig) else random_tp_model
+        return build(config, shard, options, seed=self.seed, group=group)

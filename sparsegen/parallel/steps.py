@@ -13,8 +13,15 @@ Sequences that ended are named once in `forget`, and the ranks drop them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
+
 from ..request.sampling_params import SamplingParams
 from ..request.sequence import Chunk, Plan, Sequence
+
+if TYPE_CHECKING:
+    import numpy
 
 # The messages are plain tuples: a queue pickles them in C, where a dataclass or NamedTuple per
 # sequence would cost a Python call each way (several times the whole tuple's cost for 32 rows).
@@ -25,12 +32,16 @@ from ..request.sequence import Chunk, Plan, Sequence
 #   whole block table when whole_table; prompt_ids and params: the first time only, else None.
 SeqUpdate = tuple[int, list[int], list[int], bool, "list[int] | None", "SamplingParams | None"]
 # One launched step:
-#   (is_decode, lookahead, chunks, updates, forget, eos_token_id)
+#   (is_decode, lookahead, chunks, updates, forget, token_bitmask, eos_token_id)
 #   lookahead: input ids are the previous step's tokens, which every rank keeps; chunks:
-#   (seq_id, start, stop) each; forget: sequences that ended, whose copies the ranks drop.
+#   (seq_id, start, stop) each; forget: sequences that ended, whose copies the ranks drop;
+#   token_bitmask: the plan's grammar masks (`Plan.token_bitmask`, [sampled, W] int32) as a numpy
+#   array, pickled by value (a torch tensor would go through shared memory), or None. Every rank
+#   samples every row, so every rank applies the masks and draws the same constrained tokens.
 StepMessage = tuple[
-    bool, bool, tuple[tuple[int, int, int], ...], tuple[SeqUpdate, ...], tuple[int, ...], "int | None"
-]
+    bool, bool, tuple[tuple[int, int, int], ...], tuple[SeqUpdate, ...], tuple[int, ...], "numpy.ndarray | None",
+    "int | None",
+]  # fmt: skip
 
 
 class StepEncoder:
@@ -61,7 +72,8 @@ class StepEncoder:
                 updates.append((seq.seq_id, seq.output_ids[n_out:], pages, whole, None, None))
             sent[seq.seq_id] = (seq, len(seq.output_ids), seq.page_epoch, len(seq.pages))
             chunks.append((seq.seq_id, c.start, c.stop))
-        return plan.is_decode, plan.lookahead, tuple(chunks), tuple(updates), forget, eos_token_id
+        mask = None if plan.token_bitmask is None else plan.token_bitmask.numpy()  # [sampled, W] int32
+        return plan.is_decode, plan.lookahead, tuple(chunks), tuple(updates), forget, mask, eos_token_id
 
 
 class RankSequences:
@@ -71,7 +83,7 @@ class RankSequences:
         self.seqs: dict[int, Sequence] = {}
 
     def plan(self, msg: StepMessage) -> Plan:
-        is_decode, lookahead, chunks, updates, forget, _ = msg
+        is_decode, lookahead, chunks, updates, forget, mask, _ = msg
         seqs = self.seqs
         for i in forget:
             seqs.pop(i, None)
@@ -85,5 +97,8 @@ class RankSequences:
             else:
                 seq.pages.extend(pages)
         return Plan(
-            is_decode, tuple(Chunk(seqs[i], start, stop) for i, start, stop in chunks), lookahead=lookahead
+            is_decode,
+            tuple(Chunk(seqs[i], start, stop) for i, start, stop in chunks),
+            lookahead=lookahead,
+            token_bitmask=None if mask is None else torch.from_numpy(mask),
         )

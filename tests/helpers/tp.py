@@ -102,3 +102,13 @@ def children(pid: int) -> list[int]:
             return [int(x) for x in f.read().split()]
     except FileNotFoundError:
         return []
+
+
+def device_logits(ctx, prompt: list[int]) -> torch.Tensor:
+    """`last_logits` on the rank's device (a GPU rank's), returned on the CPU in float32."""
+    from sparsegen.models import ForwardBatch
+
+    dev = ctx.info.device
+    batch = ForwardBatch.whole_sequences([len(prompt)], device=dev)
+    with torch.inference_mode():
+        return ctx.model(torch.tensor(prompt, device=dev), batch)[-1].float().cpu()

@@ -6,6 +6,7 @@ steps, preemptions (whole block tables re-sent), aborts and seeded sampling with
 
 from __future__ import annotations
 
+import json
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
@@ -115,3 +116,33 @@ def test_ended_sequences_are_forgotten_by_the_ranks(model):
     assert set(loop.rank.seqs.seqs) <= {0, 1}
     engine.generate([[4, 4, 4]], SamplingParams(max_tokens=3, ignore_eos=True))  # the next message forgets
     assert set(loop.rank.seqs.seqs) == {2}
+
+
+def test_grammar_masks_travel_with_the_step():
+    """A json_schema row's masks ride in the step message (pickled as a queue would): the rank's
+    copy of the plan carries them, and the text equals the plain engine's."""
+    from helpers import extras
+
+    from sparsegen import LLM
+    from sparsegen.request.structured_outputs import StructuredOutputsParams
+
+    extras.require("llguidance")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    # two constrained rows and a free one that outlives them (its last steps carry no mask)
+    params = [SamplingParams(max_tokens=30, temperature=1.0, seed=s,
+                             structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True))
+              for s in (1, 2)] + [SamplingParams(max_tokens=40, ignore_eos=True)]  # fmt: skip
+
+    def texts(llm):
+        return [o.outputs[0].text for o in llm.generate(["JSON:"] * 3, params, use_tqdm=False)]
+
+    want = texts(LLM(random="tiny"))
+    llm = LLM(random="tiny")
+    loop = llm.engine.executor = LoopbackExecutor(llm.engine.runner)
+    masked = []
+    launch = loop.rank.launch
+    loop.rank.launch = lambda msg: (launch(msg), masked.append(loop.rank.last.plan.token_bitmask is not None))
+    assert texts(llm) == want
+    assert any(masked) and not all(masked)  # masked steps, and unmasked ones once only the free row is left
+    assert all(isinstance(json.loads(t)["ok"], bool) for t in want[:2])

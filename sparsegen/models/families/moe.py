@@ -26,14 +26,16 @@ class Experts(nn.Module):
         self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * f, **fk))  # [E, 2F]
         self.down_proj = nn.Parameter(torch.empty(e, f, h, **fk))  # [E, F, hidden]
         self.down_proj_bias = nn.Parameter(torch.empty(e, h, **fk))  # [E, hidden]
+        # False on a tensor-parallel rank but the first: its down_proj output is a partial sum
+        # over its share of F, which the ranks all-reduce, so the bias is added by one rank only
+        self.down_bias_on = True
 
     def expert(self, i: int, x: torch.Tensor) -> torch.Tensor:  # x: [n, hidden] -> [n, hidden]
         gate_up = x @ self.gate_up_proj[i] + self.gate_up_proj_bias[i]  # [n, 2F]
         gate = gate_up[:, 0::2].clamp(max=self.limit)
         up = gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
-        return ((up + 1) * (gate * torch.sigmoid(gate * self.alpha))) @ self.down_proj[
-            i
-        ] + self.down_proj_bias[i]
+        out = ((up + 1) * (gate * torch.sigmoid(gate * self.alpha))) @ self.down_proj[i]  # [n, hidden]
+        return out + self.down_proj_bias[i] if self.down_bias_on else out
 
     def routed(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden], idx: [T, k] expert ids -> [T, k, hidden]: each token through each of its
@@ -44,7 +46,8 @@ class Experts(nn.Module):
         up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
         act = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))  # [T, k, F]
         w_down, b_down = self.down_proj[idx], self.down_proj_bias[idx]  # [T, k, F, hidden], [T, k, hidden]
-        return (act[:, :, None, :] @ w_down).squeeze(2) + b_down  # [T, k, hidden]
+        out = (act[:, :, None, :] @ w_down).squeeze(2)  # [T, k, hidden]
+        return out + b_down if self.down_bias_on else out
 
 
 class MixtureOfExperts(nn.Module):

@@ -1,5 +1,5 @@
 """Bad checkpoints of a decoder family are refused with a CheckpointError naming the tensor or the
-field, before anything runs; so is tensor parallelism, which shards Phi-3-Small only."""
+field, before anything runs; so is a tensor-parallel size that does not divide the KV heads."""
 
 from __future__ import annotations
 
@@ -58,6 +58,6 @@ def test_bad_family_field_is_named(folders, tmp_path):
         load_checkpoint(folder)
 
 
-def test_tensor_parallel_is_refused_for_a_family(folders):
-    with pytest.raises(InputError, match="shards Phi-3-Small only, not a qwen3 model"):
-        LLM(model=folders["qwen3"], tensor_parallel_size=2, device="cpu")
+def test_tensor_parallel_size_that_splits_a_kv_group_is_refused(folders):
+    with pytest.raises(InputError, match="does not divide the model's 2 KV heads .*num_key_value_heads"):
+        LLM(model=folders["qwen3"], tensor_parallel_size=4, device="cpu")
