@@ -186,14 +186,18 @@ def create_app(
             if chat:
                 ids = await run_in_threadpool(
                     prompt_ids,
-                    lambda: [llm.render_chat(req.conversation(), req.add_generation_prompt)],
+                    lambda: [
+                        llm.render_chat(req.conversation(), req.add_generation_prompt, req.add_special_tokens)
+                    ],
                     "messages",
                 )
                 max_tokens = fit(ids, req.requested_max_tokens, None, "conversation")
                 params = params_of(req, max_tokens, req.logprobs_k, req.prompt_logprobs)
             else:
                 ids = await run_in_threadpool(
-                    prompt_ids, lambda: [llm.encode(p, "prompt") for p in req.prompts()], "prompt"
+                    prompt_ids,
+                    lambda: [llm.encode(p, "prompt", req.add_special_tokens) for p in req.prompts()],
+                    "prompt",
                 )
                 asked = 1 if req.echo_only else req.max_tokens  # echo only: one token run, not returned
                 max_tokens = fit(ids, asked, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")

@@ -171,6 +171,7 @@ class CompletionRequest(_SamplingFields):
     max_tokens: EchoTokenCount | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    add_special_tokens: bool = True  # vLLM's: a text prompt gets the tokenizer's BOS (token ids: none)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
 
@@ -234,6 +235,7 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     echo: bool = False  # vLLM's extra: the reply starts with the message it continues
+    add_special_tokens: bool = False  # vLLM's: the template writes the BOS; true adds the tokenizer's too
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
