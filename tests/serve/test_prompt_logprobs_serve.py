@@ -165,3 +165,28 @@ def test_streamed_chat_echo_equals_the_whole_answer(client):
     chunks = list(client.chat.completions.create(stream=True, **kw))
     assert chunks[0].choices[0].delta.content == "Sure:"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
+
+
+def test_prompt_logprobs_beside_plain_requests_harm_none(client, server, oracle):
+    """One batch: scored requests (k up to 20) beside plain greedy ones; each plain answer is what
+    it is alone, and each scored one is right."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def plain(p):
+        return client.completions.create(model=MODEL, prompt=p, max_tokens=4, temperature=0).choices[0].text
+
+    def scored(p):
+        r = client.completions.create(model=MODEL, prompt=p, max_tokens=2, temperature=0,
+                                      extra_body={"prompt_logprobs": 20})  # fmt: skip
+        return r.choices[0].model_extra["prompt_logprobs"]
+
+    prompts = ["alpha beta", "gamma delta epsilon", "zeta"]
+    alone = [plain(p) for p in prompts]
+    with ThreadPoolExecutor(6) as pool:
+        plains = [pool.submit(plain, p) for p in prompts]
+        scores = [pool.submit(scored, p) for p in prompts]
+        assert [f.result() for f in plains] == alone
+        tok = server.app.state.llm.tokenizer
+        for p, f in zip(prompts, scores, strict=True):
+            check_vllm_shape(f.result(), tok.encode(p), oracle, 20, server)
+    assert all_pages_free(server)
