@@ -114,3 +114,28 @@ def test_add_special_tokens_must_be_a_bool(http, path, body, value):
         return
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith("add_special_tokens")
+
+
+def test_an_id_past_the_tokenizer_but_inside_the_model_decodes_to_nothing(tmp_path):
+    """Qwen2's embedding has rows past its tokenizer's ids: a sampled one must not fail the
+    request (it did, inside the output step: 'outside the vocabulary')."""
+    from tokenizers import Tokenizer
+
+    from sparsegen import LLM
+    from sparsegen.serve.server import ServerThread
+
+    folder = tmp_path / "padded"
+    write_hf_tokenizer(folder)
+    n = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    write_checkpoint(folder, cfg={**TINY_HF_CONFIG, "vocab_size": n + 64})
+    with ServerThread(LLM(model=str(folder), max_num_seqs=2), max_queue=4, strict=True) as srv:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            model = c.get("/v1/models").json()["data"][0]["id"]
+            body = {"model": model, "prompt": "hello", "max_tokens": 3, "allowed_token_ids": [n + 5],
+                    "return_token_ids": True, "ignore_eos": True}  # fmt: skip
+            r = c.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            assert choice["token_ids"] == [n + 5] * 3 and choice["text"] == ""
+            assert c.get("/health").status_code == 200
+        assert all_pages_free(srv)
