@@ -116,7 +116,8 @@ class ByteTokenizer(_BytesVocabTokenizer):
         named = sorted((s for s in specials if "dummy_id" not in s), key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, named)) + ")")  # dummies never come from text
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`add_special_tokens` is vLLM's switch; this tokenizer has no BOS to add, so it adds nothing."""
         _check_text(text)
         ids: list[int] = []
         for part in self._split.split(text):
@@ -222,7 +223,9 @@ class TiktokenTokenizer(_BytesVocabTokenizer):
             special_tokens=self.special_tokens,
         )
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`add_special_tokens` is vLLM's switch; Phi-3-Small's tokenizer adds no BOS or EOS to a
+        text (its transformers class returns the ids as they are), so it adds nothing here either."""
         _check_text(text)
         return self._enc.encode(text, allowed_special="all")
 

@@ -21,7 +21,9 @@ Per-layer mapping (`model_spec_from_hf`), read as transformers' config class for
    another by AutoConfig) is refused.
 4. Other model types: `layer_types`, else Qwen2-style `max_window_layers`, else
    `sliding_window_pattern`, else `sliding_window` on every layer (absent or null: dense).
-`use_bidirectional_attention` true is refused: every spec is causal.
+`use_bidirectional_attention` true is refused (every spec is causal) where transformers' model
+reads it (Gemma-2/3, unknown types); the families whose model ignores it (`IGNORE_BIDIRECTIONAL`)
+run causal there and here.
 An HF window of W keys is `HeadSpec(sliding_window=W)`: query i sees key j iff i - j < W, as in
 HF's masks. Every layer also carries the model's soft-cap, learned sinks and softmax scale
 (`features.layer_features`: Gemma-2/3's `attn_logit_softcapping` and `query_pre_attn_scalar`,

@@ -172,8 +172,18 @@ def check_blocksparse_alone(cfg: dict[str, Any], source: str, error: type[Except
         )
 
 
+# model types whose transformers modeling never reads `use_bidirectional_attention`: their
+# attention is causal whatever the field says (Gemma-2/3's read it and turn causality off)
+IGNORE_BIDIRECTIONAL = frozenset(
+    ("llama", "mistral", "ministral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "cohere2", "gpt_oss")
+)
+
+
 def check_causal(cfg: dict[str, Any], source: str, error: type[Exception]) -> None:
-    """Every sparsegen pattern is causal: a bidirectional model is refused naming the field."""
+    """Every sparsegen pattern is causal: a bidirectional model is refused naming the field (a
+    family whose transformers model ignores the field runs causal there, and here)."""
+    if _value(cfg, "model_type", None) in IGNORE_BIDIRECTIONAL:
+        return
     value = _value(cfg, "use_bidirectional_attention", None)
     if value is not None and get_bool(cfg, "use_bidirectional_attention", source=source, error=error):
         raise error(

@@ -111,12 +111,14 @@ class LLM:
         """Stop the engine's tensor-parallel ranks (nothing to stop with one process)."""
         self.engine.close()
 
-    def encode(self, prompt, where: str = "prompt") -> list[int]:
-        """Token ids of a str (encoded) or a list of ids (checked)."""
+    def encode(self, prompt, where: str = "prompt", add_special_tokens: bool = False) -> list[int]:
+        """Token ids of a str (encoded; `add_special_tokens` runs the tokenizer's post-processor,
+        a BOS for Llama) or a list of ids (checked, taken as they are)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError(f"{where} is text, but this checkpoint has no tokenizer: pass token ids")
-            prompt = self.tokenizer.encode(check_utf8(prompt, where, InputError))
+            text = check_utf8(prompt, where, InputError)
+            prompt = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         elif not isinstance(prompt, (list, tuple)):
             raise InputError(f"{where} must be a str or a list of token ids, got {type(prompt).__name__}")
         ids = check_prompt(prompt, self.vocab_size, where)  # the engine's checks: ints in the vocabulary
@@ -131,10 +133,15 @@ class LLM:
         old = self.chat_template
         self.chat_template = ChatTemplate(template, old.bos_token, old.eos_token, origin=origin)
 
-    def render_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(
+        self, messages, add_generation_prompt: bool = True, add_special_tokens: bool = False
+    ) -> list[int]:
+        """The template's text, tokenized; the template writes its own BOS, and
+        `add_special_tokens` (vLLM's chat extra) adds the tokenizer's on top."""
         if self.tokenizer is None:
             raise InputError("chat needs a tokenizer, and this checkpoint has none")
-        return self.encode(self.chat_template.render(messages, add_generation_prompt), "messages")
+        text = self.chat_template.render(messages, add_generation_prompt)
+        return self.encode(text, "messages", add_special_tokens)
 
     def check_params(self, params, where: str = "params") -> SamplingParams:
         if not isinstance(params, SamplingParams):

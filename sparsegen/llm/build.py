@@ -67,9 +67,17 @@ def build_tokenizer(model_dir, random, tokenizer_path):
     if tokenizer_path is not None:
         return load_tokenizer(tokenizer_path)
     if model_dir is not None:  # tokenizer.json first, else a .tiktoken file, else none
+        from pathlib import Path
+
+        from ..errors import CheckpointError
+        from ..folders import contained_file
+        from ..models.families import config_from_file
         from .checkpoint_text import load_folder_tokenizer
 
-        return load_folder_tokenizer(model_dir)
+        # padded to the model's vocabulary (Qwen2's embedding has rows past its tokenizer's ids):
+        # an id the model can sample then decodes to nothing, rather than failing its request
+        where = contained_file(Path(model_dir), "config.json", f"checkpoint {model_dir} has", CheckpointError)
+        return load_folder_tokenizer(model_dir, config_from_file(where).vocab_size)
     config = random_config(random)
     if random not in ("tiny", "7b"):  # a family preset: bytes, no special tokens
         return ByteTokenizer({}, config.vocab_size)

@@ -24,6 +24,7 @@ from ..hf_config import (
     model_spec_from_hf,
 )
 from ..spec import MAX_SEQ_LEN
+from .config_dtype import config_dtype
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ def _from_hf_dict(cls: type, cfg: dict[str, Any], source: str) -> Phi3SmallConfi
         raise CheckpointError(
             f"{source}: model_type is {model_type!r:.40}; this loader reads Phi-3-Small ('phi3small') only"
         )
+    config_dtype(cfg, source)  # a dtype transformers would not load, or sparsegen cannot honour
     act = cfg.get("hidden_act", "gegelu")
     if act != "gegelu":
         raise CheckpointError(

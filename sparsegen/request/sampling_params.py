@@ -312,6 +312,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None  # the token's rank in the vocabulary (1: most likely); prompt tokens only
 
 
 @dataclass(frozen=True)

@@ -29,18 +29,19 @@ class DevicePromptLogprobs:
 
     spans: tuple[tuple[int, int, int, int], ...]  # per chunk: (seq_id, first token, count, k)
     chosen: torch.Tensor  # [R] float32: each scored token's log-probability
+    ranks: torch.Tensor  # [R] int64: 1 + how many tokens are more likely than the scored one
     top_ids: torch.Tensor | None  # [R, kmax] int64 (None when every k is 0)
     top_values: torch.Tensor | None  # [R, kmax] float32
     targets: tuple[tuple[int, ...], ...]  # per chunk: the scored prompt tokens
 
     def to_host(self, pinned: Callable[[torch.Tensor | None], torch.Tensor | None]) -> DevicePromptLogprobs:
         """Copies through `pinned` (the caller records the event that says they are done)."""
-        return replace(self, chosen=pinned(self.chosen), top_ids=pinned(self.top_ids),
-                       top_values=pinned(self.top_values))  # fmt: skip
+        return replace(self, chosen=pinned(self.chosen), ranks=pinned(self.ranks),
+                       top_ids=pinned(self.top_ids), top_values=pinned(self.top_values))  # fmt: skip
 
     def output(self) -> tuple[PromptLogprobs, ...]:
         """As Python values (after the copies `to_host` started have run)."""
-        chosen = self.chosen.tolist()
+        chosen, ranks = self.chosen.tolist(), self.ranks.tolist()
         top_i = self.top_ids.tolist() if self.top_ids is not None else None
         top_v = self.top_values.tolist() if self.top_values is not None else None
         out, row = [], 0
@@ -48,7 +49,7 @@ class DevicePromptLogprobs:
             items = []
             for j in range(count):
                 top = tuple(zip(top_i[row][:k], top_v[row][:k], strict=True)) if k else ()
-                items.append(TokenLogprobs(targets[j], chosen[row], top))
+                items.append(TokenLogprobs(targets[j], chosen[row], top, ranks[row]))
                 row += 1
             out.append(PromptLogprobs(seq_id, first, tuple(items)))
         return tuple(out)
@@ -78,6 +79,7 @@ def score_prompt(logits: torch.Tensor, plan: Plan) -> DevicePromptLogprobs:
     (target_d,) = packed_to_device([ids], torch.long, logits.device)  # [R]
     lp = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
     chosen = lp.gather(1, target_d[:, None])[:, 0]  # [R]
+    ranks = (lp > chosen[:, None]).sum(dim=-1) + 1  # [R] int64 (vLLM's rank: ties share the best)
     kmax = max(k for *_, k in spans)
     top_v, top_i = lp.topk(kmax, dim=-1) if kmax else (None, None)  # [R, kmax]
-    return DevicePromptLogprobs(tuple(spans), chosen, top_i, top_v, tuple(targets))
+    return DevicePromptLogprobs(tuple(spans), chosen, ranks, top_i, top_v, tuple(targets))

@@ -186,25 +186,35 @@ def create_app(
             if chat:
                 ids = await run_in_threadpool(
                     prompt_ids,
-                    lambda: [llm.render_chat(req.conversation(), req.add_generation_prompt)],
+                    lambda: [
+                        llm.render_chat(req.conversation(), req.add_generation_prompt, req.add_special_tokens)
+                    ],
                     "messages",
                 )
                 max_tokens = fit(ids, req.requested_max_tokens, None, "conversation")
-                params = params_of(req, max_tokens, req.logprobs_k)
+                params = params_of(req, max_tokens, req.logprobs_k, req.prompt_logprobs)
             else:
                 ids = await run_in_threadpool(
-                    prompt_ids, lambda: [llm.encode(p, "prompt") for p in req.prompts()], "prompt"
+                    prompt_ids,
+                    lambda: [llm.encode(p, "prompt", req.add_special_tokens) for p in req.prompts()],
+                    "prompt",
                 )
                 asked = 1 if req.echo_only else req.max_tokens  # echo only: one token run, not returned
                 max_tokens = fit(ids, asked, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
-                params = params_of(req, max_tokens, req.logprobs, req.logprobs if req.echo else None)
+                scored = [
+                    k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None
+                ]
+                params = params_of(req, max_tokens, req.logprobs, max(scored) if scored else None)
             stream = engine.submit(ids, params, "chatcmpl" if chat else "cmpl")
         except RequestError as exc:
             return error_json(exc.status, str(exc), exc.param, exc.code)
         except ServerOverloaded as exc:
             return error_json(503, str(exc), None, "overloaded")
         echo = None if chat or not req.echo else echo_of(req, ids, params.n)
-        fmt = Formatter(llm, stream, name, chat=chat, token_ids=req.return_token_ids, echo=echo)
+        fmt = Formatter(
+            llm, stream, name, chat=chat, token_ids=req.return_token_ids, echo=echo,
+            prompt_logprobs=req.prompt_logprobs, chat_echo=req.echo_text() if chat else "",
+        )  # fmt: skip
         if req.stream:
             opts = req.stream_options
             include_usage = bool(opts and opts.include_usage)

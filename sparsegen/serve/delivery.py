@@ -63,7 +63,7 @@ def sse(
                         [
                             {
                                 "index": t.index,
-                                "delta": {"role": "assistant", "content": ""},
+                                "delta": {"role": "assistant", "content": fmt.chat_echo},
                                 "logprobs": None,
                                 "finish_reason": None,
                             }

@@ -15,6 +15,8 @@ engine takes the request. `response_format` (text, json_object, json_schema) and
 `structured_outputs` / `guided_*` fields constrain the output (`response_format.py`). Features
 the server does not have (`suffix`, tools) are refused by name. `echo` with `logprobs` scores the
 prompt (the prompt's log-probabilities come first), and `max_tokens: 0` is allowed with `echo` only.
+vLLM's `prompt_logprobs` (0..MAX_LOGPROBS, whole responses only) returns each prompt token's
+log-probability, rank and top k in vLLM's shape (`responses.py`).
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class _SamplingFields(_Strict):
         Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
     ) = None
     return_token_ids: bool = False  # sparsegen (and recent vLLM): each choice also lists its token ids
+    # vLLM's extra: the top k log-probabilities of each prompt token (not with stream, as vLLM)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # OpenAI fields vLLM accepts and that change nothing here
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -108,6 +112,8 @@ class _SamplingFields(_Strict):
         structured_outputs_of(self)
         if self.stream_options is not None and not self.stream:
             raise RequestError("stream_options is only allowed with stream: true", "stream_options")
+        if self.prompt_logprobs is not None and self.stream:
+            raise RequestError("prompt_logprobs are not available with stream: true", "prompt_logprobs")
 
     def _bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """logit_bias's keys as token ids (decimal strings, as OpenAI sends them)."""
@@ -165,6 +171,7 @@ class CompletionRequest(_SamplingFields):
     max_tokens: EchoTokenCount | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    add_special_tokens: bool = True  # vLLM's: a text prompt gets the tokenizer's BOS (token ids: none)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
 
@@ -227,6 +234,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    echo: bool = False  # vLLM's extra: the reply starts with the message it continues
+    add_special_tokens: bool = False  # vLLM's: the template writes the BOS; true adds the tokenizer's too
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -245,6 +254,15 @@ class ChatCompletionRequest(_SamplingFields):
 
     def conversation(self) -> list[dict]:
         return [m.as_dict() for m in self.messages]
+
+    def echo_text(self) -> str:
+        """What `echo` puts before the reply (vLLM's meaning): the last message's content when
+        the reply continues it, that is when no generation prompt opens a new assistant turn
+        (`add_generation_prompt: false`) or the last message is the assistant's own; else ""."""
+        last = self.messages[-1]
+        if not self.echo or (self.add_generation_prompt and last.role != "assistant"):
+            return ""
+        return last.text()
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -7,6 +7,13 @@ later prompt token's `top_logprobs` holds the top k and the token itself, as vLL
 the prompt with the choice's first chunk. Echo without generation (`max_tokens: 0`, lm-eval's
 scoring) runs one token and leaves it out: the choice is the prompt alone, and it counts no
 completion tokens.
+
+vLLM's `prompt_logprobs: k` adds each prompt token's scores in vLLM's shape: a list with one
+entry per prompt token, the first null, each other a dict from the token id (a string) to
+`{"logprob", "rank", "decoded_token"}` holding the prompt token itself and the k most likely
+tokens (`rank` 1 is the most likely). Completions put it in each choice; chat puts it on the
+response, as vLLM does. A chat request with `echo` (vLLM's meaning) starts the reply with the
+last message's content when that message is what the reply continues (`chat_echo_text`).
 """
 
 from __future__ import annotations
@@ -34,10 +41,10 @@ class Formatter:
 
     def __init__(
         self, llm: LLM, stream: RequestStream, model: str, chat: bool, token_ids: bool = False,
-        echo: Echo | None = None,
+        echo: Echo | None = None, prompt_logprobs: int | None = None, chat_echo: str = "",
     ):  # fmt: skip
         self.llm, self.stream, self.model, self.chat, self.token_ids = llm, stream, model, chat, token_ids
-        self.echo = echo
+        self.echo, self.prompt_k, self.chat_echo = echo, prompt_logprobs, chat_echo
         self.id = stream.request_id
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -93,6 +100,7 @@ class Formatter:
         """The prompt's part of choice `index`'s completion logprobs (text offsets from 0)."""
         t = self.stream.trackers[index]
         ids, scores = self.stream.prompt_ids[index], t.prompt_logprobs or ()
+        k = t.params.logprobs  # the engine may have scored more (a larger prompt_logprobs)
         tokens, values, tops, offsets = [], [], [], []
         for i, tok in enumerate(ids):
             tokens.append(self._token(tok))
@@ -101,7 +109,7 @@ class Formatter:
             if lp is None:
                 tops.append(None)
             else:
-                top = {self._token(j): x for j, x in lp.top}
+                top = {self._token(j): x for j, x in lp.top[:k]}
                 top[tokens[-1]] = lp.logprob
                 tops.append(top)
             offsets.append(self._offsets[index])
@@ -119,6 +127,27 @@ class Formatter:
         if head is None:
             return body
         return {key: head[key] + body[key] for key in head}
+
+    def vllm_prompt_logprobs(self, index: int) -> list[dict | None] | None:
+        """Choice `index`'s prompt scores in vLLM's `prompt_logprobs` shape (None if not asked)."""
+        if self.prompt_k is None:
+            return None
+        ids = self.stream.prompt_ids[index]
+        scores = self.stream.trackers[index].prompt_logprobs or ()
+        out: list[dict | None] = []
+        for i in range(len(ids)):
+            lp = scores[i] if i < len(scores) else None
+            if lp is None:
+                out.append(None)
+                continue
+            entry = {str(lp.token_id): self._scored(lp.logprob, lp.rank, lp.token_id)}
+            for rank, (j, x) in enumerate(lp.top[: self.prompt_k], start=1):
+                entry.setdefault(str(j), self._scored(x, rank, j))
+            out.append(entry)
+        return out
+
+    def _scored(self, logprob: float, rank: int | None, token_id: int) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": self._token(token_id)}
 
     def pending_echo(self, index: int) -> bool:
         """Choice `index` still has its echoed prompt to send."""
@@ -142,7 +171,8 @@ class Formatter:
             reason = out.finish_reason
             if self.chat:
                 lp = self.logprobs(t.index, out.logprobs or [])
-                choice = {"index": t.index, "message": {"role": "assistant", "content": out.text}}
+                text = out.text if not self.chat_echo else self.chat_echo + (out.text or "")
+                choice = {"index": t.index, "message": {"role": "assistant", "content": text}}
             elif self.echo is not None:
                 lp = self._echoed_logprobs(t.index, out.logprobs or [])
                 self._echoed.add(t.index)
@@ -155,10 +185,12 @@ class Formatter:
                     "text": out.text if out.text is not None else "",
                 }  # no tokenizer: ids only
             choice.update({"logprobs": lp, "finish_reason": reason, "stop_reason": out.stop_reason})
+            if self.prompt_k is not None and not self.chat:
+                choice["prompt_logprobs"] = self.vllm_prompt_logprobs(t.index)
             if self.token_ids:
                 choice["token_ids"] = out.token_ids
             choices.append(choice)
-        return {
+        body = {
             "id": self.id,
             "object": self.object,
             "created": self.created,
@@ -166,6 +198,9 @@ class Formatter:
             "choices": choices,
             "usage": self.usage(),
         }
+        if self.prompt_k is not None and self.chat:  # one prompt for every choice
+            body["prompt_logprobs"] = self.vllm_prompt_logprobs(0)
+        return body
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
         body = {

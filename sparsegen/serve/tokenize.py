@@ -10,8 +10,10 @@
 
 `model` is optional here (vLLM's too); when given it must be the served name. A prompt longer
 than the context is still tokenized: `count` against `max_model_len` is how a client finds out.
-`add_special_tokens` is accepted for vLLM's clients; the tokenizer adds none either way, and a
-chat template writes its own.
+`add_special_tokens` has vLLM's meaning and defaults: for a prompt (default true) the tokenizer
+adds its special tokens (a BOS for Llama), so the ids are those /v1/completions runs for the same
+prompt by default; for messages (default false) the chat template writes them, and true adds the
+tokenizer's on top, as /v1/chat/completions does with the same field.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class TokenizeRequest(_Strict):
     prompt: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)] | None = None
     add_generation_prompt: bool = True
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # None: true for a prompt, false for messages (vLLM's)
     return_token_strs: bool = False
 
     def check(self) -> None:
@@ -64,8 +66,9 @@ def add_tokenize_routes(app: FastAPI, llm, parse, prompt_ids) -> None:
             tok = tokenizer("messages")
             conversation = [m.as_dict() for m in req.messages]
             text = llm.chat_template.render(conversation, req.add_generation_prompt)
-            return tok.encode(text)
-        return tokenizer("prompt").encode(req.prompt)
+            return tok.encode(text, add_special_tokens=bool(req.add_special_tokens))
+        special = True if req.add_special_tokens is None else req.add_special_tokens
+        return tokenizer("prompt").encode(req.prompt, add_special_tokens=special)
 
     def strs(ids: list[int]) -> list[str]:
         return [llm.tokenizer.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
@@ -91,10 +94,11 @@ def add_tokenize_routes(app: FastAPI, llm, parse, prompt_ids) -> None:
         if tok is None:
             return error_json(404, "this checkpoint has no tokenizer")
         names = {i: s for s, i in tok.special_tokens.items()}
+        added = tok.encode("", add_special_tokens=True)  # the tokenizer's own special tokens, if any
         return {
             "tokenizer_class": type(tok).__name__,
             "eos_token": names.get(tok.eos_token_id),
-            "bos_token": None,  # the tokenizer adds no BOS
+            "bos_token": names.get(added[0]) if added else None,  # what add_special_tokens puts first
             "pad_token": None,
             "chat_template": llm.chat_template.source,
             "model_max_length": llm.max_model_len,

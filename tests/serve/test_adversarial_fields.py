@@ -22,11 +22,12 @@ VALUES = [None, True, False, 0, 1, -1, 2**31, 2**63, 2**64, 2**70, -(2**70), 0.5
 COMPLETION_FIELDS = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "seed", "logprobs",
                      "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
                      "ignore_eos", "logit_bias", "allowed_token_ids", "include_stop_str_in_output",
-                     "skip_special_tokens", "user", "stream", "prompt", "model", "best_of", "return_token_ids"]  # fmt: skip
+                     "skip_special_tokens", "user", "stream", "prompt", "model", "best_of", "return_token_ids",
+                     "prompt_logprobs", "echo"]  # fmt: skip
 CHAT_FIELDS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
                "logprobs", "top_logprobs", "logit_bias", "allowed_token_ids", "add_generation_prompt", "messages",
                "include_stop_str_in_output", "stream", "stream_options", "tools", "tool_choice",
-               "parallel_tool_calls", "repetition_penalty", "user"]  # fmt: skip
+               "parallel_tool_calls", "repetition_penalty", "user", "prompt_logprobs", "echo"]  # fmt: skip
 TOKENIZE = {"model": MODEL, "prompt": "hi"}
 DETOKENIZE = {"model": MODEL, "tokens": [1, 2]}
 

@@ -13,6 +13,7 @@ from ...errors import CheckpointError, SpecError
 from ...hf_config import get_bool, get_float, get_int, model_spec_from_hf
 from ...spec import ModelSpec
 from ..config import MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
+from ..config_dtype import config_dtype
 from .rope import RopeParams, read_ropes
 from .traits import Traits
 
@@ -114,6 +115,7 @@ def read_decoder_config(cfg: dict[str, Any], traits: Traits, source: str) -> Dec
     """`cfg` (a parsed config.json of `traits.model_type`) as a DecoderConfig."""
     d = traits.defaults
     kw = {"source": source, "error": CheckpointError}
+    config_dtype(cfg, source)  # a dtype transformers would not load, or sparsegen cannot honour
 
     def val(key):
         return cfg.get(key) if cfg.get(key) is not None else d.get(key)

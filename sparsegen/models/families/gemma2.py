@@ -15,4 +15,5 @@ TRAITS = Traits(
     sandwich=True,
     softcaps=True,
     query_scalar=True,
+    mlp_bias=False,  # transformers' config has no mlp_bias: the MLP is never biased
 )  # fmt: skip

@@ -18,4 +18,5 @@ TRAITS = Traits(
     query_scalar=True,
     qk_norm=True,
     local_rope=True,
+    mlp_bias=False,  # transformers' config has no mlp_bias: the MLP is never biased
 )  # fmt: skip

@@ -14,4 +14,5 @@ TRAITS = Traits(
                                   "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096}},
     sinks=True,
     moe=True,
+    mlp_bias=False,  # transformers' config has no mlp_bias: the MLP is never biased
 )  # fmt: skip

@@ -49,6 +49,9 @@ def read_ropes(cfg: dict[str, Any], defaults: dict[str, Any], head_dim: int, max
     if isinstance(params, dict) and "full_attention" not in params:
         params = {"rope_theta": defaults["rope_theta"], **params}  # transformers' default theta
     if not local:
+        if isinstance(params, dict) and cfg.get("partial_rotary_factor") is not None:
+            # transformers folds a top-level partial_rotary_factor into the one rope_parameters
+            params = {"partial_rotary_factor": cfg["partial_rotary_factor"], **params}
         return read_rope(params, head_dim, max_pos, source), None
     if isinstance(params, dict) and "full_attention" in params:
         full, slide = params["full_attention"], params.get("sliding_attention")
@@ -71,7 +74,10 @@ def read_rope(params: Any, head_dim: int, max_pos: int, source: str) -> RopePara
             f"{source}: rope type {kind!r:.40} is not one sparsegen runs ({', '.join(ROPE_TYPES)})"
         )
     if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise CheckpointError(f"{source}: partial_rotary_factor is not supported")
+        raise CheckpointError(
+            f"{source}: field 'partial_rotary_factor' is {params['partial_rotary_factor']!r:.40}; sparsegen "
+            "rotates whole heads (1.0) only"
+        )
 
     def f(key, default):
         return get_float({key: params.get(key, default)}, key, positive=True, **kw)

@@ -90,3 +90,29 @@ def test_a_bad_tensor_is_refused_naming_it(checkpoints, tmp_path, family, edit):
     name = next(n for n in names if "layers.1." in n and n.endswith("weight"))
     _edit_tensors(folder, lambda t: EDITS[edit](t, name))
     refused(CheckpointError, "|".join((name.replace(".", r"\."), "missing", "shape", "dtype")), _load, folder)
+
+
+DTYPES = {"bf17": "torch_dtype", "float128": "torch_dtype", "int8": "torch_dtype", "auto": "torch_dtype",
+          "torch.bfloat16": "torch_dtype", 16: "torch_dtype"}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("value", list(DTYPES), ids=str)
+def test_a_checkpoint_whose_dtype_names_no_float_dtype_is_refused(checkpoints, tmp_path, family, value):
+    """Through the whole load (config.json in a folder): named by field before any weight is read."""
+    folder = _copy(checkpoints[family], tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("dtype", None)  # transformers reads `dtype` first; the older field is then the one read
+    (folder / "config.json").write_text(json.dumps({**cfg, "torch_dtype": value}))
+    refused(CheckpointError, DTYPES[value], _load, folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_checkpoint_that_declares_half_loads(checkpoints, tmp_path, family):
+    folder = _copy(checkpoints[family], tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("dtype", None)
+    (folder / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "half"}))
+    assert _load(folder).vocab_size == cfg["vocab_size"]
