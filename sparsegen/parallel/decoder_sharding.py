@@ -40,10 +40,16 @@ from ..models.families.model import DecoderForCausalLM, decoder_spec
 from ..models.families.moe import MixtureOfExperts
 from ..models.layers import Linear
 from ..models.loader import init_random_
-from ..models.memory import check_fits, weight_bytes
 from ..models.options import ModelOptions
 from . import distributed
-from .sharding import RowParallelLinear, TPShard, VocabParallelLMHead, cut_padded, shard_model_spec
+from .sharding import (
+    RowParallelLinear,
+    TPShard,
+    VocabParallelLMHead,
+    check_rank,
+    cut_padded,
+    shard_model_spec,
+)
 
 # Tensor-name suffix -> (dimension, unit). Units: "kv_group" (G + 2 rows of D per KV head), "head"
 # (G D per KV head: query rows or o_proj columns), "qhead" (G per KV head: sinks), "kv" (D per KV
@@ -146,15 +152,7 @@ class TensorParallelDecoder(DecoderForCausalLM):
     def __init__(self, config: DecoderConfig, shard: TPShard, options: ModelOptions | None = None, *,
                  group=None, **fields):  # fmt: skip
         options = ModelOptions.of(options, **fields)
-        distributed.check_tp_size(shard.world_size, config.num_key_value_heads, "cpu")
-        shard.span(config.intermediate_size, "intermediate_size units")
-        w = shard.world_size
-        embed = config.vocab_size * config.hidden_size * torch.empty((), dtype=options.dtype).element_size()
-        check_fits(
-            (weight_bytes(config, options.dtype) - embed) // w + embed,
-            options.device,
-            f"rank {shard.rank}'s weights (1/{w} of the model; the embedding whole)",
-        )
+        hkv, h, f = check_rank(config, shard, options, config.intermediate_size, "intermediate_size units")
         # built on the CPU first, never initialised (layers._NoInit): the unsharded matrices cost
         # address space, and are replaced below before anything reads them
         super().__init__(config, dataclasses.replace(options, device=torch.device("cpu")))
@@ -162,10 +160,7 @@ class TensorParallelDecoder(DecoderForCausalLM):
         self.global_spec = self.spec
         self.spec = shard_model_spec(self.global_spec, shard)
         fk = {"device": options.device, "dtype": options.dtype}
-        hidden, d = config.hidden_size, config.head_dim
-        k0, k1 = shard.span(config.num_key_value_heads, "KV heads")
-        hkv, h = k1 - k0, (k1 - k0) * config.group_size
-        f = config.intermediate_size // w
+        hidden, d, w = config.hidden_size, config.head_dim, shard.world_size
         # the local sizes that place the checkpoint's q/k/v and gate/up rows (`checkpoint_params`)
         self.local_sizes = SimpleNamespace(num_attention_heads=h, num_key_value_heads=hkv, head_dim=d,
                                            intermediate_size=f)  # fmt: skip

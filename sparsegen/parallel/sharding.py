@@ -199,6 +199,23 @@ def cut_padded(full, rng: tuple[int, int, int] | None, local: torch.Tensor | Non
     return part
 
 
+def check_rank(config, shard: TPShard, options: ModelOptions, units: int, what: str) -> tuple[int, int, int]:
+    """Before a rank builds its model (either kind): the TP size divides the KV heads and the
+    MLP's `units` (`what` names them), and the rank's weights (its share, the embedding whole)
+    fit. Returns (hkv, h, units per rank): this rank's KV heads, query heads and MLP units."""
+    distributed.check_tp_size(shard.world_size, config.num_key_value_heads, "cpu")
+    shard.span(units, what)
+    w = shard.world_size
+    embed = config.vocab_size * config.hidden_size * torch.empty((), dtype=options.dtype).element_size()
+    check_fits(
+        (weight_bytes(config, options.dtype) - embed) // w + embed,
+        options.device,
+        f"rank {shard.rank}'s weights (1/{w} of the model; the embedding whole)",
+    )
+    k0, k1 = shard.span(config.num_key_value_heads, "KV heads")
+    return k1 - k0, (k1 - k0) * config.group_size, units // w
+
+
 class TensorParallelPhi3Small(Phi3SmallForCausalLM):
     """One rank's Phi-3-Small: the same module tree and tensor names, each sharded tensor
     holding this rank's part. Forward is the parent's; sharded modules do the collectives."""
@@ -215,15 +232,7 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
         """`options` (or ModelOptions fields as keywords) as for `Phi3SmallForCausalLM`;
         `group`: the torch.distributed group of the collectives (None: the default group)."""
         options = ModelOptions.of(options, **fields)
-        distributed.check_tp_size(shard.world_size, config.num_key_value_heads, "cpu")
-        shard.span(config.ff_intermediate_size, "GeGeLU units")
-        w = shard.world_size
-        embed = config.vocab_size * config.hidden_size * torch.empty((), dtype=options.dtype).element_size()
-        check_fits(
-            (weight_bytes(config, options.dtype) - embed) // w + embed,
-            options.device,
-            f"rank {shard.rank}'s weights (1/{w} of the model; the embedding whole)",
-        )
+        hkv, h, f = check_rank(config, shard, options, config.ff_intermediate_size, "GeGeLU units")
         # The whole tree is built on the CPU first: parameters are allocated but never written
         # (layers._NoInit), so the unsharded matrices cost address space, not memory, and are
         # replaced below before anything touches them.
@@ -232,10 +241,7 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
         self.global_spec = self.spec
         self.spec = shard_model_spec(self.global_spec, shard)
         fk = {"device": options.device, "dtype": options.dtype}
-        hidden, d = config.hidden_size, config.head_dim
-        k0, k1 = shard.span(config.num_key_value_heads, "KV heads")
-        hkv, h = k1 - k0, (k1 - k0) * config.group_size
-        f = config.ff_intermediate_size // w
+        hidden, d, w = config.hidden_size, config.head_dim, shard.world_size
         for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
             attn = block.self_attn
             attn.num_heads, attn.num_kv_heads, attn.layer = h, hkv, layer
