@@ -48,7 +48,9 @@ from .sharding import (
     VocabParallelLMHead,
     check_rank,
     cut_padded,
+    set_rank_spec,
     shard_model_spec,
+    tie_rank_embeddings,
 )
 
 # Tensor-name suffix -> (dimension, unit). Units: "kv_group" (G + 2 rows of D per KV head), "head"
@@ -191,21 +193,10 @@ class TensorParallelDecoder(DecoderForCausalLM):
         return checkpoint_params(self, self.local_sizes)
 
     def set_force_dense(self, force_dense: bool) -> None:
-        self.global_spec = decoder_spec(self.config, force_dense)
-        self.spec = shard_model_spec(self.global_spec, self.shard)
-        for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
-            block.self_attn.layer = layer
+        set_rank_spec(self, decoder_spec(self.config, force_dense))
 
     def tie_embeddings(self) -> None:
-        """lm_head = this rank's rows of the (replicated) embedding: a view when V divides."""
-        emb = self.model.embed_tokens.weight
-        v0, v1, per = self.shard.vocab_span(self.config.vocab_size)
-        with torch.no_grad():
-            if v1 - v0 == per:
-                self.lm_head.weight = nn.Parameter(emb[v0:v1], requires_grad=False)
-            else:
-                self.lm_head.weight.zero_()
-                self.lm_head.weight[: v1 - v0] = emb[v0:v1]
+        tie_rank_embeddings(self)
 
 
 def random_tp_decoder(config: DecoderConfig, shard: TPShard, options: ModelOptions | None = None, *,

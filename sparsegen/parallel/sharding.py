@@ -199,6 +199,26 @@ def cut_padded(full, rng: tuple[int, int, int] | None, local: torch.Tensor | Non
     return part
 
 
+def set_rank_spec(model, global_spec: ModelSpec) -> None:
+    """A rank's model (either kind) takes `global_spec`: its own heads' share of each layer."""
+    model.global_spec = global_spec
+    model.spec = shard_model_spec(global_spec, model.shard)
+    for block, layer in zip(model.model.layers, model.spec.layers, strict=True):
+        block.self_attn.layer = layer
+
+
+def tie_rank_embeddings(model) -> None:
+    """A rank's lm_head = its rows of the (replicated) embedding: a view when V divides."""
+    emb = model.model.embed_tokens.weight
+    v0, v1, per = model.shard.vocab_span(model.config.vocab_size)
+    with torch.no_grad():
+        if v1 - v0 == per:
+            model.lm_head.weight = nn.Parameter(emb[v0:v1], requires_grad=False)
+        else:
+            model.lm_head.weight.zero_()
+            model.lm_head.weight[: v1 - v0] = emb[v0:v1]
+
+
 def check_rank(config, shard: TPShard, options: ModelOptions, units: int, what: str) -> tuple[int, int, int]:
     """Before a rank builds its model (either kind): the TP size divides the KV heads and the
     MLP's `units` (`what` names them), and the rank's weights (its share, the embedding whole)
@@ -260,21 +280,10 @@ class TensorParallelPhi3Small(Phi3SmallForCausalLM):
         return k1 - k0
 
     def set_force_dense(self, force_dense: bool) -> None:
-        self.global_spec = model_spec(self.config, force_dense)
-        self.spec = shard_model_spec(self.global_spec, self.shard)
-        for block, layer in zip(self.model.layers, self.spec.layers, strict=True):
-            block.self_attn.layer = layer
+        set_rank_spec(self, model_spec(self.config, force_dense))
 
     def tie_embeddings(self) -> None:
-        """lm_head = this rank's rows of the (replicated) embedding: a view when V divides."""
-        emb = self.model.embed_tokens.weight
-        v0, v1, per = self.shard.vocab_span(self.config.vocab_size)
-        with torch.no_grad():
-            if v1 - v0 == per:
-                self.lm_head.weight = nn.Parameter(emb[v0:v1], requires_grad=False)
-            else:
-                self.lm_head.weight.zero_()
-                self.lm_head.weight[: v1 - v0] = emb[v0:v1]
+        tie_rank_embeddings(self)
 
 
 def random_tp_model(
